@@ -1,0 +1,1 @@
+//! Finite-difference gradient checks against candle's autograd. SKELETON: being written.
