@@ -1,0 +1,128 @@
+//! The three forms of the clipped matches `m_n` (SPEC §2), per batch element.
+//!
+//! Layout: hypothesis n-gram starts `i` on dimension 1, reference starts `j` on dimension 2.
+//! `M[i, j] = Π_{k<n} X[i+k, j+k]` is the n-gram match of the hypothesis n-gram at `i` with the
+//! reference n-gram at `j` (the transpose of the derivation's `M[j, i]`).
+
+use super::length::HypothesisWeights;
+use super::products::{extend_ngram_match, prod_last_dim};
+use super::references::ReferenceSide;
+use super::Form;
+use candle_core::{Result, Tensor};
+
+/// The inputs every form needs.
+pub(crate) struct FormInputs<'a> {
+    /// `X`: float `[B, S, W]`, `X[i, j] = A_j · P_i`.
+    pub token_match: &'a Tensor,
+    /// `Z_1 = P Pᵀ`: float `[B, S, S]`, the hypothesis token self-match (paired form only).
+    pub hyp_self_match: Option<&'a Tensor>,
+    pub hyp: &'a HypothesisWeights,
+    pub refs: &'a ReferenceSide,
+}
+
+/// `m_n` for `n = 1..=max_order`, each float `[B]`.
+pub(crate) fn clipped_matches(
+    form: Form,
+    inputs: &FormInputs<'_>,
+    max_order: usize,
+) -> Result<Vec<Tensor>> {
+    let batch = inputs.token_match.dim(0)?;
+    let zeros = Tensor::zeros(
+        batch,
+        inputs.token_match.dtype(),
+        inputs.token_match.device(),
+    )?;
+    let mut matches = Vec::with_capacity(max_order);
+    let mut ngram_match = Some(inputs.token_match.clone());
+    let mut hyp_ngram_self_match = inputs.hyp_self_match.cloned();
+    for order in 1..=max_order {
+        if order > 1 {
+            ngram_match = match &ngram_match {
+                Some(previous) => extend_ngram_match(previous, inputs.token_match, order)?,
+                None => None,
+            };
+            if let (Some(previous), Some(base)) = (&hyp_ngram_self_match, inputs.hyp_self_match) {
+                hyp_ngram_self_match = extend_ngram_match(previous, base, order)?;
+            }
+        }
+        let (Some(ngram_match), Some(match_weight)) =
+            (&ngram_match, &inputs.hyp.matches[order - 1])
+        else {
+            matches.push(zeros.clone());
+            continue;
+        };
+        let ref_starts = ngram_match.dim(2)?;
+        let first = inputs.refs.first[order - 1].narrow(1, 0, ref_starts)?;
+        let clip = inputs.refs.clip[order - 1].narrow(1, 0, ref_starts)?;
+        let order_matches = match form {
+            Form::Expected => expected(ngram_match, match_weight, &first, &clip)?,
+            Form::LowerBound => lower_bound(ngram_match, match_weight, &clip)?,
+            Form::Paired => {
+                let self_match = hyp_ngram_self_match.as_ref().ok_or_else(|| {
+                    candle_core::Error::Msg("paired form needs the hypothesis self-match".into())
+                })?;
+                paired(ngram_match, self_match, match_weight, &first, &clip)?
+            }
+        };
+        matches.push(order_matches);
+    }
+    Ok(matches)
+}
+
+/// `m_n = Σ_j min(κ_j, ν_j Σ_i M[i, j] u_i)`: the expected count of each distinct reference
+/// n-gram in the hypothesis, clipped.
+fn expected(
+    ngram_match: &Tensor,
+    match_weight: &Tensor,
+    first: &Tensor,
+    clip: &Tensor,
+) -> Result<Tensor> {
+    let expected_count = ngram_match
+        .broadcast_mul(&match_weight.unsqueeze(2)?)?
+        .sum(1)?;
+    clip.minimum(&first.mul(&expected_count)?)?.sum(1)
+}
+
+/// Zhukov et al.'s lower bound: `m_n = Σ_{i,j} a_{ij} min(1, κ_j / (1 + E_j - a_{ij}))` with
+/// `a_{ij} = u_i M[i, j]`, `E_j = Σ_i a_{ij}`.
+fn lower_bound(ngram_match: &Tensor, match_weight: &Tensor, clip: &Tensor) -> Result<Tensor> {
+    let weighted = ngram_match.broadcast_mul(&match_weight.unsqueeze(2)?)?;
+    let expected_count = weighted.sum_keepdim(1)?;
+    // 1 + E_j - a_ij >= 1: E_j sums non-negative terms that include a_ij.
+    let others = expected_count.broadcast_sub(&weighted)?.affine(1.0, 1.0)?;
+    let share = clip.unsqueeze(1)?.broadcast_div(&others)?.minimum(1.0)?;
+    weighted.mul(&share)?.sum((1, 2))
+}
+
+/// The derivation's paired form: `m_n = Σ_{i,j} min(M κ_j μ_i, M c_i ν_j)` with hypothesis
+/// masks `μ_i = u_i Π_{i'<i} (1 - Z[i,i'] u_{i'})` and counts `c_i = μ_i Σ_{i'} Z[i,i'] u_{i'}`.
+fn paired(
+    ngram_match: &Tensor,
+    hyp_self_match: &Tensor,
+    match_weight: &Tensor,
+    first: &Tensor,
+    clip: &Tensor,
+) -> Result<Tensor> {
+    let starts = match_weight.dim(1)?;
+    let (dtype, device) = (match_weight.dtype(), match_weight.device());
+    // weighted_self[i, i'] = Z[i, i'] u_{i'}
+    let weighted_self = hyp_self_match.broadcast_mul(&match_weight.unsqueeze(1)?)?;
+    let hyp_first = if starts == 1 {
+        match_weight.clone()
+    } else {
+        let strictly_lower =
+            Tensor::tril2(starts, dtype, device)?.sub(&Tensor::eye(starts, dtype, device)?)?;
+        let not_seen_before = weighted_self
+            .broadcast_mul(&strictly_lower.unsqueeze(0)?)?
+            .affine(-1.0, 1.0)?;
+        match_weight.mul(&prod_last_dim(&not_seen_before)?)?
+    };
+    let hyp_count = hyp_first.mul(&weighted_self.sum(2)?)?;
+    let clipped = ngram_match
+        .broadcast_mul(&hyp_first.unsqueeze(2)?)?
+        .broadcast_mul(&clip.unsqueeze(1)?)?;
+    let unclipped = ngram_match
+        .broadcast_mul(&hyp_count.unsqueeze(2)?)?
+        .broadcast_mul(&first.unsqueeze(1)?)?;
+    clipped.minimum(&unclipped)?.sum((1, 2))
+}

@@ -1,0 +1,355 @@
+//! References of the loss, and their side of the statistics (SPEC §2: `e_j`, `ν_j`, `κ_j`).
+//!
+//! The references of one batch element are laid end to end; an n-gram never spans two of them.
+//! For token ids the masks and clip counts are exact integers computed on the host by the
+//! crate's one n-gram counter ([`crate::ngram`]), with no `V`-sized work and no gradient. For
+//! one-hot or soft matrices they follow the derivation: reference self-matches
+//! `Y[j,j'] = Π_k A_{j+k}·A_{j'+k}` and products over the strictly lower triangle.
+
+use super::products::{extend_ngram_match, prod_last_dim};
+use crate::ngram::reference_ngram_masks;
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// The references of a batch, built once and reused across steps.
+#[derive(Debug, Clone)]
+pub struct References {
+    kind: ReferenceKind,
+    device: Device,
+}
+
+#[derive(Debug, Clone)]
+enum ReferenceKind {
+    /// `[b][r]`: the tokens of reference `r` of element `b`, padding removed.
+    Ids(Vec<Vec<Vec<u32>>>),
+    /// `matrices`: detached float `[B, T, V]`; `lengths[b]` rows of element `b` are its reference.
+    Matrices {
+        matrices: Tensor,
+        lengths: Vec<usize>,
+    },
+}
+
+impl References {
+    /// References given as token ids.
+    ///
+    /// # Arguments
+    /// * `ids` - u32 `[B, T]` (one reference per element) or `[B, R, T]` (up to `R`). Trailing
+    ///   `pad_id`s are padding; a row of padding only is no reference (elements may have
+    ///   different numbers of references). A `pad_id` before the last real token is a token.
+    /// * `pad_id` - the padding id.
+    ///
+    /// Errors on another dtype or rank, an empty batch, or an element with no reference.
+    pub fn from_ids(ids: &Tensor, pad_id: u32) -> Result<Self> {
+        if ids.dtype() != DType::U32 {
+            bail!(
+                "References::from_ids: `ids` must be u32, got {:?} with shape {:?}",
+                ids.dtype(),
+                ids.dims()
+            );
+        }
+        let rows: Vec<Vec<Vec<u32>>> = match ids.rank() {
+            2 => ids
+                .to_vec2::<u32>()?
+                .into_iter()
+                .map(|row| vec![row])
+                .collect(),
+            3 => ids.to_vec3::<u32>()?,
+            _ => bail!(
+                "References::from_ids: `ids` must be [B, T] or [B, R, T], got shape {:?}",
+                ids.dims()
+            ),
+        };
+        if rows.is_empty() {
+            bail!(
+                "References::from_ids: empty batch (`ids` has shape {:?})",
+                ids.dims()
+            );
+        }
+        let mut references = Vec::with_capacity(rows.len());
+        for (element, element_rows) in rows.into_iter().enumerate() {
+            let kept: Vec<Vec<u32>> = element_rows
+                .into_iter()
+                .filter_map(|mut row| {
+                    let length = row
+                        .iter()
+                        .rposition(|&id| id != pad_id)
+                        .map_or(0, |p| p + 1);
+                    row.truncate(length);
+                    (length > 0).then_some(row)
+                })
+                .collect();
+            if kept.is_empty() {
+                bail!(
+                    "References::from_ids: batch element {element} has no reference (every row of `ids` is padding {pad_id}; shape {:?})",
+                    ids.dims()
+                );
+            }
+            references.push(kept);
+        }
+        Ok(Self {
+            kind: ReferenceKind::Ids(references),
+            device: ids.device().clone(),
+        })
+    }
+
+    /// References given as one-hot or soft rows, one reference per element (the derivation's
+    /// `A`). The matrices are treated as targets: no gradient flows into them.
+    ///
+    /// # Arguments
+    /// * `refs` - float `[B, T, V]`, rows of one-hot or probability vectors.
+    /// * `lengths` - u32 `[B]`, `1 <= lengths[b] <= T`: the rows of element `b` that belong to
+    ///   its reference; later rows are padding.
+    pub fn from_matrices(refs: &Tensor, lengths: &Tensor) -> Result<Self> {
+        let (batch, max_len, _) = match refs.dims() {
+            &[b, t, v] => (b, t, v),
+            dims => {
+                bail!("References::from_matrices: `refs` must be [B, T, V], got shape {dims:?}")
+            }
+        };
+        if !refs.dtype().is_float() {
+            bail!(
+                "References::from_matrices: `refs` must be a float tensor, got {:?}",
+                refs.dtype()
+            );
+        }
+        if batch == 0 {
+            bail!(
+                "References::from_matrices: empty batch (`refs` has shape {:?})",
+                refs.dims()
+            );
+        }
+        if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+            bail!(
+                "References::from_matrices: `lengths` must be u32 [{batch}], got {:?} with shape {:?}",
+                lengths.dtype(),
+                lengths.dims()
+            );
+        }
+        let lengths: Vec<usize> = lengths
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|l| l as usize)
+            .collect();
+        for (element, &length) in lengths.iter().enumerate() {
+            if length == 0 || length > max_len {
+                bail!(
+                    "References::from_matrices: `lengths[{element}]` = {length} must be in 1..={max_len} (T of `refs` {:?})",
+                    refs.dims()
+                );
+            }
+        }
+        let finite = refs
+            .to_dtype(DType::F64)?
+            .sum_all()?
+            .to_scalar::<f64>()?
+            .is_finite();
+        if !finite {
+            bail!("References::from_matrices: `refs` contains NaN or infinite values");
+        }
+        Ok(Self {
+            kind: ReferenceKind::Matrices {
+                matrices: refs.detach(),
+                lengths,
+            },
+            device: refs.device().clone(),
+        })
+    }
+
+    /// Number of batch elements.
+    pub fn batch_size(&self) -> usize {
+        match &self.kind {
+            ReferenceKind::Ids(refs) => refs.len(),
+            ReferenceKind::Matrices { lengths, .. } => lengths.len(),
+        }
+    }
+
+    /// Whether the references are token ids (and so can use the fused gather kernel).
+    pub fn is_ids(&self) -> bool {
+        matches!(self.kind, ReferenceKind::Ids(_))
+    }
+
+    /// The reference token ids `[b][r]` with padding removed, if built from ids.
+    pub fn ids(&self) -> Option<&[Vec<Vec<u32>>]> {
+        match &self.kind {
+            ReferenceKind::Ids(refs) => Some(refs),
+            ReferenceKind::Matrices { .. } => None,
+        }
+    }
+
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Checks the references against a hypothesis vocabulary of size `vocab`.
+    pub(crate) fn check_vocab(&self, vocab: usize) -> Result<()> {
+        match &self.kind {
+            ReferenceKind::Ids(refs) => {
+                for (element, element_refs) in refs.iter().enumerate() {
+                    for (r, reference) in element_refs.iter().enumerate() {
+                        if let Some(&id) = reference.iter().find(|&&id| id as usize >= vocab) {
+                            bail!(
+                                "references: id {id} in reference {r} of batch element {element} is out of the vocabulary (V = {vocab})"
+                            );
+                        }
+                    }
+                }
+            }
+            ReferenceKind::Matrices { matrices, .. } => {
+                let ref_vocab = matrices.dim(2)?;
+                if ref_vocab != vocab {
+                    bail!(
+                        "references: `refs` has vocabulary {ref_vocab} (shape {:?}) but the hypotheses have V = {vocab}",
+                        matrices.dims()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The reference side of every order, for references truncated at `eos_id` (if any).
+    pub(crate) fn side(
+        &self,
+        max_order: usize,
+        eos_id: Option<u32>,
+        dtype: DType,
+    ) -> Result<ReferenceSide> {
+        match &self.kind {
+            ReferenceKind::Ids(refs) => ids_side(refs, max_order, eos_id, dtype, &self.device),
+            ReferenceKind::Matrices { matrices, lengths } => {
+                matrix_side(&matrices.to_dtype(dtype)?, lengths, max_order)
+            }
+        }
+    }
+}
+
+/// How the token-match matrix `X` is read: by a gather at ids, or by a product with matrices.
+#[derive(Debug, Clone)]
+pub(crate) enum ReferenceTokens {
+    /// u32 `[B, W]`: each element's references end to end, right-padded with id 0.
+    Ids(Tensor),
+    /// float `[B, T, V]`.
+    Matrices(Tensor),
+}
+
+/// The reference side of the statistics, per order `n = 1..=N` (index `n - 1`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReferenceSide {
+    pub tokens: ReferenceTokens,
+    /// `ν` per order: float `[B, W]`, first occurrences (0 outside references and padding).
+    pub first: Vec<Tensor>,
+    /// `κ` per order: float `[B, W]`, clip counts at first occurrences, 0 elsewhere.
+    pub clip: Vec<Tensor>,
+    /// The reference lengths of each element (candidates for the effective reference length).
+    pub lengths: Vec<Vec<usize>>,
+}
+
+fn ids_side(
+    refs: &[Vec<Vec<u32>>],
+    max_order: usize,
+    eos_id: Option<u32>,
+    dtype: DType,
+    device: &Device,
+) -> Result<ReferenceSide> {
+    // Under an EOS length model a reference ends at its first EOS (SPEC §2: reference positions
+    // count up to their length, EOS excluded), as the hypothesis does.
+    let truncated: Vec<Vec<&[u32]>> = refs
+        .iter()
+        .map(|element| {
+            element
+                .iter()
+                .map(|reference| match eos_id {
+                    Some(eos) => match reference.iter().position(|&id| id == eos) {
+                        Some(end) => &reference[..end],
+                        None => &reference[..],
+                    },
+                    None => &reference[..],
+                })
+                .collect()
+        })
+        .collect();
+    let batch = refs.len();
+    let width = truncated
+        .iter()
+        .map(|element| element.iter().map(|r| r.len()).sum::<usize>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut ids = vec![0u32; batch * width];
+    let mut first = vec![vec![0f64; batch * width]; max_order];
+    let mut clip = vec![vec![0f64; batch * width]; max_order];
+    for (b, element) in truncated.iter().enumerate() {
+        let row = &mut ids[b * width..][..width];
+        let mut offset = 0;
+        for reference in element {
+            row[offset..offset + reference.len()].copy_from_slice(reference);
+            offset += reference.len();
+        }
+        for order in 1..=max_order {
+            let masks = reference_ngram_masks(element, order);
+            for (j, (&is_first, &count)) in masks.first.iter().zip(&masks.clip).enumerate() {
+                first[order - 1][b * width + j] = f64::from(u8::from(is_first));
+                clip[order - 1][b * width + j] = f64::from(count);
+            }
+        }
+    }
+    let to_tensor = |values: Vec<f64>| -> Result<Tensor> {
+        Tensor::from_vec(values, (batch, width), device)?.to_dtype(dtype)
+    };
+    Ok(ReferenceSide {
+        tokens: ReferenceTokens::Ids(Tensor::from_vec(ids, (batch, width), device)?),
+        first: first.into_iter().map(to_tensor).collect::<Result<_>>()?,
+        clip: clip.into_iter().map(to_tensor).collect::<Result<_>>()?,
+        lengths: truncated
+            .iter()
+            .map(|element| element.iter().map(|r| r.len()).collect())
+            .collect(),
+    })
+}
+
+/// `ν_j = e_j Π_{j'<j} (1 - Y[j,j'] e_{j'})`, `κ_j = ν_j Σ_{j'} Y[j,j'] e_{j'}` (one reference
+/// per element, so the max over references is that reference's count).
+fn matrix_side(matrices: &Tensor, lengths: &[usize], max_order: usize) -> Result<ReferenceSide> {
+    let (batch, max_len, _) = matrices.dims3()?;
+    let device = matrices.device();
+    let dtype = matrices.dtype();
+    let self_match = matrices.matmul(&matrices.t()?)?;
+    let strictly_lower =
+        Tensor::tril2(max_len, dtype, device)?.sub(&Tensor::eye(max_len, dtype, device)?)?;
+    let mut first = Vec::with_capacity(max_order);
+    let mut clip = Vec::with_capacity(max_order);
+    let mut ngram_match = self_match.clone();
+    for order in 1..=max_order {
+        if order > 1 {
+            match extend_ngram_match(&ngram_match, &self_match, order)? {
+                Some(next) => ngram_match = next,
+                None => {
+                    let zeros = Tensor::zeros((batch, max_len), dtype, device)?;
+                    first.push(zeros.clone());
+                    clip.push(zeros);
+                    continue;
+                }
+            }
+        }
+        let starts = max_len - order + 1;
+        let inside: Vec<f64> = lengths
+            .iter()
+            .flat_map(|&length| (0..starts).map(move |j| f64::from(u8::from(j + order <= length))))
+            .collect();
+        let inside = Tensor::from_vec(inside, (batch, starts), device)?.to_dtype(dtype)?;
+        // weighted[j, j'] = Y[j, j'] e_{j'}
+        let weighted = ngram_match.broadcast_mul(&inside.unsqueeze(1)?)?;
+        let lower = strictly_lower.narrow(0, 0, starts)?.narrow(1, 0, starts)?;
+        let not_seen_before = weighted.broadcast_mul(&lower)?.affine(-1.0, 1.0)?;
+        let order_first = inside.mul(&prod_last_dim(&not_seen_before)?)?;
+        let order_clip = order_first.mul(&weighted.sum(2)?)?;
+        let pad = max_len - starts;
+        first.push(order_first.pad_with_zeros(1, 0, pad)?);
+        clip.push(order_clip.pad_with_zeros(1, 0, pad)?);
+    }
+    Ok(ReferenceSide {
+        tokens: ReferenceTokens::Matrices(matrices.clone()),
+        first,
+        clip,
+        lengths: lengths.iter().map(|&l| vec![l]).collect(),
+    })
+}
