@@ -41,6 +41,7 @@ trait KernelFloat:
     const NEG_INFINITY: Self;
     /// `exp(x)` for `x <= 0` (logits minus their row maximum).
     fn exp_nonpositive(x: Self) -> Self;
+    /// The larger of the two; NaN is ignored (the finiteness check reports it).
     fn max(self, other: Self) -> Self;
     fn is_finite(self) -> bool;
 }
@@ -60,8 +61,12 @@ impl KernelFloat for f32 {
         const LN2_LO: f32 = -2.121_944_4e-4;
         // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
         const ROUND: f32 = 12_582_912.0;
-        let clamped = x.max(-87.0);
-        let n = (clamped * LOG2E + ROUND) - ROUND;
+        let clamped = if x < -87.0 { -87.0 } else { x };
+        let shifted = clamped * LOG2E + ROUND;
+        // The rounded integer sits in the low mantissa bits of `shifted`: reading it from the
+        // bits keeps the loop free of float-to-int conversions, which would not vectorise.
+        let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+        let n = shifted - ROUND;
         let r = clamped - n * LN2_HI - n * LN2_LO;
         let mut p = 1.987_569_1e-4_f32;
         p = p * r + 1.398_199_9e-3;
@@ -70,16 +75,21 @@ impl KernelFloat for f32 {
         p = p * r + 1.666_666_5e-1;
         p = p * r + 5.0e-1;
         let y = p * r * r + r + 1.0;
-        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        let scale = f32::from_bits(((n_int + 127) as u32) << 23);
+        let e = y * scale;
         if x < -87.0 {
             0.0
         } else {
-            y * scale
+            e
         }
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
-        f32::max(self, other)
+        if other > self {
+            other
+        } else {
+            self
+        }
     }
     fn is_finite(self) -> bool {
         f32::is_finite(self)
@@ -96,7 +106,11 @@ impl KernelFloat for f64 {
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
-        f64::max(self, other)
+        if other > self {
+            other
+        } else {
+            self
+        }
     }
     fn is_finite(self) -> bool {
         f64::is_finite(self)
