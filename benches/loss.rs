@@ -119,14 +119,19 @@ fn measure(
     })
 }
 
-/// PyTorch's median for (shape, name), from benches/torch_results.json if present.
-fn torch_median(results: &Option<serde_json::Value>, shape: &str, name: &str) -> Option<f64> {
-    let results = results.as_ref()?;
-    let rows = results.get("results")?.as_array()?;
+/// PyTorch's median for (shape, form), from benches/torch_results.json if present.
+fn torch_median(results: &Option<serde_json::Value>, shape: [usize; 4], form: &str) -> Option<f64> {
+    let rows = results.as_ref()?.get("results")?.as_array()?;
     rows.iter()
         .find(|row| {
-            row.get("shape").and_then(|s| s.as_str()) == Some(shape)
-                && row.get("name").and_then(|s| s.as_str()) == Some(name)
+            let row_shape: Option<Vec<usize>> = row.get("shape").and_then(|s| {
+                s.as_array()?
+                    .iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect()
+            });
+            row_shape.as_deref() == Some(&shape[..])
+                && row.get("form").and_then(|s| s.as_str()) == Some(form)
         })?
         .get("median_ms")?
         .as_f64()
@@ -222,7 +227,7 @@ fn main() -> Result<()> {
         let ce_ms = rows[0].2.median_ms;
         for (name, torch_name, m) in &rows {
             let vs_torch = torch_name
-                .and_then(|t| torch_median(&torch, &shape, t))
+                .and_then(|t| torch_median(&torch, [batch, seq, ref_len, vocab], t))
                 .map(|t| format!("{:.2}x", m.median_ms / t))
                 .unwrap_or_else(|| "-".into());
             println!(

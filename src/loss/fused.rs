@@ -525,6 +525,218 @@ pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Softmax probabilities gathered at `ids` into `[rows, width]`, from full `[rows, V]` rows.
+fn gather_rows<T: KernelFloat>(
+    probs: &[T],
+    ids: &[u32],
+    rows_per_batch: usize,
+    vocab: usize,
+    width: usize,
+) -> Vec<T> {
+    let rows = probs.len() / vocab;
+    let mut out = vec![T::ZERO; rows * width];
+    out.par_chunks_mut(width.max(1))
+        .zip(probs.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(row_index, (out_row, row))| {
+            let row_ids = &ids[(row_index / rows_per_batch) * width..][..width];
+            for (o, &id) in out_row.iter_mut().zip(row_ids) {
+                *o = row[id as usize];
+            }
+        });
+    out
+}
+
+/// `dlogits = p ⊙ (g - Σ_v p_v g_v)` with `g = dP + scatter(dX at ids)`: the softmax Jacobian
+/// applied to a dense gradient plus a sparse one, one pass over each row.
+fn self_match_backward<T: KernelFloat>(
+    probs: &[T],
+    grad_probs_dense: &[T],
+    ids: &[u32],
+    grad_gathered: &[T],
+    rows_per_batch: usize,
+    vocab: usize,
+    width: usize,
+) -> Vec<T> {
+    let mut grad = vec![T::ZERO; probs.len()];
+    grad.par_chunks_mut(vocab)
+        .zip(
+            probs
+                .par_chunks(vocab)
+                .zip(grad_probs_dense.par_chunks(vocab)),
+        )
+        .enumerate()
+        .for_each(|(row_index, (out, (p, dense)))| {
+            let row_ids = &ids[(row_index / rows_per_batch) * width..][..width];
+            let sparse = &grad_gathered[row_index * width..][..width];
+            let mut dot_lanes = [T::ZERO; LANES];
+            let p_chunks = p.chunks_exact(LANES);
+            let d_chunks = dense.chunks_exact(LANES);
+            let (p_rest, d_rest) = (p_chunks.remainder(), d_chunks.remainder());
+            for (pc, dc) in p_chunks.zip(d_chunks) {
+                for lane in 0..LANES {
+                    dot_lanes[lane] += pc[lane] * dc[lane];
+                }
+            }
+            let mut dot = T::ZERO;
+            for lane in dot_lanes {
+                dot += lane;
+            }
+            for (&a, &b) in p_rest.iter().zip(d_rest) {
+                dot += a * b;
+            }
+            for (&id, &g) in row_ids.iter().zip(sparse) {
+                dot += p[id as usize] * g;
+            }
+            for ((o, &pv), &dv) in out.iter_mut().zip(p).zip(dense) {
+                *o = pv * (dv - dot);
+            }
+            for (&id, &g) in row_ids.iter().zip(sparse) {
+                out[id as usize] += p[id as usize] * g;
+            }
+        });
+    grad
+}
+
+/// `[Z | X]`: the hypothesis self-match `Z = P Pᵀ` and `P` gathered at `ids`, from logits.
+struct SoftmaxSelfMatch;
+
+impl SoftmaxSelfMatch {
+    fn forward<T: KernelFloat + candle_core::WithDType>(
+        logits: &[T],
+        ids: &[u32],
+        (batch, seq, vocab, width): (usize, usize, usize, usize),
+    ) -> Result<Vec<T>> {
+        let probs = softmax_forward(logits, vocab)?;
+        let gathered = gather_rows(&probs, ids, seq, vocab, width);
+        let probs = Tensor::from_vec(probs, (batch, seq, vocab), &candle_core::Device::Cpu)?;
+        let self_match = probs.matmul(&probs.t()?)?.flatten_all()?.to_vec1::<T>()?;
+        let stride = seq + width;
+        let mut out = vec![T::ZERO; batch * seq * stride];
+        for row in 0..batch * seq {
+            out[row * stride..][..seq].copy_from_slice(&self_match[row * seq..][..seq]);
+            out[row * stride + seq..][..width].copy_from_slice(&gathered[row * width..][..width]);
+        }
+        Ok(out)
+    }
+
+    fn backward<T: KernelFloat + candle_core::WithDType>(
+        logits: &Tensor,
+        ids: &[u32],
+        grad_out: &Tensor,
+        width: usize,
+    ) -> Result<Tensor> {
+        let (_, seq, vocab) = logits.dims3()?;
+        let probs = {
+            let (storage, layout) = logits.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                bail!("softmax self-match backward: logits are not on the CPU")
+            };
+            softmax_forward(contiguous_slice::<T>(cpu, layout, "logits")?, vocab)?
+        };
+        let probs = Tensor::from_vec(probs, logits.shape(), logits.device())?;
+        let grad_self = grad_out.narrow(2, 0, seq)?;
+        // Z = P Pᵀ: dP = (dZ + dZᵀ) P.
+        let grad_dense = grad_self
+            .add(&grad_self.t()?)?
+            .contiguous()?
+            .matmul(&probs)?;
+        let grad_gathered = grad_out
+            .narrow(2, seq, width)?
+            .flatten_all()?
+            .to_vec1::<T>()?;
+        let (probs_storage, probs_layout) = probs.storage_and_layout();
+        let (dense_storage, dense_layout) = grad_dense.storage_and_layout();
+        let (Storage::Cpu(probs_cpu), Storage::Cpu(dense_cpu)) = (&*probs_storage, &*dense_storage)
+        else {
+            bail!("softmax self-match backward: tensors are not on the CPU")
+        };
+        let grad = self_match_backward(
+            contiguous_slice::<T>(probs_cpu, probs_layout, "probs")?,
+            contiguous_slice::<T>(dense_cpu, dense_layout, "grad")?,
+            ids,
+            &grad_gathered,
+            seq,
+            vocab,
+            width,
+        );
+        Tensor::from_vec(grad, logits.shape(), logits.device())
+    }
+}
+
+impl CustomOp2 for SoftmaxSelfMatch {
+    fn name(&self) -> &'static str {
+        "candle-bleu-softmax-self-match"
+    }
+
+    fn cpu_fwd(
+        &self,
+        logits: &CpuStorage,
+        logits_layout: &Layout,
+        ids: &CpuStorage,
+        ids_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, seq, vocab) = logits_layout.shape().dims3()?;
+        let (_, width) = ids_layout.shape().dims2()?;
+        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
+        let dims = (batch, seq, vocab, width);
+        let out = match logits.dtype() {
+            DType::F32 => CpuStorage::F32(Self::forward(
+                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
+                ids,
+                dims,
+            )?),
+            DType::F64 => CpuStorage::F64(Self::forward(
+                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
+                ids,
+                dims,
+            )?),
+            dtype => bail!("softmax_self_match: logits must be f32 or f64, got {dtype:?}"),
+        };
+        Ok((out, Shape::from((batch, seq, seq + width))))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        _out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let width = ids.dim(1)?;
+        let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+        let grad = match logits.dtype() {
+            DType::F32 => Self::backward::<f32>(logits, &ids, grad_out, width)?,
+            DType::F64 => Self::backward::<f64>(logits, &ids, grad_out, width)?,
+            dtype => bail!("softmax_self_match backward: unsupported dtype {dtype:?}"),
+        };
+        Ok((Some(grad), None))
+    }
+}
+
+/// The hypothesis self-match `Z = P Pᵀ` (`[B, S, S]`) and `P` gathered at `ids` (`[B, S, K]`),
+/// with `P = softmax(logits)`, for the paired form.
+///
+/// On the CPU one op whose backward applies the softmax Jacobian once to the sum of both
+/// gradients (`(dZ + dZᵀ) P` and the sparse gather gradient), writing a single `[B, S, V]`
+/// gradient; elsewhere composed candle ops.
+pub fn softmax_self_match_gather(logits: &Tensor, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (batch, seq, _) = logits.dims3()?;
+    let width = ids.dim(1)?;
+    if logits.device().is_cpu() {
+        let out = logits
+            .contiguous()?
+            .apply_op2(&ids.contiguous()?, SoftmaxSelfMatch)?;
+        return Ok((out.narrow(2, 0, seq)?, out.narrow(2, seq, width)?));
+    }
+    let probs = candle_nn::ops::softmax(logits, D::Minus1)?;
+    let index = ids
+        .unsqueeze(1)?
+        .broadcast_as((batch, seq, width))?
+        .contiguous()?;
+    Ok((probs.matmul(&probs.t()?)?, probs.gather(&index, 2)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -316,6 +316,18 @@ fn finish(
     })
 }
 
+/// The reference ids `[B, W]`, with a column of `eos_id` appended under the EOS length models,
+/// so that one gather reads both `X` and `P[:, :, eos]`.
+fn with_eos_column(ids: &Tensor, cfg: &BleuLossConfig) -> Result<Tensor> {
+    match cfg.length.eos_id() {
+        Some(eos) => {
+            let eos_column = Tensor::full(eos, (ids.dim(0)?, 1), ids.device())?;
+            Tensor::cat(&[ids, &eos_column], 1)
+        }
+        None => Ok(ids.clone()),
+    }
+}
+
 /// `-log BLEU` of hypothesis distributions against references (SPEC §2).
 ///
 /// # Arguments
@@ -370,13 +382,7 @@ pub fn bleu_loss_from_logits(
     let inputs = match (&side.tokens, cfg.form) {
         (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
             let width = ids.dim(1)?;
-            let gathered = match cfg.length.eos_id() {
-                Some(eos) => {
-                    let eos_column = Tensor::full(eos, (ids.dim(0)?, 1), ids.device())?;
-                    fused::softmax_gather(&logits, &Tensor::cat(&[ids, &eos_column], 1)?)?
-                }
-                None => fused::softmax_gather(&logits, ids)?,
-            };
+            let gathered = fused::softmax_gather(&logits, &with_eos_column(ids, cfg)?)?;
             HypothesisInputs {
                 token_match: gathered.narrow(2, 0, width)?,
                 eos_probs: cfg
@@ -385,6 +391,20 @@ pub fn bleu_loss_from_logits(
                     .map(|_| gathered.narrow(2, width, 1)?.squeeze(2))
                     .transpose()?,
                 hyp_self_match: None,
+            }
+        }
+        (ReferenceTokens::Ids(ids), Form::Paired) => {
+            let width = ids.dim(1)?;
+            let (self_match, gathered) =
+                fused::softmax_self_match_gather(&logits, &with_eos_column(ids, cfg)?)?;
+            HypothesisInputs {
+                token_match: gathered.narrow(2, 0, width)?,
+                eos_probs: cfg
+                    .length
+                    .eos_id()
+                    .map(|_| gathered.narrow(2, width, 1)?.squeeze(2))
+                    .transpose()?,
+                hyp_self_match: Some(self_match),
             }
         }
         _ => hypothesis_inputs_from_probs(&fused::softmax_last_dim(&logits)?, &side, cfg)?,
