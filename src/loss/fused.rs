@@ -168,6 +168,28 @@ fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
     sum
 }
 
+/// The row's maximum and `Σ_v exp(row[v] - max)` in one read of the row from memory: blocks
+/// small enough to stay in L1 are scanned for their maximum, then summed, rescaling the
+/// running sum when the maximum grows (online softmax). Also whether every entry is finite.
+#[inline]
+fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
+    const BLOCK: usize = 2048;
+    let mut max = T::NEG_INFINITY;
+    let mut sum = T::ZERO;
+    let mut finite = true;
+    for block in row.chunks(BLOCK) {
+        let (block_max, block_finite) = row_max_checked(block);
+        finite &= block_finite;
+        if block_max > max {
+            // max < block_max, so the exponent is <= 0 (and exp(-inf) = 0 at the first block).
+            sum = sum * T::exp_nonpositive(max - block_max);
+            max = block_max;
+        }
+        sum += row_exp_sum(block, max);
+    }
+    (max, sum, finite)
+}
+
 /// Writes `exp(row[v] - max)` into `out` and returns their sum.
 #[inline]
 fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
@@ -231,12 +253,11 @@ fn gather_forward<T: KernelFloat>(
         .zip(logits.par_chunks(vocab))
         .enumerate()
         .for_each(|(row_index, (out_row, row))| {
-            let (max, finite) = row_max_checked(row);
+            let (max, sum, finite) = row_max_and_exp_sum(row);
             if !finite {
                 all_finite.store(false, Ordering::Relaxed);
                 return;
             }
-            let sum = row_exp_sum(row, max);
             let inv_sum = T::ONE / sum;
             let row_ids = &ids[(row_index / rows_per_batch) * width..][..width];
             for (o, &id) in out_row[..width].iter_mut().zip(row_ids) {
