@@ -154,12 +154,16 @@ fn check_inputs(
     };
     let compute_dtype = score::compute_dtype(hyp.dtype()).map_err(|_| {
         candle_core::Error::Msg(format!(
-            "`{name}` must be a float tensor, got {:?}",
-            hyp.dtype()
+            "`{name}` must be a float tensor, got {:?} with shape {:?}",
+            hyp.dtype(),
+            hyp.dims()
         ))
     })?;
     if batch == 0 || seq == 0 || vocab == 0 {
-        bail!("`{name}` has an empty dimension: shape {:?}", hyp.dims());
+        bail!(
+            "`{name}` has an empty dimension: shape {:?}; B, S and V must be >= 1",
+            hyp.dims()
+        );
     }
     if refs.batch_size() != batch {
         bail!(

@@ -107,8 +107,9 @@ impl References {
         };
         if !refs.dtype().is_float() {
             bail!(
-                "References::from_matrices: `refs` must be a float tensor, got {:?}",
-                refs.dtype()
+                "References::from_matrices: `refs` must be a float tensor, got {:?} with shape {:?}",
+                refs.dtype(),
+                refs.dims()
             );
         }
         if batch == 0 {
@@ -143,7 +144,10 @@ impl References {
             .to_scalar::<f64>()?
             .is_finite();
         if !finite {
-            bail!("References::from_matrices: `refs` contains NaN or infinite values");
+            bail!(
+                "References::from_matrices: `refs` contains NaN or infinite values (shape {:?})",
+                refs.dims()
+            );
         }
         Ok(Self {
             kind: ReferenceKind::Matrices {
@@ -187,7 +191,7 @@ impl References {
                     for (r, reference) in element_refs.iter().enumerate() {
                         if let Some(&id) = reference.iter().find(|&&id| id as usize >= vocab) {
                             bail!(
-                                "references: id {id} in reference {r} of batch element {element} is out of the vocabulary (V = {vocab})"
+                                "`refs`: id {id} in reference {r} of batch element {element} is out of the vocabulary (V = {vocab}): every reference id must be < V"
                             );
                         }
                     }
@@ -197,7 +201,7 @@ impl References {
                 let ref_vocab = matrices.dim(2)?;
                 if ref_vocab != vocab {
                     bail!(
-                        "references: `refs` has vocabulary {ref_vocab} (shape {:?}) but the hypotheses have V = {vocab}",
+                        "`refs` has vocabulary {ref_vocab} (shape {:?}) but the hypotheses have V = {vocab}",
                         matrices.dims()
                     );
                 }

@@ -111,7 +111,11 @@ fn weighted_log_precisions(
 /// * `cfg` - `max_order` (= N), weights, smoothing and reduction are used.
 ///
 /// `Corpus` sums the statistics over the batch and scores once; `SentenceMean` scores each
-/// element and averages the losses. Returns a scalar in the dtype of the statistics.
+/// element and averages the losses. Returns a scalar in the dtype of `matches` (f32 for f16
+/// and bf16 statistics, which are upcast).
+///
+/// Errors (naming the argument and its shape or dtype) on wrong shapes, an empty batch,
+/// non-float statistics, NaN or infinite values, or an invalid config.
 ///
 /// Because the corpus loss depends on the batch only through these sums, data-parallel
 /// workers can all-reduce (sum) their statistics and call this on the totals: every worker
@@ -150,13 +154,38 @@ pub fn loss_from_stats(
             );
         }
     }
-    if !matches.dtype().is_float() {
+    if batch == 0 {
         bail!(
-            "loss_from_stats: statistics must be float, got {:?}",
-            matches.dtype()
+            "loss_from_stats: empty batch (`matches` has shape {:?})",
+            matches.dims()
         );
     }
-    let dtype = matches.dtype();
+    for (name, t) in [
+        ("matches", matches),
+        ("totals", totals),
+        ("hyp_len", hyp_len),
+        ("ref_len", ref_len),
+    ] {
+        if !t.dtype().is_float() {
+            bail!(
+                "loss_from_stats: `{name}` must be a float tensor, got {:?} with shape {:?}",
+                t.dtype(),
+                t.dims()
+            );
+        }
+        // A NaN or infinite statistic would silently give a NaN loss and NaN gradients.
+        let total = t.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        if !total.is_finite() {
+            bail!(
+                "loss_from_stats: `{name}` contains NaN or infinite values (shape {:?})",
+                t.dims()
+            );
+        }
+    }
+    // f16/bf16 statistics are scored in f32: PRECISION_FLOOR (1e-30) is 0 in f16, and the
+    // floored log would be -inf.
+    let dtype = compute_dtype(matches.dtype())?;
+    let matches = &matches.to_dtype(dtype)?;
     let (totals, hyp_len, ref_len) = (
         totals.to_dtype(dtype)?,
         hyp_len.to_dtype(dtype)?,
