@@ -1,0 +1,260 @@
+//! One training run: an objective, a seed, a fixed number of AdamW steps.
+
+use anyhow::Result;
+use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, LengthModel, References};
+use candle_core::{Device, Tensor, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Instant;
+
+use crate::data::{make_batch, source_tensor, Batch, Batches, Encoded, Vocab};
+use crate::eval::bleu_100;
+use crate::model::{ModelConfig, Seq2Seq};
+
+/// What the optimizer minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Token-level cross-entropy for every step.
+    CrossEntropy,
+    /// Cross-entropy for the warm-up steps, then `CE + λ · (-log BLEU)`.
+    CeThenBleu,
+}
+
+impl Objective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::CrossEntropy => "ce",
+            Objective::CeThenBleu => "ce+bleu",
+        }
+    }
+
+    /// A file-name-safe form of [`Self::name`].
+    pub fn slug(self) -> &'static str {
+        match self {
+            Objective::CrossEntropy => "ce",
+            Objective::CeThenBleu => "ce_bleu",
+        }
+    }
+}
+
+/// Settings shared by every run.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub steps: usize,
+    pub batch_size: usize,
+    /// Peak learning rate (linear warm-up, then cosine decay to 10%).
+    pub lr: f64,
+    /// Steps of the learning-rate warm-up.
+    pub lr_warmup: usize,
+    /// Steps of cross-entropy alone before the BLEU term is added (`CeThenBleu`).
+    pub bleu_start: usize,
+    /// Weight `λ` of the BLEU loss.
+    pub lambda: f64,
+    pub loss: BleuLossConfig,
+    /// Dev BLEU and a log row every this many steps (and at the last step).
+    pub eval_every: usize,
+    /// Longest greedy decode.
+    pub max_decode_len: usize,
+}
+
+/// One row of the CSV log: losses averaged since the previous row, dev BLEU at this step.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    pub step: usize,
+    pub ce_loss: f64,
+    pub bleu_loss: f64,
+    pub dev_bleu: f64,
+}
+
+/// Everything a finished run produced.
+pub struct RunOutput {
+    pub objective: Objective,
+    pub seed: u64,
+    pub dev_bleu: f64,
+    pub test_bleu: f64,
+    pub test_hyps: Vec<Vec<String>>,
+    pub log: Vec<LogRow>,
+    /// Training and evaluation, seconds.
+    pub wall_s: f64,
+}
+
+/// The data of a run.
+pub struct RunData<'a> {
+    pub train: &'a [Encoded],
+    pub dev: &'a [Encoded],
+    pub dev_refs: &'a [Vec<String>],
+    pub test: &'a [Encoded],
+    pub test_refs: &'a [Vec<String>],
+    pub tgt_vocab: &'a Vocab,
+}
+
+fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
+    if step < cfg.lr_warmup {
+        return cfg.lr * (step + 1) as f64 / cfg.lr_warmup as f64;
+    }
+    let progress = (step - cfg.lr_warmup) as f64 / (cfg.steps - cfg.lr_warmup).max(1) as f64;
+    cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+}
+
+/// Token-level cross-entropy over real target positions (words and EOS).
+fn masked_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
+    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let target_log_probs = log_probs
+        .gather(&batch.dec_out.unsqueeze(2)?, 2)?
+        .squeeze(2)?;
+    let total = (target_log_probs * &batch.dec_mask)?.sum_all()?;
+    Ok((total.neg()? / batch.dec_mask.sum_all()?.to_scalar::<f32>()? as f64)?)
+}
+
+/// The BLEU loss of teacher-forced logits `[B, T+1, V]` against the batch's references.
+///
+/// The hypothesis lengths follow the length model: `Given` scores the first `T` positions
+/// (the reference's length, so the brevity penalty is 1); `NotEos` scores `T + 1` positions
+/// including the one that should predict EOS, each weighted by `1 - P(EOS)`; `SoftEos`
+/// scores every position weighted by the probability that no EOS came before it.
+fn bleu_loss(logits: &Tensor, batch: &Batch, cfg: &BleuLossConfig) -> Result<Tensor> {
+    let refs = References::from_ids(&batch.refs, crate::data::PAD)?;
+    let lengths = match cfg.length {
+        LengthModel::Given => Some(batch.ref_len.clone()),
+        LengthModel::NotEos { .. } => {
+            let with_eos: Vec<u32> = batch
+                .ref_len
+                .to_vec1::<u32>()?
+                .iter()
+                .map(|l| l + 1)
+                .collect();
+            Some(Tensor::from_vec(
+                with_eos,
+                batch.ref_len.dims(),
+                batch.ref_len.device(),
+            )?)
+        }
+        LengthModel::SoftEos { .. } => None,
+    };
+    Ok(bleu_loss_from_logits(logits, lengths.as_ref(), &refs, cfg)?.loss)
+}
+
+/// Greedy decodes of `examples` as tokens, in batches.
+pub fn translate(
+    model: &Seq2Seq,
+    examples: &[Encoded],
+    vocab: &Vocab,
+    max_len: usize,
+    device: &Device,
+) -> Result<Vec<Vec<String>>> {
+    let mut out = Vec::with_capacity(examples.len());
+    for chunk in examples.chunks(250) {
+        let refs: Vec<&Encoded> = chunk.iter().collect();
+        let src = source_tensor(&refs, device)?;
+        for ids in model.greedy(&src, max_len)? {
+            out.push(vocab.decode(&ids));
+        }
+    }
+    Ok(out)
+}
+
+/// Trains one model and decodes dev and test with it.
+pub fn run(
+    objective: Objective,
+    seed: u64,
+    cfg: &TrainConfig,
+    data: &RunData,
+    progress: &ProgressBar,
+    device: &Device,
+) -> Result<RunOutput> {
+    let started = Instant::now();
+    let varmap = VarMap::new();
+    let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
+    let mut optimizer = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: cfg.lr,
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let mut batches = Batches::new(data.train.len(), cfg.batch_size, seed);
+    let mut log = Vec::new();
+    let (mut ce_sum, mut bleu_sum, mut window) = (0.0, 0.0, 0usize);
+    progress.set_length(cfg.steps as u64);
+    progress.set_position(0);
+    progress.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>16} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}",
+        )?
+        .progress_chars("=> "),
+    );
+    progress.set_prefix(format!("{} seed {seed}", objective.name()));
+    for step in 0..cfg.steps {
+        optimizer.set_learning_rate(learning_rate(cfg, step));
+        let examples: Vec<&Encoded> = batches
+            .next_indices()
+            .into_iter()
+            .map(|i| &data.train[i])
+            .collect();
+        let batch = make_batch(&examples, device)?;
+        let memory = model.encode(&batch.src)?;
+        let logits = model.decode(&batch.dec_in, &memory)?;
+        let ce = masked_cross_entropy(&logits, &batch)?;
+        let use_bleu = objective == Objective::CeThenBleu && step >= cfg.bleu_start;
+        // The CE-only run also reports the BLEU loss of its outputs, on detached logits.
+        let bleu = if use_bleu {
+            bleu_loss(&logits, &batch, &cfg.loss)?
+        } else {
+            bleu_loss(&logits.detach(), &batch, &cfg.loss)?
+        };
+        let ce_value = f64::from(ce.to_scalar::<f32>()?);
+        let bleu_value = f64::from(bleu.to_scalar::<f32>()?);
+        if !ce_value.is_finite() || !bleu_value.is_finite() {
+            anyhow::bail!(
+                "{} seed {seed}: non-finite loss at step {step} (ce {ce_value}, bleu {bleu_value})",
+                objective.name()
+            );
+        }
+        let loss = if use_bleu {
+            (&ce + (&bleu * cfg.lambda)?)?
+        } else {
+            ce
+        };
+        optimizer.backward_step(&loss)?;
+        ce_sum += ce_value;
+        bleu_sum += bleu_value;
+        window += 1;
+        progress.inc(1);
+        if (step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps {
+            let dev_hyps = translate(&model, data.dev, data.tgt_vocab, cfg.max_decode_len, device)?;
+            let dev_bleu = bleu_100(&dev_hyps, data.dev_refs)?;
+            let row = LogRow {
+                step: step + 1,
+                ce_loss: ce_sum / window as f64,
+                bleu_loss: bleu_sum / window as f64,
+                dev_bleu,
+            };
+            progress.set_message(format!(
+                "ce {:.3} -logBLEU {:.3} dev {:.2}",
+                row.ce_loss, row.bleu_loss, row.dev_bleu
+            ));
+            log.push(row);
+            (ce_sum, bleu_sum, window) = (0.0, 0.0, 0);
+        }
+    }
+    let dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
+    let test_hyps = translate(
+        &model,
+        data.test,
+        data.tgt_vocab,
+        cfg.max_decode_len,
+        device,
+    )?;
+    let test_bleu = bleu_100(&test_hyps, data.test_refs)?;
+    Ok(RunOutput {
+        objective,
+        seed,
+        dev_bleu,
+        test_bleu,
+        test_hyps,
+        log,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
