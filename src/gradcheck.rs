@@ -213,7 +213,7 @@ where
         let error = (analytic[k] - numeric).abs();
         let tolerance = cfg.atol + cfg.rtol * numeric.abs();
         // NaN on either side is a failure, never a silent pass.
-        let failed = !(error <= tolerance);
+        let failed = error.is_nan() || error > tolerance;
         if failed {
             report.failures += 1;
         }

@@ -97,7 +97,9 @@ impl References {
     /// # Arguments
     /// * `refs` - float `[B, T, V]`, rows of one-hot or probability vectors.
     /// * `lengths` - u32 `[B]`, `1 <= lengths[b] <= T`: the rows of element `b` that belong to
-    ///   its reference; later rows are padding.
+    ///   its reference; later rows are padding. Under `NotEos`/`SoftEos` the reference also
+    ///   ends before its first row whose largest entry is the EOS column, as id references
+    ///   end at their first EOS.
     pub fn from_matrices(refs: &Tensor, lengths: &Tensor) -> Result<Self> {
         let (batch, max_len, _) = match refs.dims() {
             &[b, t, v] => (b, t, v),
@@ -220,7 +222,11 @@ impl References {
         match &self.kind {
             ReferenceKind::Ids(refs) => ids_side(refs, max_order, eos_id, dtype, &self.device),
             ReferenceKind::Matrices { matrices, lengths } => {
-                matrix_side(&matrices.to_dtype(dtype)?, lengths, max_order)
+                let lengths = match eos_id {
+                    Some(eos) => lengths_before_eos(matrices, lengths, eos)?,
+                    None => lengths.clone(),
+                };
+                matrix_side(&matrices.to_dtype(dtype)?, &lengths, max_order)
             }
         }
     }
@@ -308,6 +314,23 @@ fn ids_side(
             .map(|element| element.iter().map(|r| r.len()).collect())
             .collect(),
     })
+}
+
+/// Under an EOS length model a matrix reference ends at its first row whose largest entry is
+/// the EOS column (for one-hot rows: the first EOS token), as an id reference ends at its
+/// first EOS: `lengths[b]` is cut there.
+fn lengths_before_eos(matrices: &Tensor, lengths: &[usize], eos_id: u32) -> Result<Vec<usize>> {
+    let argmax = matrices.argmax(candle_core::D::Minus1)?.to_vec2::<u32>()?;
+    Ok(argmax
+        .iter()
+        .zip(lengths)
+        .map(|(row, &length)| {
+            row[..length]
+                .iter()
+                .position(|&id| id == eos_id)
+                .unwrap_or(length)
+        })
+        .collect())
 }
 
 /// `ν_j = e_j Π_{j'<j} (1 - Y[j,j'] e_{j'})`, `κ_j = ν_j Σ_{j'} Y[j,j'] e_{j'}` (one reference

@@ -75,10 +75,12 @@ pub fn log_brevity_penalty(hyp_len: &Tensor, ref_len: &Tensor) -> Result<Tensor>
 }
 
 /// `Σ_n w_n log p̃_n` over the last dimension of `[K, N]` statistics, with the guards: an order
-/// with `t_n = 0` contributes 0, ratios are floored at [`PRECISION_FLOOR`].
+/// with `t_n = 0` (below `tiny`, the smallest normal number of the caller's dtype)
+/// contributes 0, ratios are floored at [`PRECISION_FLOOR`].
 fn weighted_log_precisions(
     matches: &Tensor,
     totals: &Tensor,
+    tiny: f64,
     cfg: &BleuLossConfig,
 ) -> Result<Tensor> {
     let (dtype, device) = (matches.dtype(), matches.device());
@@ -91,8 +93,17 @@ fn weighted_log_precisions(
         LossSmoothing::None => vec![0.0; order_count],
     };
     let additive = Tensor::from_vec(additive, order_count, device)?.to_dtype(dtype)?;
-    let has_ngrams = totals.gt(0.0)?;
+    // `t_n = 0` means below the smallest normal number of the caller's dtype: the gradient
+    // of `m / t` scales like `1 / t` and `m / t²`, which overflow (or, squared, underflow to
+    // a 0/0) once `t` leaves the normal range, and a single NaN poisons every weight. A
+    // statistic that small carries no information that dtype can represent anyway.
+    let has_ngrams = totals.ge(tiny)?;
     let ones = totals.ones_like()?;
+    // Likewise a match count below the normal range is 0: its ratio is floored (gradient 0)
+    // instead of giving a `1 / m` that overflows when cast back to the caller's dtype.
+    let matches = matches
+        .ge(tiny)?
+        .where_cond(matches, &matches.zeros_like()?)?;
     let numerator = has_ngrams.where_cond(&matches.broadcast_add(&additive)?, &ones)?;
     let denominator = has_ngrams.where_cond(&totals.broadcast_add(&additive)?, &ones)?;
     let log_precision = numerator
@@ -182,9 +193,17 @@ pub fn loss_from_stats(
             );
         }
     }
-    // f16/bf16 statistics are scored in f32: PRECISION_FLOOR (1e-30) is 0 in f16, and the
-    // floored log would be -inf.
-    let dtype = compute_dtype(matches.dtype())?;
+    // The score is computed in f64 whatever the statistics' dtype: on [B, N] numbers it costs
+    // nothing, and it keeps the backward of `m / t` (which squares `t`) finite for f32
+    // statistics as small as f32's normal range (SoftEos/NotEos totals can be ~1e-25).
+    // PRECISION_FLOOR (1e-30) would also be 0 in f16. The loss goes back to the caller's
+    // compute dtype (f32 for f16/bf16), and so does the gradient.
+    let out_dtype = compute_dtype(matches.dtype())?;
+    let tiny = match out_dtype {
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => f32::MIN_POSITIVE as f64,
+    };
+    let dtype = DType::F64;
     let matches = &matches.to_dtype(dtype)?;
     let (totals, hyp_len, ref_len) = (
         totals.to_dtype(dtype)?,
@@ -201,8 +220,8 @@ pub fn loss_from_stats(
         Reduction::SentenceMean => (matches.clone(), totals, hyp_len, ref_len),
     };
     let log_bleu = log_brevity_penalty(&hyp_len, &ref_len)?
-        .add(&weighted_log_precisions(&matches, &totals, cfg)?)?;
-    log_bleu.mean_all()?.neg()
+        .add(&weighted_log_precisions(&matches, &totals, tiny, cfg)?)?;
+    log_bleu.mean_all()?.neg()?.to_dtype(out_dtype)
 }
 
 /// Upcasts half precision to f32; f32 and f64 stay as they are.
