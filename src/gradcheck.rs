@@ -225,10 +225,17 @@ where
         if scale > cfg.atol {
             report.max_rel_error = report.max_rel_error.max(error / scale);
         }
+        // The worst coordinate is the one closest to (or furthest past) its tolerance, as a
+        // ratio: a difference would name the coordinate with the smallest tolerance when all
+        // errors are 0.
         let excess = if error.is_nan() {
             f64::INFINITY
+        } else if tolerance > 0.0 {
+            error / tolerance
+        } else if error > 0.0 {
+            f64::INFINITY
         } else {
-            error - tolerance
+            0.0
         };
         if excess > worst_excess {
             worst_excess = excess;

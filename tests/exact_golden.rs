@@ -65,7 +65,7 @@ fn corpus<T>(input: &Value, token: &dyn Fn(&Value) -> T) -> (Vec<Vec<T>>, Vec<Ve
     (hyps, refs)
 }
 
-fn score<T: Eq + Hash>(
+fn score<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     sentence: bool,
