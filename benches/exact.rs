@@ -13,7 +13,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use candle_bleu::exact::{corpus_bleu, corpus_bleu_par, BleuConfig, BleuScore};
+use candle_bleu::exact::{
+    corpus_bleu, corpus_bleu_par, corpus_stats_sum, score_from_stats, BleuConfig, BleuScore,
+};
 
 const SEGMENTS: usize = 3000;
 const SEED: u64 = 2024;
@@ -116,19 +118,26 @@ fn main() {
     );
     let (median, min) = time(20, 200, || corpus_bleu(&hyps, &refs, &cfg).unwrap());
     println!(
-        "candle_bleu::exact::corpus_bleu (u32 ids): median {:.3} ms, min {:.3} ms",
+        "candle_bleu::exact::corpus_bleu (u32 ids, {} rayon threads from {} segments on): median {:.3} ms, min {:.3} ms",
+        rayon::current_num_threads(),
+        candle_bleu::exact::PARALLEL_MIN_SEGMENTS,
         ms(median),
         ms(min)
     );
 
-    assert_eq!(corpus_bleu_par(&hyps, &refs, &cfg).unwrap(), score);
-    let (median_par, min_par) = time(20, 200, || corpus_bleu_par(&hyps, &refs, &cfg).unwrap());
+    // One thread: the statistics counted by one StatsCounter, then scored.
+    let single = || {
+        let stats = corpus_stats_sum(&hyps, &refs, cfg.max_order).unwrap();
+        score_from_stats(&stats, &cfg).unwrap()
+    };
+    assert_eq!(single(), score);
+    let (median_single, min_single) = time(20, 200, single);
     println!(
-        "candle_bleu::exact::corpus_bleu_par (u32 ids, {} rayon threads): median {:.3} ms, min {:.3} ms",
-        rayon::current_num_threads(),
-        ms(median_par),
-        ms(min_par)
+        "candle_bleu::exact::corpus_stats_sum + score_from_stats (u32 ids, one thread): median {:.3} ms, min {:.3} ms",
+        ms(median_single),
+        ms(min_single)
     );
+    assert_eq!(corpus_bleu_par(&hyps, &refs, &cfg).unwrap(), score);
 
     if std::env::var_os("EXACT_BENCH_ORDERS").is_some() {
         for n in 1..=6 {

@@ -450,7 +450,11 @@ pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore
 /// negative or not finite, NLTK method > 7, negative or non-finite smoothing values),
 /// `hyps.len() != refs.len()`, a segment with no reference, an empty corpus (sacrebleu raises
 /// `IndexError`, NLTK `ZeroDivisionError`), and NLTK method6 where NLTK raises.
-pub fn corpus_bleu<T: Eq + Hash>(
+///
+/// Speed: corpora of [`PARALLEL_MIN_SEGMENTS`] segments or more are counted on rayon's
+/// thread pool ([`corpus_stats_sum_par`]; integer sums, so the result is identical), which is
+/// why `T` must be `Sync` (every token type in practice: ids, `String`, `&str`).
+pub fn corpus_bleu<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     cfg: &BleuConfig,
@@ -468,11 +472,19 @@ pub fn corpus_bleu<T: Eq + Hash>(
             score_nltk_stats(&stats, cfg)
         }
         _ => {
-            let stats = corpus_stats_sum(hyps, refs, cfg.max_order)?;
+            let stats = if hyps.len() >= PARALLEL_MIN_SEGMENTS {
+                corpus_stats_sum_par(hyps, refs, cfg.max_order)?
+            } else {
+                corpus_stats_sum(hyps, refs, cfg.max_order)?
+            };
             score_from_stats(&stats, cfg)
         }
     }
 }
+
+/// From this many segments on, [`corpus_bleu`] counts in parallel: below it a thread pool's
+/// start-up costs more than the counting (about 1 µs a segment).
+pub const PARALLEL_MIN_SEGMENTS: usize = 512;
 
 /// [`corpus_bleu`] with the statistics counted on rayon's thread pool
 /// ([`corpus_stats_sum_par`]) under sacrebleu semantics: the same result, faster on large
