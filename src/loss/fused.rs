@@ -24,6 +24,43 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// maximum logit and its sum of `exp(logit - max)`, kept for the backward.
 const ROW_STATS: usize = 2;
 
+/// A zeroed buffer for a `[B, S, V]` kernel output. Buffers this large are fresh pages from
+/// the OS (glibc serves them by `mmap`), and first-touch page faults cost about as much as the
+/// kernel's arithmetic: at `[32,64,64,32000]` f32, 64 000 faults of 4 KiB per 250 MiB. On Linux
+/// we ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`, honoured when THP is in
+/// `madvise` or `always` mode), which makes them 512 times fewer. Advice only: the contents
+/// and the result do not change.
+fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
+    let buffer = vec![T::ZERO; len];
+    #[cfg(target_os = "linux")]
+    advise_huge_pages(&buffer);
+    buffer
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages<T>(buffer: &[T]) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let bytes = std::mem::size_of_val(buffer);
+    if bytes < 8 * HUGE_PAGE {
+        return;
+    }
+    let start = buffer.as_ptr() as usize;
+    let aligned_start = (start + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+    let aligned_end = (start + bytes) & !(HUGE_PAGE - 1);
+    if aligned_end > aligned_start {
+        // SAFETY: madvise only advises the kernel on how to back pages of the range, which lies
+        // inside `buffer`'s live allocation; MADV_HUGEPAGE never changes memory contents. A
+        // failure (e.g. THP disabled) leaves ordinary pages, so the result is ignored.
+        unsafe {
+            libc::madvise(
+                aligned_start as *mut libc::c_void,
+                aligned_end - aligned_start,
+                libc::MADV_HUGEPAGE,
+            );
+        }
+    }
+}
+
 /// The float operations the kernels need, for f32 and f64.
 trait KernelFloat:
     Copy
@@ -285,7 +322,7 @@ fn gather_backward<T: KernelFloat>(
     width: usize,
 ) -> Vec<T> {
     let stride = width + ROW_STATS;
-    let mut grad = vec![T::ZERO; logits.len()];
+    let mut grad = vocab_sized_buffer(logits.len());
     grad.par_chunks_mut(vocab)
         .zip(logits.par_chunks(vocab))
         .enumerate()
@@ -429,7 +466,7 @@ pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
 }
 
 fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
-    let mut probs = vec![T::ZERO; logits.len()];
+    let mut probs = vocab_sized_buffer(logits.len());
     let all_finite = AtomicBool::new(true);
     probs
         .par_chunks_mut(vocab)
@@ -453,7 +490,7 @@ fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>>
 
 /// `dlogits = p ⊙ (dp - Σ_v p_v dp_v)` row by row.
 fn softmax_backward<T: KernelFloat>(probs: &[T], grad_probs: &[T], vocab: usize) -> Vec<T> {
-    let mut grad = vec![T::ZERO; probs.len()];
+    let mut grad = vocab_sized_buffer(probs.len());
     grad.par_chunks_mut(vocab)
         .zip(probs.par_chunks(vocab).zip(grad_probs.par_chunks(vocab)))
         .for_each(|(out, (p, dp))| {
@@ -579,7 +616,7 @@ fn self_match_backward<T: KernelFloat>(
     vocab: usize,
     width: usize,
 ) -> Vec<T> {
-    let mut grad = vec![T::ZERO; probs.len()];
+    let mut grad = vocab_sized_buffer(probs.len());
     grad.par_chunks_mut(vocab)
         .zip(
             probs
