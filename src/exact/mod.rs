@@ -44,6 +44,8 @@
 
 use std::hash::Hash;
 
+pub mod bootstrap;
+pub mod lines;
 mod nltk;
 mod sacre;
 mod stats;

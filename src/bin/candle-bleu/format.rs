@@ -1,0 +1,509 @@
+//! Output exactly as sacrebleu 2.6.0 prints it: Python float formatting, `json.dumps`, the
+//! signature, `BLEUScore.format`, and the two `tabulate` 0.10 table formats sacrebleu uses for
+//! several systems (`fancy_grid` for text, `latex_booktabs` for LaTeX).
+
+use candle_bleu::exact::BleuScore;
+
+/// Python's `f"{x:.{width}f}"` (both round the exact binary value half to even).
+pub fn fixed(x: f64, width: usize) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    format!("{x:.width$}")
+}
+
+/// Python's `repr(float)`: the shortest digits that round-trip, in fixed notation when the
+/// decimal exponent is in -4..16, else `d.ddde±XX`; always with a `.` or an exponent.
+pub fn py_repr(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    if x == 0.0 {
+        return format!("{sign}0.0");
+    }
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let decpt = exp + 1;
+    let n = digits.len() as i32;
+    let body = if decpt <= -4 || decpt > 16 {
+        let m = if n == 1 {
+            digits
+        } else {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        };
+        format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    } else if decpt <= 0 {
+        format!("0.{}{digits}", "0".repeat((-decpt) as usize))
+    } else if decpt >= n {
+        format!("{digits}{}.0", "0".repeat((decpt - n) as usize))
+    } else {
+        let d = decpt as usize;
+        format!("{}.{}", &digits[..d], &digits[d..])
+    };
+    format!("{sign}{body}")
+}
+
+/// A JSON value, written as Python's `json.dumps(value, indent=...)` writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    Null,
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    /// A number as Python holds it: an `int` when integral (and not too large), else a float.
+    pub fn number(x: f64) -> Json {
+        if x.fract() == 0.0 && x.abs() < 9e15 {
+            Json::Int(x as i64)
+        } else {
+            Json::Float(x)
+        }
+    }
+
+    /// `json.dumps(self, indent=indent, ensure_ascii=ensure_ascii)`.
+    pub fn dumps(&self, indent: usize, ensure_ascii: bool) -> String {
+        let mut out = String::new();
+        self.write(&mut out, indent, 0, ensure_ascii);
+        out
+    }
+
+    fn write(&self, out: &mut String, indent: usize, level: usize, ascii: bool) {
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Int(i) => out.push_str(&i.to_string()),
+            Json::Float(x) => out.push_str(&json_float(*x)),
+            Json::Str(s) => write_json_str(out, s, ascii),
+            Json::Array(items) => {
+                if items.is_empty() {
+                    out.push_str("[]");
+                    return;
+                }
+                out.push('[');
+                for (k, item) in items.iter().enumerate() {
+                    if k > 0 {
+                        out.push(',');
+                    }
+                    newline(out, indent, level + 1);
+                    item.write(out, indent, level + 1, ascii);
+                }
+                newline(out, indent, level);
+                out.push(']');
+            }
+            Json::Object(fields) => {
+                if fields.is_empty() {
+                    out.push_str("{}");
+                    return;
+                }
+                out.push('{');
+                for (k, (key, value)) in fields.iter().enumerate() {
+                    if k > 0 {
+                        out.push(',');
+                    }
+                    newline(out, indent, level + 1);
+                    write_json_str(out, key, ascii);
+                    out.push_str(": ");
+                    value.write(out, indent, level + 1, ascii);
+                }
+                newline(out, indent, level);
+                out.push('}');
+            }
+        }
+    }
+}
+
+fn newline(out: &mut String, indent: usize, level: usize) {
+    out.push('\n');
+    out.extend(std::iter::repeat_n(' ', indent * level));
+}
+
+/// `json`'s float: `repr`, with `NaN`/`Infinity` for the non-finite values.
+fn json_float(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "Infinity" } else { "-Infinity" }.into()
+    } else {
+        py_repr(x)
+    }
+}
+
+/// A JSON string as Python's `json` encoder escapes it.
+fn write_json_str(out: &mut String, s: &str, ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if ascii && (c as u32) > 0x7e => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// sacrebleu's reproducibility signature (`Signature`/`BLEUSignature`): fields in sacrebleu's
+/// order, `None` ones left out; `ngram` is this tool's, present only when the order is not 4.
+#[derive(Debug, Clone)]
+pub struct Signature {
+    pub nrefs: usize,
+    pub bs: Option<usize>,
+    pub ar: Option<usize>,
+    pub seed: Option<String>,
+    pub lowercase: bool,
+    pub effective_order: bool,
+    pub tok: &'static str,
+    /// `exp`, `none`, `floor[0.10]`, `add-k[1.00]`.
+    pub smooth: String,
+    pub max_order: usize,
+}
+
+/// The sacrebleu version whose numbers (and signature) this tool reproduces.
+pub const SACREBLEU_VERSION: &str = "2.6.0";
+
+impl Signature {
+    /// `Signature.format(short)`.
+    pub fn format(&self, short: bool) -> String {
+        let mut pairs: Vec<(&str, &str, String)> = vec![("nrefs", "#", self.nrefs.to_string())];
+        if let Some(bs) = self.bs {
+            pairs.push(("bs", "bs", bs.to_string()));
+        }
+        if let Some(ar) = self.ar {
+            pairs.push(("ar", "ar", ar.to_string()));
+        }
+        if let Some(seed) = &self.seed {
+            pairs.push(("seed", "rs", seed.clone()));
+        }
+        pairs.push((
+            "case",
+            "c",
+            if self.lowercase { "lc" } else { "mixed" }.into(),
+        ));
+        pairs.push((
+            "eff",
+            "e",
+            if self.effective_order { "yes" } else { "no" }.into(),
+        ));
+        pairs.push(("tok", "tok", self.tok.into()));
+        pairs.push(("smooth", "s", self.smooth.clone()));
+        if self.max_order != 4 {
+            pairs.push(("ngram", "n", self.max_order.to_string()));
+        }
+        pairs.push(("version", "v", SACREBLEU_VERSION.into()));
+        pairs
+            .into_iter()
+            .map(|(long, abbr, v)| format!("{}:{v}", if short { abbr } else { long }))
+            .collect::<Vec<_>>()
+            .join("|")
+    }
+}
+
+/// sacrebleu's `BLEUScore._verbose`: `p1/p2/.../pN (BP = .. ratio = .. hyp_len = .. ref_len = ..)`.
+pub fn verbose(score: &BleuScore) -> String {
+    let precisions: Vec<String> = score.precisions_pct.iter().map(|&p| fixed(p, 1)).collect();
+    format!(
+        "{} (BP = {} ratio = {} hyp_len = {} ref_len = {})",
+        precisions.join("/"),
+        fixed(score.bp, 3),
+        fixed(score.ratio, 3),
+        score.hyp_len,
+        score.ref_len
+    )
+}
+
+/// A bootstrap estimate as `Score` holds it (`_mean`, `_ci`).
+#[derive(Debug, Clone, Copy)]
+pub struct Ci {
+    pub mean: f64,
+    pub ci: f64,
+}
+
+/// `Score.format(width, score_only, signature, is_json)` for BLEU, plus (JSON only) this
+/// tool's extra fields after sacrebleu's: counts, totals, precisions, bp, ratio, hyp_len,
+/// ref_len.
+pub fn score_format(
+    score: &BleuScore,
+    width: usize,
+    score_only: bool,
+    signature: &str,
+    is_json: bool,
+    ci: Option<Ci>,
+) -> String {
+    let mut sc = fixed(score.score, width);
+    let mut d: Vec<(String, Json)> = vec![
+        ("name".into(), Json::Str("BLEU".into())),
+        (
+            "score".into(),
+            Json::Float(sc.parse::<f64>().unwrap_or(score.score)),
+        ),
+        ("signature".into(), Json::Str(signature.into())),
+    ];
+    if let Some(ci) = ci.filter(|c| c.mean > 0.0) {
+        let mean = fixed(ci.mean, width);
+        let var = fixed(ci.ci, width);
+        let text = format!("μ = {mean} ± {var}");
+        sc.push_str(&format!(" ({text})"));
+        d.push((
+            "confidence_mean".into(),
+            Json::Float(mean.parse().unwrap_or(ci.mean)),
+        ));
+        d.push((
+            "confidence_var".into(),
+            Json::Float(var.parse().unwrap_or(ci.ci)),
+        ));
+        d.push(("confidence".into(), Json::Str(text)));
+    }
+    if score_only {
+        return sc;
+    }
+    let verbose = verbose(score);
+    if is_json {
+        d.push(("verbose_score".into(), Json::Str(verbose)));
+        for param in signature.split('|') {
+            if let Some((k, v)) = param.split_once(':') {
+                d.push((k.into(), Json::Str(v.into())));
+            }
+        }
+        let nums = |v: &[f64]| Json::Array(v.iter().map(|&x| Json::number(x)).collect());
+        d.push(("counts".into(), nums(&score.counts)));
+        d.push(("totals".into(), nums(&score.totals)));
+        d.push((
+            "precisions".into(),
+            Json::Array(
+                score
+                    .precisions_pct
+                    .iter()
+                    .map(|&p| Json::Float(p))
+                    .collect(),
+            ),
+        ));
+        d.push(("bp".into(), Json::Float(score.bp)));
+        d.push(("ratio".into(), Json::Float(score.ratio)));
+        d.push(("hyp_len".into(), Json::Int(score.hyp_len as i64)));
+        d.push(("ref_len".into(), Json::Int(score.ref_len as i64)));
+        return Json::Object(d).dumps(1, false);
+    }
+    format!("BLEU|{signature} = {sc} {verbose}")
+}
+
+/// Column alignment in a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    Right,
+    Center,
+}
+
+/// Python's `str.strip()` (Python whitespace).
+fn py_strip(s: &str) -> &str {
+    candle_bleu::exact::tokenize::python_strip(s)
+}
+
+fn width_of(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `format(s, '>w')` / `format(s, '^w')`.
+fn pad(s: &str, width: usize, align: Align) -> String {
+    let n = width_of(s);
+    let fill = width.saturating_sub(n);
+    let (left, right) = match align {
+        Align::Right => (fill, 0),
+        Align::Center => (fill / 2, fill - fill / 2),
+    };
+    format!("{}{s}{}", " ".repeat(left), " ".repeat(right))
+}
+
+/// Cells stripped, split into lines, column widths (`max(len(header) + 2, longest line)`).
+fn layout(headers: &[String], rows: &[Vec<String>]) -> (Vec<Vec<Vec<String>>>, Vec<usize>) {
+    let cells: Vec<Vec<Vec<String>>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|c| py_strip(c).split('\n').map(str::to_owned).collect())
+                .collect()
+        })
+        .collect();
+    let widths = headers
+        .iter()
+        .enumerate()
+        .map(|(j, h)| {
+            let longest = cells
+                .iter()
+                .flat_map(|row| row[j].iter().map(|l| width_of(l)))
+                .max()
+                .unwrap_or(0);
+            (width_of(h) + 2).max(longest)
+        })
+        .collect();
+    (cells, widths)
+}
+
+/// `tabulate(..., tablefmt='fancy_grid', colalign=aligns)` with one line per cell line.
+pub fn fancy_grid(headers: &[String], rows: &[Vec<String>], aligns: &[Align]) -> String {
+    let (cells, widths) = layout(headers, rows);
+    let line = |l: char, fill: char, sep: char, r: char| {
+        let parts: Vec<String> = widths
+            .iter()
+            .map(|&w| std::iter::repeat_n(fill, w + 2).collect())
+            .collect();
+        format!("{l}{}{r}", parts.join(&sep.to_string()))
+    };
+    let row_line = |items: Vec<String>| format!("│{}│", items.join("│"));
+    let mut out = vec![line('╒', '═', '╤', '╕')];
+    out.push(row_line(
+        headers
+            .iter()
+            .zip(&widths)
+            .zip(aligns)
+            .map(|((h, &w), &a)| format!(" {} ", pad(h, w, a)))
+            .collect(),
+    ));
+    out.push(line('╞', '═', '╪', '╡'));
+    for (k, row) in cells.iter().enumerate() {
+        let height = row.iter().map(Vec::len).max().unwrap_or(1);
+        for i in 0..height {
+            out.push(row_line(
+                row.iter()
+                    .zip(&widths)
+                    .zip(aligns)
+                    .map(|((lines, &w), &a)| match lines.get(i) {
+                        Some(l) => format!(" {} ", pad(l, w, a)),
+                        None => " ".repeat(w + 2),
+                    })
+                    .collect(),
+            ));
+        }
+        if k + 1 < cells.len() {
+            out.push(line('├', '─', '┼', '┤'));
+        }
+    }
+    out.push(line('╘', '═', '╧', '╛'));
+    out.join("\n")
+}
+
+/// tabulate's `LATEX_ESCAPE_RULES`.
+fn latex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("\\&"),
+            '%' => out.push_str("\\%"),
+            '$' => out.push_str("\\$"),
+            '#' => out.push_str("\\#"),
+            '_' => out.push_str("\\_"),
+            '^' => out.push_str("\\^{}"),
+            '{' => out.push_str("\\{"),
+            '}' => out.push_str("\\}"),
+            '~' => out.push_str("\\textasciitilde{}"),
+            '\\' => out.push_str("\\textbackslash{}"),
+            '<' => out.push_str("\\ensuremath{<}"),
+            '>' => out.push_str("\\ensuremath{>}"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `tabulate(..., tablefmt='latex_booktabs', colalign=aligns)` (cells on one line each).
+pub fn latex_booktabs(headers: &[String], rows: &[Vec<String>], aligns: &[Align]) -> String {
+    let (cells, widths) = layout(headers, rows);
+    let spec: String = aligns
+        .iter()
+        .map(|a| match a {
+            Align::Right => 'r',
+            Align::Center => 'c',
+        })
+        .collect();
+    let row = |items: Vec<String>| {
+        let padded: Vec<String> = items
+            .iter()
+            .map(|c| latex_escape(&format!(" {c} ")))
+            .collect();
+        format!("{}\\\\", padded.join("&")).trim_end().to_owned()
+    };
+    let mut out = vec![format!("\\begin{{tabular}}{{{spec}}}"), "\\toprule".into()];
+    out.push(row(headers
+        .iter()
+        .zip(&widths)
+        .zip(aligns)
+        .map(|((h, &w), &a)| pad(h, w, a))
+        .collect()));
+    out.push("\\midrule".into());
+    for r in &cells {
+        out.push(row(r
+            .iter()
+            .zip(&widths)
+            .zip(aligns)
+            .map(|((lines, &w), &a)| pad(&lines.join(" "), w, a))
+            .collect()));
+    }
+    out.push("\\bottomrule\n\\end{tabular}".into());
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_float_repr() {
+        for (x, s) in [
+            (0.0, "0.0"),
+            (44.7, "44.7"),
+            (45.0, "45.0"),
+            (100.00000000000004, "100.00000000000004"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1.5e-7, "1.5e-07"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (0.029970029970029972, "0.029970029970029972"),
+            (-2.5, "-2.5"),
+        ] {
+            assert_eq!(py_repr(x), s);
+        }
+    }
+
+    #[test]
+    fn json_like_python() {
+        let v = Json::Object(vec![
+            ("a".into(), Json::Str("x\"é\u{1}\n".into())),
+            (
+                "b".into(),
+                Json::Array(vec![Json::Int(1), Json::Float(0.5)]),
+            ),
+            ("c".into(), Json::Null),
+        ]);
+        assert_eq!(
+            v.dumps(1, false),
+            "{\n \"a\": \"x\\\"é\\u0001\\n\",\n \"b\": [\n  1,\n  0.5\n ],\n \"c\": null\n}"
+        );
+        assert_eq!(
+            Json::Str("é😀".into()).dumps(4, true),
+            "\"\\u00e9\\ud83d\\ude00\""
+        );
+    }
+}
