@@ -244,8 +244,16 @@ pub struct BleuScore {
     pub effective_order: usize,
 }
 
-/// Checks that `hyps` and `refs` are parallel and every segment has a reference.
-fn validate_corpus<T>(hyps: &[Vec<T>], refs: &[Vec<Vec<T>>]) -> Result<(), BleuError> {
+/// Checks `max_order >= 1`, that `hyps` and `refs` are parallel and every segment has a
+/// reference.
+fn validate_corpus<T>(
+    hyps: &[Vec<T>],
+    refs: &[Vec<Vec<T>>],
+    max_order: usize,
+) -> Result<(), BleuError> {
+    if max_order == 0 {
+        return Err(invalid("max_order", "must be >= 1, got 0"));
+    }
     if hyps.len() != refs.len() {
         return Err(invalid(
             "refs",
@@ -275,10 +283,7 @@ pub fn corpus_stats<T: Eq + Hash>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<Vec<BleuStats>, BleuError> {
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
-    validate_corpus(hyps, refs)?;
+    validate_corpus(hyps, refs, max_order)?;
     let mut counter = StatsCounter::new(max_order);
     Ok(hyps
         .iter()
@@ -294,16 +299,22 @@ pub fn corpus_stats_sum<T: Eq + Hash>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<BleuStats, BleuError> {
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
-    validate_corpus(hyps, refs)?;
+    validate_corpus(hyps, refs, max_order)?;
+    Ok(sum_segment_stats(hyps, refs, max_order))
+}
+
+/// The summed statistics of already validated segments, counted by one [`StatsCounter`].
+fn sum_segment_stats<T: Eq + Hash>(
+    hyps: &[Vec<T>],
+    refs: &[Vec<Vec<T>>],
+    max_order: usize,
+) -> BleuStats {
     let mut counter = StatsCounter::new(max_order);
     let mut total = BleuStats::zeros(max_order);
     for (h, r) in hyps.iter().zip(refs) {
         counter.add_segment(h, r, &mut total);
     }
-    Ok(total)
+    total
 }
 
 /// [`corpus_stats_sum`] on rayon's thread pool: the corpus is cut into chunks of at least
@@ -315,22 +326,12 @@ pub fn corpus_stats_sum_par<T: Eq + Hash + Sync>(
     max_order: usize,
 ) -> Result<BleuStats, BleuError> {
     use rayon::prelude::*;
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
-    validate_corpus(hyps, refs)?;
+    validate_corpus(hyps, refs, max_order)?;
     let chunk = (hyps.len() / (4 * rayon::current_num_threads()).max(1)).max(256);
     Ok(hyps
         .par_chunks(chunk)
         .zip(refs.par_chunks(chunk))
-        .map(|(h, r)| {
-            let mut counter = StatsCounter::new(max_order);
-            let mut total = BleuStats::zeros(max_order);
-            for (h, r) in h.iter().zip(r) {
-                counter.add_segment(h, r, &mut total);
-            }
-            total
-        })
+        .map(|(h, r)| sum_segment_stats(h, r, max_order))
         .reduce(|| BleuStats::zeros(max_order), |a, b| a + b))
 }
 
@@ -341,10 +342,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<NltkStats, BleuError> {
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
-    validate_corpus(hyps, refs)?;
+    validate_corpus(hyps, refs, max_order)?;
     let mut stats = NltkStats::new(max_order);
     let mut counter = StatsCounter::new(max_order);
     let mut segment = BleuStats::zeros(max_order);
