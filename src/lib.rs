@@ -1,4 +1,100 @@
-//! candle-bleu: BLEU as a training signal for candle seq2seq models.
+//! BLEU as a training signal for [candle](https://github.com/huggingface/candle) 0.11
+//! sequence-to-sequence models.
+//!
+//! - [`loss`]: a **differentiable BLEU loss** on candle tensors. It takes hypothesis
+//!   distributions (or logits) `[B, S, V]` and references as token ids or one-hot/soft rows, and
+//!   returns `-log BLEU` with its gradient and the differentiable n-gram statistics. It is exact
+//!   BLEU at one-hot inputs, and finite with finite gradients everywhere.
+//! - [`exact`]: an **exact BLEU** that reproduces sacrebleu 2.6.0 (every smoothing, effective
+//!   order, the `none`/`13a`/`intl`/`char`/`zh` tokenizers, bootstrap confidence intervals and
+//!   paired tests with sacrebleu's own random numbers) and NLTK 3.10.4 (`method0`–`method7`) to
+//!   the last digit.
+//! - [`gradcheck`]: finite-difference gradient checks for any scalar candle function.
+//! - [`ngram`]: the one n-gram counter that both of the above use, so the loss and the metric
+//!   always agree on what a match is.
+//!
+//! # Quick start
+//!
+//! A training step with the loss. Here the logits are a `Var` updated by SGD; in a model they
+//! come from its forward pass:
+//!
+//! ```
+//! use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, References};
+//! use candle_core::{Device, Tensor, Var};
+//! use candle_nn::{Optimizer, SGD};
+//!
+//! let device = Device::Cpu;
+//! // Two references, u32 [B, T]; trailing 0s are padding (pad_id = 0).
+//! let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3, 4, 0], [5, 6, 7, 0, 0]], &device)?, 0)?;
+//! // Logits [B, S, V] = [2, 5, 8]: two hypotheses of 5 positions over a vocabulary of 8.
+//! let logits = Var::randn(0f32, 1.0, (2, 5, 8), &device)?;
+//! let cfg = BleuLossConfig::default(); // 4-grams, expected form, corpus BLEU, BLEU+1 smoothing
+//! let mut sgd = SGD::new(vec![logits.clone()], 0.5)?;
+//!
+//! let first = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?.loss;
+//! for _ in 0..20 {
+//!     let out = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?;
+//!     sgd.backward_step(&out.loss)?; // out.loss = -log BLEU, a scalar
+//! }
+//! let last = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?.loss;
+//! assert!(last.to_scalar::<f32>()? < first.to_scalar::<f32>()?);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! In a real model, add the loss to cross-entropy (`ce + λ · loss`). Take logits, as above, or
+//! probabilities from `candle_nn::ops::softmax(x, D::Minus1)` with [`loss::bleu_loss`].
+//! `candle_nn::ops::softmax_last_dim` has no backward, and a loss computed from it gets no
+//! gradient.
+//!
+//! Corpus BLEU as sacrebleu computes it, on text tokenized by sacrebleu's `13a` tokenizer:
+//!
+//! ```
+//! use candle_bleu::exact::{corpus_bleu, tokenize, BleuConfig, Tokenizer};
+//!
+//! let tok = |line: &str| tokenize(line, Tokenizer::V13a, false);
+//! let hyps = vec![tok("The cat sat on the mat."), tok("A dog barked at the postman.")];
+//! // refs[segment][reference][token]: one reference per segment here.
+//! let refs = vec![vec![tok("The cat sat on the mat.")], vec![tok("The dog barked at the mailman.")]];
+//! let score = corpus_bleu(&hyps, &refs, &BleuConfig::default())?; // sacrebleu's corpus default
+//! assert_eq!(score.counts, vec![12.0, 9.0, 7.0, 5.0]);
+//! assert_eq!(score.totals, vec![14.0, 12.0, 10.0, 8.0]);
+//! assert_eq!(score.score, 72.82376575609848); // `sacrebleu.corpus_bleu(hyps, [refs]).score`
+//! # Ok::<(), candle_bleu::exact::BleuError>(())
+//! ```
+//!
+//! # Modules
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training |
+//! | [`loss::fused`] | CPU kernels: softmax gathered at the reference ids, and softmax with a backward |
+//! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::Smoothing`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
+//! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |
+//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization, with NumPy's PCG64 |
+//! | [`gradcheck`] | [`gradcheck::check_gradients`]: autograd against central finite differences in f64 |
+//! | [`ngram`] | n-gram counting, clipping, and the reference masks of the loss |
+//!
+//! Dependencies point one way: the command line uses [`exact`], which uses [`ngram`];
+//! [`loss`] uses [`ngram`].
+//!
+//! # Feature flags
+//!
+//! | feature | effect |
+//! |---|---|
+//! | `cli` | builds the `candle-bleu` binary, sacrebleu's BLEU command line (`cargo install candle-bleu --features cli`); off by default, so the library does not depend on `clap` |
+//! | `cuda`, `cudnn`, `metal`, `mkl`, `accelerate` | passed to `candle-core` and `candle-nn` |
+//!
+//! # The mathematics
+//!
+//! Two documents in the repository (and in the packaged crate) hold the derivations that the
+//! code's names refer to:
+//!
+//! - `docs/loss.md`: the loss term by term. It covers the token match matrix `X` (`token_match`),
+//!   the first-occurrence masks `ν` (`first`) and clip counts `κ` (`clip`), the expected, paired
+//!   and lower-bound forms, the length models, the brevity penalty, smoothing, the guards and
+//!   the reductions, with a worked example checked by `tests/docs_worked_example.rs`.
+//! - `docs/exact.md`: what sacrebleu 2.6 and NLTK 3.10 compute, every quirk reproduced, and the
+//!   golden test that covers each.
 pub mod exact;
 pub mod gradcheck;
 pub mod loss;
