@@ -3,7 +3,7 @@
 //! exit, against sacrebleu's in-process `corpus_bleu` on the same files
 //! (benches/cli_sacrebleu.py).
 //!
-//!     cargo bench --bench cli            # writes target/cli_bench/{ref,hyp,sys2}.txt
+//!     cargo bench --features cli --bench cli   # writes target/cli_bench/{ref,hyp,sys2}.txt
 //!     python3 benches/cli_sacrebleu.py   # sacrebleu in-process, and the binary, back to back
 //!
 //! The corpus comes from a fixed splitmix64 stream, so every run scores the same text.
