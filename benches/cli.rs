@@ -175,6 +175,8 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     let bin = env!("CARGO_BIN_EXE_candle-bleu");
+    // The CLI's exact BLEU is host code on strings: no tensors, so no GPU and `--cpu` is moot.
+    println!("device: cpu (host code)");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cli_bench");
     let [r, h, s2] = write_corpus(&dir);
     let (r, h, s2) = (
