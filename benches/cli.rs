@@ -3,7 +3,7 @@
 //! exit, against sacrebleu's in-process `corpus_bleu` on the same files
 //! (benches/cli_sacrebleu.py).
 //!
-//!     cargo bench --bench cli            # writes target/cli_bench/{ref,hyp,sys2}.txt
+//!     cargo bench --features cli --bench cli   # writes target/cli_bench/{ref,hyp,sys2}.txt
 //!     python3 benches/cli_sacrebleu.py   # sacrebleu in-process, and the binary, back to back
 //!
 //! The corpus comes from a fixed splitmix64 stream, so every run scores the same text.
@@ -175,6 +175,8 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     let bin = env!("CARGO_BIN_EXE_candle-bleu");
+    // The CLI's exact BLEU is host code on strings: no tensors, so no GPU and `--cpu` is moot.
+    println!("device: cpu (host code)");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cli_bench");
     let [r, h, s2] = write_corpus(&dir);
     let (r, h, s2) = (

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """sacrebleu's side of benches/cli.rs: `sacrebleu.corpus_bleu` in-process on the files that
-`cargo bench --bench cli` writes (target/cli_bench/{ref,hyp}.txt), and the `candle-bleu`
-binary as a whole process on the same files, back to back, alternating.
+`cargo bench --features cli --bench cli` writes (target/cli_bench/{ref,hyp}.txt), and the
+`candle-bleu` binary as a whole process on the same files, back to back, alternating.
 
     pip install sacrebleu==2.6.0
-    cargo build --release && cargo bench --bench cli
+    cargo build --release --features cli && cargo bench --features cli --bench cli
     python3 benches/cli_sacrebleu.py [--runs 15] [--bin target/release/candle-bleu]
 
 sacrebleu is timed on lines already in memory (`corpus_bleu(hyps, [refs])`, default 13a, exp

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench loss                 # both shapes
 //! cargo bench --bench loss -- --quick      # the small shape only
+//! cargo bench --features cuda --bench loss # on CUDA device 0 (`-- --cpu`: on the CPU)
 //! ```
 //!
 //! Memory: a counting global allocator records the peak of live heap bytes during one
@@ -13,10 +14,13 @@
 //! /proc/self/clear_refs) is reported beside it.
 
 use candle_bleu::loss::{bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, References};
-use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_core::{DType, Result, Tensor, Var, D};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+#[path = "../examples/common/device.rs"]
+mod device;
 
 struct CountingAllocator;
 
@@ -139,6 +143,7 @@ fn torch_median(results: &Option<serde_json::Value>, shape: [usize; 4], form: &s
 
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
+    let device = device::device(std::env::args().any(|a| a == "--cpu"));
     let torch: Option<serde_json::Value> = std::fs::read_to_string("benches/torch_results.json")
         .ok()
         .and_then(|s| serde_json::from_str(&s).ok());
@@ -154,7 +159,6 @@ fn main() -> Result<()> {
     );
     for &(batch, seq, ref_len, vocab, repeats) in shapes {
         let shape = format!("[{batch},{seq},{ref_len},{vocab}]");
-        let device = Device::Cpu;
         let logits = Tensor::randn(0f32, 1.0, (batch, seq, vocab), &device)?;
         let logits_bytes = logits.elem_count() * 4;
         let ids =

@@ -18,6 +18,10 @@
 //! cargo run --release --example gradcheck -- --seed 3 --max-coordinates 20
 //! ```
 //!
+//! Device: the GPU of a `--features cuda` (or `metal`) build, else the CPU; `--cpu` forces the
+//! CPU. `check_gradients` perturbs an f64 copy on the host and the functions move it to the
+//! device, so the loss runs there in f64 (CUDA has f64; Metal has not: use `--cpu` on a Mac).
+//!
 //! The point is random soft logits (N(0, 1)), away from the loss's kinks: a `min` tie has
 //! probability zero there, and the seed is advanced until every soft hypothesis length is
 //! more than `KINK_MARGIN` from the brevity penalty's switches (`C = L`, `C = 1`) and from the
@@ -33,6 +37,9 @@ use candle_core::{Device, Tensor, D};
 use clap::Parser;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+#[path = "common/device.rs"]
+mod device;
+
 #[derive(Parser, Debug)]
 #[command(about = "Finite-difference gradient checks of every BLEU loss configuration")]
 struct Args {
@@ -43,6 +50,9 @@ struct Args {
     /// Check this many random coordinates per function instead of all `B·S·V`.
     #[arg(long)]
     max_coordinates: Option<usize>,
+    /// Run on the CPU even when built with `cuda` or `metal` and a GPU is available.
+    #[arg(long)]
+    cpu: bool,
 }
 
 const PAD: u32 = 0;
@@ -56,13 +66,13 @@ const KINK_MARGIN: f64 = 0.01;
 
 /// Element 0 has one reference; element 1 two of different lengths (4 and 3, padded to
 /// T = 5), so the effective reference length has a switch at C = 3.5.
-fn references() -> Result<(References, Vec<Vec<usize>>)> {
+fn references(device: &Device) -> Result<(References, Vec<Vec<usize>>)> {
     let ids = Tensor::new(
         &[
             [[1u32, 2, 1, 2, 3], [0, 0, 0, 0, 0]],
             [[2, 4, 4, 1, 0], [4, 1, 2, 0, 0]],
         ],
-        &Device::Cpu,
+        device,
     )?;
     Ok((References::from_ids(&ids, PAD)?, vec![vec![5], vec![4, 3]]))
 }
@@ -128,7 +138,7 @@ fn hyp_lengths(cfg: &BleuLossConfig, lengths: &Tensor) -> Option<Tensor> {
 /// The smallest distance from the soft hypothesis lengths to a kink of the loss, over the
 /// EOS length models (under `Given` the lengths are constants) and both reductions.
 fn kink_distance(logits: &Tensor, refs: &References, ref_lengths: &[Vec<usize>]) -> Result<f64> {
-    let lengths = Tensor::new(&HYP_LENGTHS, &Device::Cpu)?;
+    let lengths = Tensor::new(&HYP_LENGTHS, logits.device())?;
     let mut distance = f64::INFINITY;
     for length in [
         LengthModel::NotEos { eos_id: EOS },
@@ -174,6 +184,9 @@ fn print_row(name: &str, path: &str, report: &GradCheckReport) {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let device = device::device(args.cpu);
+    // `check_gradients` evaluates the functions on host tensors: each moves its input here.
+    let on_device = |x: &Tensor| x.to_device(&device);
     let grad_cfg = GradCheckConfig {
         eps: 1e-6,
         atol: 1e-8,
@@ -181,13 +194,13 @@ fn main() -> Result<()> {
         max_coordinates: args.max_coordinates,
         seed: args.seed,
     };
-    let (refs, ref_lengths) = references()?;
-    let lengths = Tensor::new(&HYP_LENGTHS, &Device::Cpu)?;
+    let (refs, ref_lengths) = references(&device)?;
+    let lengths = Tensor::new(&HYP_LENGTHS, &device)?;
 
     // A point away from the kinks.
     let mut seed = args.seed;
     let logits = loop {
-        let logits = normal_logits(seed)?;
+        let logits = normal_logits(seed)?.to_device(&device)?;
         let distance = kink_distance(&logits, &refs, &ref_lengths)?;
         if distance > KINK_MARGIN {
             println!(
@@ -215,11 +228,13 @@ fn main() -> Result<()> {
         let name = config_name(&cfg);
         let hyp_lengths = hyp_lengths(&cfg, &lengths);
         let composed = |x: &Tensor| {
-            let probs = candle_nn::ops::softmax(x, D::Minus1)?;
+            let probs = candle_nn::ops::softmax(&on_device(x)?, D::Minus1)?;
             Ok(bleu_loss(&probs, hyp_lengths.as_ref(), &refs, &cfg)?.loss)
         };
-        let fused =
-            |x: &Tensor| Ok(bleu_loss_from_logits(x, hyp_lengths.as_ref(), &refs, &cfg)?.loss);
+        let fused = |x: &Tensor| {
+            let x = on_device(x)?;
+            Ok(bleu_loss_from_logits(&x, hyp_lengths.as_ref(), &refs, &cfg)?.loss)
+        };
         for (path, report) in [
             ("composed", check_gradients(composed, &logits, &grad_cfg)?),
             ("fused", check_gradients(fused, &logits, &grad_cfg)?),
@@ -255,7 +270,7 @@ fn main() -> Result<()> {
     let cfg = BleuLossConfig::default();
     let loss_of = |probs: Tensor| Ok(bleu_loss(&probs, Some(&lengths), &refs, &cfg)?.loss);
     let last_dim = check_gradients(
-        |x| loss_of(candle_nn::ops::softmax_last_dim(x)?),
+        |x| loss_of(candle_nn::ops::softmax_last_dim(&on_device(x)?)?),
         &logits,
         &grad_cfg,
     )?;
@@ -272,14 +287,18 @@ fn main() -> Result<()> {
         (
             "candle_nn::ops::softmax(x, D::Minus1)",
             check_gradients(
-                |x| loss_of(candle_nn::ops::softmax(x, D::Minus1)?),
+                |x| loss_of(candle_nn::ops::softmax(&on_device(x)?, D::Minus1)?),
                 &logits,
                 &grad_cfg,
             )?,
         ),
         (
             "candle_bleu::loss::fused::softmax_last_dim",
-            check_gradients(|x| loss_of(fused::softmax_last_dim(x)?), &logits, &grad_cfg)?,
+            check_gradients(
+                |x| loss_of(fused::softmax_last_dim(&on_device(x)?)?),
+                &logits,
+                &grad_cfg,
+            )?,
         ),
     ] {
         println!("  {name}: {report}");
@@ -290,6 +309,7 @@ fn main() -> Result<()> {
     //    (max-shifted, the max detached: its gradient cancels) and candle's own.
     println!("\nyour own function:");
     let by_hand = |x: &Tensor| {
+        let x = &on_device(x)?;
         let max = x.max_keepdim(D::Minus1)?.detach();
         let sum = x.broadcast_sub(&max)?.exp()?.sum_keepdim(D::Minus1)?;
         (sum.log()? + max)?.sum_all()
@@ -301,7 +321,11 @@ fn main() -> Result<()> {
         ),
         (
             "Tensor::log_sum_exp",
-            check_gradients(|x| x.log_sum_exp(D::Minus1)?.sum_all(), &logits, &grad_cfg)?,
+            check_gradients(
+                |x| on_device(x)?.log_sum_exp(D::Minus1)?.sum_all(),
+                &logits,
+                &grad_cfg,
+            )?,
         ),
     ] {
         println!("  {name}: {report}");

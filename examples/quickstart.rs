@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! cargo run --release --example quickstart
+//! cargo run --release --features cuda --example quickstart   # on CUDA device 0 (`-- --cpu`: CPU)
 //! ```
 //!
 //! Take logits (`bleu_loss_from_logits` fuses the softmax), or probabilities from
@@ -19,14 +20,17 @@ use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{loss::cross_entropy, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+#[path = "common/device.rs"]
+mod device;
+
 const PAD: u32 = 0;
 
-/// A seeded tensor of values uniform in `[-2, 2)`.
-fn uniform(rng: &mut StdRng, dims: &[usize]) -> Result<Tensor> {
+/// A seeded tensor of values uniform in `[-2, 2)`, on `device`.
+fn uniform(rng: &mut StdRng, dims: &[usize], device: &Device) -> Result<Tensor> {
     let data: Vec<f32> = (0..dims.iter().product())
         .map(|_| rng.gen_range(-2.0..2.0))
         .collect();
-    Ok(Tensor::from_vec(data, dims, &Device::Cpu)?)
+    Ok(Tensor::from_vec(data, dims, device)?)
 }
 
 fn scalar(t: &Tensor) -> Result<f32> {
@@ -34,7 +38,9 @@ fn scalar(t: &Tensor) -> Result<f32> {
 }
 
 fn main() -> Result<()> {
-    let (device, mut rng) = (Device::Cpu, StdRng::seed_from_u64(0));
+    // `--cpu`: the CPU even in a GPU build (the only flag).
+    let device = device::device(std::env::args().skip(1).any(|a| a == "--cpu"));
+    let mut rng = StdRng::seed_from_u64(0);
     let (batch, seq, vocab) = (4, 6, 10);
     // References [B, R, T]: up to two per sentence; trailing PAD is padding, and a row of
     // padding only is no reference.
@@ -51,7 +57,7 @@ fn main() -> Result<()> {
     let cfg = BleuLossConfig::default(); // 4-grams, Expected form, corpus BLEU, BLEU+1 smoothing
 
     // 1. Loss, statistics and gradient. `None`: every hypothesis has all `seq` positions.
-    let logits = Var::from_tensor(&uniform(&mut rng, &[batch, seq, vocab])?)?;
+    let logits = Var::from_tensor(&uniform(&mut rng, &[batch, seq, vocab], &device)?)?;
     let out = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?;
     let loss = scalar(&out.loss)?;
     println!(
@@ -75,7 +81,7 @@ fn main() -> Result<()> {
     println!("gradient norm = {:.6}", scalar(&norm)?);
 
     // 2. Training: a linear layer over fixed features, CE on the first reference + λ · BLEU.
-    let features = uniform(&mut rng, &[batch, seq, 16])?;
+    let features = uniform(&mut rng, &[batch, seq, 16], &device)?;
     let targets = ref_ids.narrow(1, 0, 1)?.flatten_all()?; // first references, [B * S]
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
@@ -100,7 +106,7 @@ fn main() -> Result<()> {
     // 3. Data parallel: each worker sums its shard's statistics, the sums are all-reduced
     //    (here: added), and every worker scores the same totals with `loss_from_stats`.
     //    The corpus loss depends on the batch only through these sums.
-    let logits = Var::from_tensor(&uniform(&mut rng, &[batch, seq, vocab])?)?;
+    let logits = Var::from_tensor(&uniform(&mut rng, &[batch, seq, vocab], &device)?)?;
     let full = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?;
     let worker = |start: usize, len: usize| -> Result<Vec<Tensor>> {
         let shard_refs = References::from_ids(&ref_ids.narrow(0, start, len)?, PAD)?;

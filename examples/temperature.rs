@@ -15,6 +15,10 @@
 //! cargo run --release --example temperature                       # writes runs/temperature/
 //! cargo run --release --example temperature -- --out /tmp/temperature
 //! ```
+//!
+//! Device: the GPU of a `--features cuda` (or `metal`) build, else the CPU; `--cpu` forces the
+//! CPU. The data is drawn on the host and the loss runs on the device, in f64 (Metal has no
+//! f64: use `--cpu` on a Mac).
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_bleu::exact::{self, BleuConfig, BleuStats, Smoothing};
@@ -26,12 +30,18 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+#[path = "common/device.rs"]
+mod device;
+
 #[derive(Parser, Debug)]
 #[command(about = "Soft BLEU of softmax(logits / τ) against τ, and the exact BLEU of the argmax")]
 struct Args {
     /// Output directory for temperature.csv and temperature.png.
     #[arg(long, default_value = "runs/temperature")]
     out: PathBuf,
+    /// Run on the CPU even when built with `cuda` or `metal` and a GPU is available.
+    #[arg(long)]
+    cpu: bool,
 }
 
 const PAD: u32 = 0;
@@ -203,12 +213,14 @@ fn plot(path: &Path, taus: &[f64], soft: &[Vec<f64>], exact_bleu: f64) -> Result
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let device = device::device(args.cpu);
     let Data {
         decode,
         refs,
         logits,
     } = data(0)?;
-    let references = References::from_ids(&reference_ids(&refs)?, PAD)?;
+    let logits = logits.to_device(&device)?;
+    let references = References::from_ids(&reference_ids(&refs)?.to_device(&device)?, PAD)?;
 
     // Exact corpus BLEU of the argmax decode, with the loss's smoothing: BLEU+1 (add-k, k = 1,
     // for orders >= 2) is sacrebleu's add-k; corpus statistics are summed segment statistics.

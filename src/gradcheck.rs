@@ -29,9 +29,9 @@
 //! move the point and check again.
 
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
-use rand::rngs::StdRng;
-use rand::seq::index::sample;
-use rand::SeedableRng;
+use rand09::rngs::StdRng;
+use rand09::seq::index::sample;
+use rand09::SeedableRng;
 
 /// Settings of [`check_gradients`].
 #[derive(Debug, Clone, PartialEq)]

@@ -19,6 +19,22 @@ fn run_example(name: &str, args: &[&str]) -> String {
     command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["run", "--quiet", "--example", name]);
+    // The features this test was built with (`--features cli`, `cuda`, ...): `cargo run` then
+    // reuses this build of the crate instead of compiling another, and runs on the same device.
+    let features: Vec<&str> = [
+        ("cli", cfg!(feature = "cli")),
+        ("cuda", cfg!(feature = "cuda")),
+        ("cudnn", cfg!(feature = "cudnn")),
+        ("metal", cfg!(feature = "metal")),
+        ("mkl", cfg!(feature = "mkl")),
+        ("accelerate", cfg!(feature = "accelerate")),
+    ]
+    .into_iter()
+    .filter_map(|(feature, on)| on.then_some(feature))
+    .collect();
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("release") => command.arg("--release"),
         // `cargo test` builds everything in the `test` profile, whose directory is `debug`.

@@ -6,6 +6,7 @@
 //! cargo run --release --example seq2seq                  # synthetic task, 2 objectives x 3 seeds
 //! cargo run --release --example seq2seq -- --quick       # smoke test, under a minute
 //! cargo run --release --example seq2seq -- --train train.tsv --dev dev.tsv --test test.tsv
+//! cargo run --release --features cuda --example seq2seq  # on CUDA device 0 (`-- --cpu`: CPU)
 //! ```
 //!
 //! **Data.** By default a synthetic English-like → invented-SOV translation task generated
@@ -32,6 +33,8 @@
 
 #[path = "data.rs"]
 mod data;
+#[path = "../common/device.rs"]
+mod device;
 #[path = "eval.rs"]
 mod eval;
 #[path = "model.rs"]
@@ -43,7 +46,6 @@ mod train;
 
 use anyhow::{bail, Context, Result};
 use candle_bleu::loss::{BleuLossConfig, Form, LengthModel};
-use candle_core::Device;
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
 use std::fmt::Write as _;
@@ -123,6 +125,9 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "runs/seq2seq")]
     out: PathBuf,
+    /// Train on the CPU even when built with `cuda` or `metal` and a GPU is available.
+    #[arg(long)]
+    cpu: bool,
 }
 
 fn load_corpus(args: &Args) -> Result<Corpus> {
@@ -201,7 +206,7 @@ fn main() -> Result<()> {
         );
     }
     let started = Instant::now();
-    let device = Device::Cpu;
+    let device = device::device(args.cpu);
     let corpus = load_corpus(&args)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
