@@ -324,7 +324,7 @@ fn invalid_configurations() {
         let lens = Tensor::ones(B, DType::F64, &Device::Cpu).unwrap();
         assert_err(
             &format!("loss_from_stats: {cfg:?}"),
-            || loss_from_stats(&stats, &stats, &lens, &lens, &cfg),
+            || loss_from_stats(&stats_of(&stats, &stats, &lens, &lens), &cfg),
             &needles,
         );
     }
@@ -579,7 +579,7 @@ fn loss_from_stats_rejects_bad_statistics() {
     let ok_stats = Tensor::ones((B, 4), DType::F64, cpu).unwrap();
     let ok_len = Tensor::ones(B, DType::F64, cpu).unwrap();
     assert_ok("valid statistics", || {
-        loss_from_stats(&ok_stats, &ok_stats, &ok_len, &ok_len, &cfg)
+        loss_from_stats(&stats_of(&ok_stats, &ok_stats, &ok_len, &ok_len), &cfg)
     });
     let zeros = |shape: &[usize], dtype: DType| Tensor::zeros(shape, dtype, cpu).unwrap();
     // `matches` of the wrong rank or order count.
@@ -587,23 +587,28 @@ fn loss_from_stats_rejects_bad_statistics() {
         let m = zeros(&shape, DType::F64);
         assert_err(
             &format!("matches {shape:?}"),
-            || loss_from_stats(&m, &ok_stats, &ok_len, &ok_len, &cfg),
-            &["`matches`", "[B, N]", &format!("{shape:?}")],
+            || loss_from_stats(&stats_of(&m, &ok_stats, &ok_len, &ok_len), &cfg),
+            &["`stats.matches`", "[B, N]", &format!("{shape:?}")],
         );
     }
     let three_orders = zeros(&[B, 3], DType::F64);
     assert_err(
         "matches with 3 orders",
-        || loss_from_stats(&three_orders, &three_orders, &ok_len, &ok_len, &cfg),
-        &["`matches`", "3 orders", "[2, 3]", "`max_order` is 4"],
+        || {
+            loss_from_stats(
+                &stats_of(&three_orders, &three_orders, &ok_len, &ok_len),
+                &cfg,
+            )
+        },
+        &["`stats.matches`", "3 orders", "[2, 3]", "`max_order` is 4"],
     );
     // `totals` of another shape.
     for shape in [vec![B, 3], vec![3, 4], vec![B * 4]] {
         let t = zeros(&shape, DType::F64);
         assert_err(
             &format!("totals {shape:?}"),
-            || loss_from_stats(&ok_stats, &t, &ok_len, &ok_len, &cfg),
-            &["`totals`", &format!("{shape:?}"), "[2, 4]"],
+            || loss_from_stats(&stats_of(&ok_stats, &t, &ok_len, &ok_len), &cfg),
+            &["`stats.totals`", &format!("{shape:?}"), "[2, 4]"],
         );
     }
     // Lengths of another batch or rank.
@@ -611,13 +616,13 @@ fn loss_from_stats_rejects_bad_statistics() {
         let l = zeros(&shape, DType::F64);
         assert_err(
             &format!("hyp_len {shape:?}"),
-            || loss_from_stats(&ok_stats, &ok_stats, &l, &ok_len, &cfg),
-            &["`hyp_len`", "[2]", &format!("{shape:?}")],
+            || loss_from_stats(&stats_of(&ok_stats, &ok_stats, &l, &ok_len), &cfg),
+            &["`stats.hyp_len`", "[2]", &format!("{shape:?}")],
         );
         assert_err(
             &format!("ref_len {shape:?}"),
-            || loss_from_stats(&ok_stats, &ok_stats, &ok_len, &l, &cfg),
-            &["`ref_len`", "[2]", &format!("{shape:?}")],
+            || loss_from_stats(&stats_of(&ok_stats, &ok_stats, &ok_len, &l), &cfg),
+            &["`stats.ref_len`", "[2]", &format!("{shape:?}")],
         );
     }
     // Integer statistics.
@@ -625,8 +630,8 @@ fn loss_from_stats_rejects_bad_statistics() {
         let m = zeros(&[B, 4], dtype);
         assert_err(
             &format!("matches {dtype:?}"),
-            || loss_from_stats(&m, &ok_stats, &ok_len, &ok_len, &cfg),
-            &["`matches`", "float", &format!("{dtype:?}")],
+            || loss_from_stats(&stats_of(&m, &ok_stats, &ok_len, &ok_len), &cfg),
+            &["`stats.matches`", "float", &format!("{dtype:?}")],
         );
     }
     // An empty batch, under both reductions.
@@ -639,8 +644,8 @@ fn loss_from_stats_rejects_bad_statistics() {
         let l = zeros(&[0], DType::F64);
         assert_err(
             &format!("empty batch, {reduction:?}"),
-            || loss_from_stats(&m, &m, &l, &l, &cfg),
-            &["empty batch", "`matches`", "[0, 4]"],
+            || loss_from_stats(&stats_of(&m, &m, &l, &l), &cfg),
+            &["empty batch", "`stats.matches`", "[0, 4]"],
         );
     }
     // NaN or infinite statistics.
@@ -654,23 +659,23 @@ fn loss_from_stats_rejects_bad_statistics() {
             let good_l = ok_len.to_dtype(dtype).unwrap();
             assert_err(
                 &format!("matches with {bad}"),
-                || loss_from_stats(&s, &good_s, &good_l, &good_l, &cfg),
-                &["`matches`", "NaN or infinite"],
+                || loss_from_stats(&stats_of(&s, &good_s, &good_l, &good_l), &cfg),
+                &["`stats.matches`", "NaN or infinite"],
             );
             assert_err(
                 &format!("totals with {bad}"),
-                || loss_from_stats(&good_s, &s, &good_l, &good_l, &cfg),
-                &["`totals`", "NaN or infinite"],
+                || loss_from_stats(&stats_of(&good_s, &s, &good_l, &good_l), &cfg),
+                &["`stats.totals`", "NaN or infinite"],
             );
             assert_err(
                 &format!("hyp_len with {bad}"),
-                || loss_from_stats(&good_s, &good_s, &l, &good_l, &cfg),
-                &["`hyp_len`", "NaN or infinite"],
+                || loss_from_stats(&stats_of(&good_s, &good_s, &l, &good_l), &cfg),
+                &["`stats.hyp_len`", "NaN or infinite"],
             );
             assert_err(
                 &format!("ref_len with {bad}"),
-                || loss_from_stats(&good_s, &good_s, &good_l, &l, &cfg),
-                &["`ref_len`", "NaN or infinite"],
+                || loss_from_stats(&stats_of(&good_s, &good_s, &good_l, &l), &cfg),
+                &["`stats.ref_len`", "NaN or infinite"],
             );
         }
     }

@@ -66,10 +66,10 @@ fn check_one_hot_equality(batch: &Batch, form: Form) -> Result<(), TestCaseError
     };
     let out = bleu_loss(&probs, Some(&lengths), &refs, &cfg).unwrap();
     let expected = discrete_stats(batch);
-    let matches = to_vec2(&out.matches);
-    let totals = to_vec2(&out.totals);
-    let hyp_len = to_vec1(&out.hyp_len);
-    let ref_len = to_vec1(&out.ref_len);
+    let matches = to_vec2(&out.stats.matches);
+    let totals = to_vec2(&out.stats.totals);
+    let hyp_len = to_vec1(&out.stats.hyp_len);
+    let ref_len = to_vec1(&out.stats.ref_len);
     for (b, stats) in expected.iter().enumerate() {
         let want_matches: Vec<f64> = stats.matches.iter().map(|&m| m as f64).collect();
         let want_totals: Vec<f64> = stats.totals.iter().map(|&t| t as f64).collect();
@@ -175,8 +175,8 @@ proptest! {
             ).unwrap();
             let unreverse = |t: &Tensor| t.index_select(&reversed, 0).unwrap();
             for (name, x, y) in [
-                ("matches", &base.matches, &unreverse(&permuted.matches)),
-                ("totals", &base.totals, &unreverse(&permuted.totals)),
+                ("matches", &base.stats.matches, &unreverse(&permuted.stats.matches)),
+                ("totals", &base.stats.totals, &unreverse(&permuted.stats.totals)),
             ] {
                 let (x, y) = (to_vec2(x), to_vec2(y));
                 for (rx, ry) in x.iter().zip(&y) {
@@ -185,7 +185,7 @@ proptest! {
                     }
                 }
             }
-            prop_assert_eq!(to_vec1(&base.ref_len), to_vec1(&unreverse(&permuted.ref_len)));
+            prop_assert_eq!(to_vec1(&base.stats.ref_len), to_vec1(&unreverse(&permuted.stats.ref_len)));
             let (l1, l2) = (scalar(&base.loss), scalar(&permuted.loss));
             prop_assert!((l1 - l2).abs() <= 1e-12 * (1.0 + l1.abs()), "loss {} vs {}", l1, l2);
         }
@@ -225,7 +225,12 @@ fn forms_agree_at_one_hot_and_differ_at_soft_inputs() -> candle_core::Result<()>
                 form,
                 ..Default::default()
             };
-            to_vec2(&bleu_loss(&soft, None, &references, &cfg).unwrap().matches)
+            to_vec2(
+                &bleu_loss(&soft, None, &references, &cfg)
+                    .unwrap()
+                    .stats
+                    .matches,
+            )
         })
         .collect();
     assert_ne!(matches[0], matches[1]);
@@ -270,11 +275,11 @@ fn soft_eos_at_one_hot_scores_the_prefix_before_eos() -> candle_core::Result<()>
             for b in 0..2 {
                 let stats = exact::segment_stats(&prefixes[b], &prefix_refs[b], 4);
                 let want: Vec<f64> = stats.matches.iter().map(|&m| m as f64).collect();
-                assert_eq!(to_vec2(&out.matches)[b], want, "{form:?} element {b}");
+                assert_eq!(to_vec2(&out.stats.matches)[b], want, "{form:?} element {b}");
                 let want: Vec<f64> = stats.totals.iter().map(|&t| t as f64).collect();
-                assert_eq!(to_vec2(&out.totals)[b], want);
-                assert_eq!(to_vec1(&out.hyp_len)[b], stats.hyp_len as f64);
-                assert_eq!(to_vec1(&out.ref_len)[b], stats.ref_len as f64);
+                assert_eq!(to_vec2(&out.stats.totals)[b], want);
+                assert_eq!(to_vec1(&out.stats.hyp_len)[b], stats.hyp_len as f64);
+                assert_eq!(to_vec1(&out.stats.ref_len)[b], stats.ref_len as f64);
             }
         }
     }
@@ -299,8 +304,16 @@ fn one_hot_matrices_equal_ids() -> candle_core::Result<()> {
     for cfg in all_configs(4, 5) {
         let a = bleu_loss(&probs, None, &by_ids, &cfg)?;
         let b = bleu_loss(&probs, None, &by_matrices, &cfg)?;
-        assert_eq!(to_vec2(&a.matches), to_vec2(&b.matches), "{cfg:?}");
-        assert_eq!(to_vec2(&a.totals), to_vec2(&b.totals), "{cfg:?}");
+        assert_eq!(
+            to_vec2(&a.stats.matches),
+            to_vec2(&b.stats.matches),
+            "{cfg:?}"
+        );
+        assert_eq!(
+            to_vec2(&a.stats.totals),
+            to_vec2(&b.stats.totals),
+            "{cfg:?}"
+        );
         assert_eq!(scalar(&a.loss), scalar(&b.loss), "{cfg:?}");
     }
     Ok(())
@@ -330,8 +343,8 @@ fn worked_example_by_hand() -> candle_core::Result<()> {
             ..cfg.clone()
         };
         let out = bleu_loss(&one_hot(&[vec![1, 2, 1]], 4)?, None, &refs, &cfg)?;
-        assert_eq!(to_vec2(&out.matches), vec![vec![2.0, 1.0]]);
-        assert_eq!(to_vec2(&out.totals), vec![vec![3.0, 2.0]]);
+        assert_eq!(to_vec2(&out.stats.matches), vec![vec![2.0, 1.0]]);
+        assert_eq!(to_vec2(&out.stats.totals), vec![vec![3.0, 2.0]]);
         assert!((scalar(&out.loss) - 0.549_306_144_334_054_9).abs() < 1e-15);
         let out = bleu_loss(&one_hot(&[vec![1, 2, 3]], 4)?, None, &refs, &cfg)?;
         assert_eq!(scalar(&out.loss), 0.0);
@@ -349,7 +362,7 @@ fn worked_example_by_hand() -> candle_core::Result<()> {
         &Device::Cpu,
     )?;
     let out = bleu_loss(&probs, None, &refs, &cfg)?;
-    assert_eq!(to_vec2(&out.matches), vec![vec![2.5, 1.5]]);
+    assert_eq!(to_vec2(&out.stats.matches), vec![vec![2.5, 1.5]]);
     let want = -((2.5f64 / 3.0).ln() + (1.5f64 / 2.0).ln()) / 2.0;
     assert!((scalar(&out.loss) - want).abs() < 1e-15);
     let _ = DType::F64;

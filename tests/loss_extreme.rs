@@ -71,10 +71,10 @@ fn evaluate(
     let grads = out.loss.backward()?;
     // A loss that does not depend on `x` at all leaves no gradient: nothing non-finite.
     let grad = grads.get(&var).map(flat).unwrap_or_default();
-    let mut stats = flat(&out.matches);
-    stats.extend(flat(&out.totals));
-    stats.extend(flat(&out.hyp_len));
-    stats.extend(flat(&out.ref_len));
+    let mut stats = flat(&out.stats.matches);
+    stats.extend(flat(&out.stats.totals));
+    stats.extend(flat(&out.stats.hyp_len));
+    stats.extend(flat(&out.stats.ref_len));
     Ok(Outcome {
         loss: scalar(&out.loss),
         grad,
@@ -720,7 +720,11 @@ fn loss_from_half_precision_statistics() {
             .to_dtype(dtype)
             .unwrap();
         let m = Var::from_tensor(&m).unwrap();
-        let loss = loss_from_stats(m.as_tensor(), &t, &l, &l, &BleuLossConfig::default()).unwrap();
+        let loss = loss_from_stats(
+            &stats_of(m.as_tensor(), &t, &l, &l),
+            &BleuLossConfig::default(),
+        )
+        .unwrap();
         assert_close(&format!("{dtype:?}"), scalar(&loss), want, 1e-6);
         let grad = flat(loss.backward().unwrap().get(&m).unwrap());
         assert!(grad.iter().all(|g| g.is_finite()), "{dtype:?}: {grad:?}");

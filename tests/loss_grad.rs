@@ -111,10 +111,10 @@ fn fused_path_equals_composed_path_in_values_and_gradients() -> candle_core::Res
             close(scalar(&composed.loss), scalar(&fused.loss)),
             "{cfg:?}"
         );
-        for (a, b) in to_vec2(&composed.matches)
+        for (a, b) in to_vec2(&composed.stats.matches)
             .iter()
             .flatten()
-            .zip(to_vec2(&fused.matches).iter().flatten())
+            .zip(to_vec2(&fused.stats.matches).iter().flatten())
         {
             assert!(close(*a, *b), "{cfg:?} matches {a} vs {b}");
         }

@@ -258,10 +258,10 @@ fn evaluate(
     };
     Ok(Outcome {
         loss: scalar(&out.loss),
-        matches: to_vec2(&out.matches),
-        totals: to_vec2(&out.totals),
-        hyp_len: to_vec1(&out.hyp_len),
-        ref_len: to_vec1(&out.ref_len),
+        matches: to_vec2(&out.stats.matches),
+        totals: to_vec2(&out.stats.totals),
+        hyp_len: to_vec1(&out.stats.hyp_len),
+        ref_len: to_vec1(&out.stats.ref_len),
         grad,
     })
 }

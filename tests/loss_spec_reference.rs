@@ -179,10 +179,10 @@ fn run_crate(case: &Case, from_logits: bool) -> Result<CrateOut> {
     };
     Ok(CrateOut {
         loss: out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-        matches: flat(&out.matches)?,
-        totals: flat(&out.totals)?,
-        hyp_len: flat(&out.hyp_len)?,
-        ref_len: flat(&out.ref_len)?,
+        matches: flat(&out.stats.matches)?,
+        totals: flat(&out.stats.totals)?,
+        hyp_len: flat(&out.stats.hyp_len)?,
+        ref_len: flat(&out.stats.ref_len)?,
         grad,
     })
 }

@@ -115,14 +115,14 @@ impl Default for BleuLossConfig {
     }
 }
 
-/// The loss and the differentiable statistics it was computed from.
+/// The differentiable statistics of a batch, one row per element: everything the loss
+/// depends on (docs/loss.md, §Score and loss).
 ///
-/// The statistics let a caller log them, or all-reduce them across data-parallel workers and
-/// call [`loss_from_stats`] on the sums.
+/// All four are float tensors in the compute dtype of the call (f32 for f16/bf16 inputs) on the
+/// hypotheses' device. `matches`, `totals` and `hyp_len` carry gradients back to the
+/// hypotheses; `ref_len` is a constant.
 #[derive(Debug, Clone)]
-pub struct BleuLossOutput {
-    /// Scalar: `-log BLEU` (Corpus) or the mean of per-element `-log BLEU` (SentenceMean).
-    pub loss: Tensor,
+pub struct BleuStats {
     /// `[B, N]`: clipped matches `m_n` of each element.
     pub matches: Tensor,
     /// `[B, N]`: n-gram totals `t_n` of each element.
@@ -131,6 +131,18 @@ pub struct BleuLossOutput {
     pub hyp_len: Tensor,
     /// `[B]`: effective reference length of each element (a constant).
     pub ref_len: Tensor,
+}
+
+/// The loss and the differentiable statistics it was computed from.
+///
+/// The statistics let a caller log them, or all-reduce them across data-parallel workers and
+/// call [`loss_from_stats`] on the sums.
+#[derive(Debug, Clone)]
+pub struct BleuLossOutput {
+    /// Scalar: `-log BLEU` (Corpus) or the mean of per-element `-log BLEU` (SentenceMean).
+    pub loss: Tensor,
+    /// The per-element statistics `loss` was computed from.
+    pub stats: BleuStats,
 }
 
 /// The shapes of a validated call.
@@ -310,14 +322,14 @@ fn finish(
     let ref_len = Tensor::from_vec(chosen, batch, &device)?.to_dtype(dtype)?;
     let matches = Tensor::stack(&matches, 1)?;
     let totals = Tensor::stack(&totals, 1)?;
-    let loss = loss_from_stats(&matches, &totals, &hyp_len, &ref_len, cfg)?;
-    Ok(BleuLossOutput {
-        loss,
+    let stats = BleuStats {
         matches,
         totals,
         hyp_len,
         ref_len,
-    })
+    };
+    let loss = loss_from_stats(&stats, cfg)?;
+    Ok(BleuLossOutput { loss, stats })
 }
 
 /// The reference ids `[B, W]`, with a column of `eos_id` appended under the EOS length models,

@@ -1,7 +1,7 @@
 //! From statistics to the loss: smoothing, the guards, the brevity penalty, the reduction
 //! (SPEC §2, "Score and loss").
 
-use super::{BleuLossConfig, LossSmoothing, Reduction};
+use super::{BleuLossConfig, BleuStats, LossSmoothing, Reduction};
 use candle_core::{bail, DType, Result, Tensor};
 
 /// Ratios below this are floored before the log (gradient 0 below the floor).
@@ -117,8 +117,8 @@ fn weighted_log_precisions(
 /// The loss `-log BLEU` from per-element statistics (SPEC §2).
 ///
 /// # Arguments
-/// * `matches`, `totals` - float `[B, N]`: `m_n` and `t_n` of each element.
-/// * `hyp_len`, `ref_len` - float `[B]`: `c` and the effective reference length.
+/// * `stats` - [`BleuStats`]: `matches` and `totals` float `[B, N]` (`m_n` and `t_n` of each
+///   element), `hyp_len` and `ref_len` float `[B]` (`c` and the effective reference length).
 /// * `cfg` - `max_order` (= N), weights, smoothing and reduction are used.
 ///
 /// `Corpus` sums the statistics over the batch and scores once; `SentenceMean` scores each
@@ -131,28 +131,28 @@ fn weighted_log_precisions(
 /// Because the corpus loss depends on the batch only through these sums, data-parallel
 /// workers can all-reduce (sum) their statistics and call this on the totals: every worker
 /// gets the same loss, and the gradient flows back to its own shard's statistics.
-pub fn loss_from_stats(
-    matches: &Tensor,
-    totals: &Tensor,
-    hyp_len: &Tensor,
-    ref_len: &Tensor,
-    cfg: &BleuLossConfig,
-) -> Result<Tensor> {
+pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+    let BleuStats {
+        matches,
+        totals,
+        hyp_len,
+        ref_len,
+    } = stats;
     validate_config(cfg)?;
     let (batch, orders) = match matches.dims() {
         &[b, n] => (b, n),
-        dims => bail!("loss_from_stats: `matches` must be [B, N], got shape {dims:?}"),
+        dims => bail!("loss_from_stats: `stats.matches` must be [B, N], got shape {dims:?}"),
     };
     if orders != cfg.max_order {
         bail!(
-            "loss_from_stats: `matches` has {orders} orders (shape {:?}) but `max_order` is {}",
+            "loss_from_stats: `stats.matches` has {orders} orders (shape {:?}) but `max_order` is {}",
             matches.dims(),
             cfg.max_order
         );
     }
     if totals.dims() != matches.dims() {
         bail!(
-            "loss_from_stats: `totals` has shape {:?}, `matches` {:?}",
+            "loss_from_stats: `stats.totals` has shape {:?}, `stats.matches` {:?}",
             totals.dims(),
             matches.dims()
         );
@@ -160,14 +160,14 @@ pub fn loss_from_stats(
     for (name, t) in [("hyp_len", hyp_len), ("ref_len", ref_len)] {
         if t.dims() != [batch] {
             bail!(
-                "loss_from_stats: `{name}` must be [{batch}], got shape {:?}",
+                "loss_from_stats: `stats.{name}` must be [{batch}], got shape {:?}",
                 t.dims()
             );
         }
     }
     if batch == 0 {
         bail!(
-            "loss_from_stats: empty batch (`matches` has shape {:?})",
+            "loss_from_stats: empty batch (`stats.matches` has shape {:?})",
             matches.dims()
         );
     }
@@ -179,7 +179,7 @@ pub fn loss_from_stats(
     ] {
         if !t.dtype().is_float() {
             bail!(
-                "loss_from_stats: `{name}` must be a float tensor, got {:?} with shape {:?}",
+                "loss_from_stats: `stats.{name}` must be a float tensor, got {:?} with shape {:?}",
                 t.dtype(),
                 t.dims()
             );
@@ -188,7 +188,7 @@ pub fn loss_from_stats(
         let total = t.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         if !total.is_finite() {
             bail!(
-                "loss_from_stats: `{name}` contains NaN or infinite values (shape {:?})",
+                "loss_from_stats: `stats.{name}` contains NaN or infinite values (shape {:?})",
                 t.dims()
             );
         }

@@ -1,7 +1,7 @@
 //! Shared helpers of the loss tests: random batches and the discrete statistics they must match.
 #![allow(dead_code)]
 
-use candle_bleu::loss::{BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction};
+use candle_bleu::loss::{BleuLossConfig, BleuStats, Form, LengthModel, LossSmoothing, Reduction};
 use candle_core::{DType, Device, Result, Tensor};
 
 pub const PAD: u32 = 0;
@@ -68,4 +68,19 @@ pub fn to_vec1(t: &Tensor) -> Vec<f64> {
 
 pub fn scalar(t: &Tensor) -> f64 {
     t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+}
+
+/// The four statistics as one [`BleuStats`] (cloned handles: same storage, same graph).
+pub fn stats_of(
+    matches: &Tensor,
+    totals: &Tensor,
+    hyp_len: &Tensor,
+    ref_len: &Tensor,
+) -> BleuStats {
+    BleuStats {
+        matches: matches.clone(),
+        totals: totals.clone(),
+        hyp_len: hyp_len.clone(),
+        ref_len: ref_len.clone(),
+    }
 }
