@@ -284,15 +284,15 @@ fn bad_configs() -> Vec<(BleuLossConfig, Vec<&'static str>)> {
         ),
         (
             with(3, Some(vec![0.5, -0.5, 1.0]), add1),
-            vec!["`weights[1]`", "-0.5"],
+            vec!["`weights`", "weights[1] = -0.5"],
         ),
         (
             with(3, Some(vec![0.5, 0.5, f64::NAN]), add1),
-            vec!["`weights[2]`", "NaN"],
+            vec!["`weights`", "weights[2] = NaN"],
         ),
         (
             with(2, Some(vec![f64::INFINITY, 0.5]), add1),
-            vec!["`weights[0]`", "inf"],
+            vec!["`weights`", "weights[0] = inf"],
         ),
         (
             with(4, None, LossSmoothing::AddK(-1.0)),
@@ -679,4 +679,138 @@ fn loss_from_stats_rejects_bad_statistics() {
             );
         }
     }
+}
+
+/// The public fused ops: every bad `logits`/`ids` is an error naming the argument — in
+/// particular an id `>= V` and an `ids` batch that does not match, which used to panic inside
+/// the rayon kernels — and the gradients of valid calls match the composed ops.
+#[test]
+fn fused_ops_reject_bad_logits_and_ids() {
+    use candle_bleu::loss::fused::{softmax_gather, softmax_last_dim, softmax_self_match_gather};
+    let cpu = &Device::Cpu;
+    let good_logits = logits(&[B, S, V]);
+    let good_ids = Tensor::new(&[[1u32, 5], [0, 2]], cpu).unwrap();
+    type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op); 2] = [
+        ("softmax_gather", softmax_gather),
+        ("softmax_self_match_gather", |l, i| {
+            softmax_self_match_gather(l, i).map(|(_, x)| x)
+        }),
+    ];
+    for (op, f) in ops {
+        let got = assert_ok(op, || f(&good_logits, &good_ids));
+        assert_eq!(got.dims(), [B, S, 2]);
+        let want = candle_nn::ops::softmax(&good_logits, candle_core::D::Minus1)
+            .unwrap()
+            .gather(
+                &good_ids
+                    .unsqueeze(1)
+                    .unwrap()
+                    .broadcast_as((B, S, 2))
+                    .unwrap()
+                    .contiguous()
+                    .unwrap(),
+                2,
+            )
+            .unwrap();
+        let diff = scalar(&(got - want).unwrap().abs().unwrap().max_all().unwrap());
+        assert!(diff < 1e-15, "{op}: {diff}");
+        // An id >= V, at the first and at the last position.
+        for (bad_ids, at) in [
+            (
+                Tensor::new(&[[6u32, 0], [0, 0]], cpu).unwrap(),
+                "`ids[0, 0]` = 6",
+            ),
+            (
+                Tensor::new(&[[1u32, 2], [3, 4000000000]], cpu).unwrap(),
+                "`ids[1, 1]` = 4000000000",
+            ),
+        ] {
+            assert_err(
+                &format!("{op}: id >= V"),
+                || f(&good_logits, &bad_ids),
+                &[op, at, "V = 6"],
+            );
+        }
+        // An `ids` batch that does not match, or a wrong rank.
+        for shape in [vec![3, 2], vec![1, 2], vec![B], vec![B, 1, 2]] {
+            let ids = Tensor::zeros(shape.as_slice(), DType::U32, cpu).unwrap();
+            assert_err(
+                &format!("{op}: ids {shape:?}"),
+                || f(&good_logits, &ids),
+                &[op, "`ids`", "[B, K]", "B = 2", &format!("{shape:?}")],
+            );
+        }
+        // Wrong dtype of `ids`.
+        for dtype in [DType::I64, DType::F32, DType::U8] {
+            let ids = Tensor::zeros((B, 2), dtype, cpu).unwrap();
+            assert_err(
+                &format!("{op}: ids {dtype:?}"),
+                || f(&good_logits, &ids),
+                &[op, "`ids`", "u32", &format!("{dtype:?}")],
+            );
+        }
+        // Wrong rank, dtype or an empty vocabulary of `logits`.
+        for shape in [vec![B, V], vec![1, B, S, V]] {
+            assert_err(
+                &format!("{op}: logits {shape:?}"),
+                || f(&logits(&shape), &good_ids),
+                &[op, "`logits`", "[B, S, V]", &format!("{shape:?}")],
+            );
+        }
+        for dtype in [DType::U32, DType::I64] {
+            let l = Tensor::zeros((B, S, V), dtype, cpu).unwrap();
+            assert_err(
+                &format!("{op}: logits {dtype:?}"),
+                || f(&l, &good_ids),
+                &[op, "`logits`", "float", &format!("{dtype:?}")],
+            );
+        }
+        for dtype in [DType::F16, DType::BF16] {
+            let l = Tensor::zeros((B, S, V), dtype, cpu).unwrap();
+            assert_err(
+                &format!("{op}: logits {dtype:?}"),
+                || f(&l, &good_ids),
+                &[op, "`logits`", "f32 or f64", &format!("{dtype:?}")],
+            );
+        }
+        let empty_vocab = Tensor::zeros((B, S, 0), DType::F32, cpu).unwrap();
+        assert_err(
+            &format!("{op}: V = 0"),
+            || f(&empty_vocab, &good_ids),
+            &[op, "`logits`", "V must be >= 1", "[2, 5, 0]"],
+        );
+        // NaN logits.
+        let nan = poisoned(DType::F64, f64::NAN, 40);
+        let ids = Tensor::zeros((B, 1), DType::U32, cpu).unwrap();
+        assert_err(
+            &format!("{op}: NaN"),
+            || f(&nan, &ids),
+            &["`logits`", "NaN"],
+        );
+        // Empty batch, sequence or K: valid, empty results.
+        for (shape, k) in [([0, S, V], 2), ([B, 0, V], 2), ([B, S, V], 0)] {
+            let ids = Tensor::zeros((shape[0], k), DType::U32, cpu).unwrap();
+            let out = assert_ok(&format!("{op}: {shape:?}, K = {k}"), || {
+                f(&logits(&shape), &ids)
+            });
+            assert_eq!(out.dims(), [shape[0], shape[1], k]);
+        }
+    }
+    // softmax_last_dim: a scalar or an integer tensor.
+    assert_err(
+        "softmax_last_dim scalar",
+        || softmax_last_dim(&Tensor::new(1f32, cpu).unwrap()),
+        &["`logits`", "rank >= 1"],
+    );
+    assert_err(
+        "softmax_last_dim u32",
+        || softmax_last_dim(&Tensor::zeros((2, 3), DType::U32, cpu).unwrap()),
+        &["`logits`", "float", "U32"],
+    );
+    assert_err(
+        "softmax_last_dim f16",
+        || softmax_last_dim(&Tensor::zeros((2, 3), DType::F16, cpu).unwrap()),
+        &["softmax_last_dim", "`logits`", "F16"],
+    );
 }

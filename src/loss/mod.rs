@@ -13,11 +13,13 @@
 
 mod forms;
 pub mod fused;
+mod host;
 mod length;
 mod products;
 pub mod references;
 pub mod score;
 
+pub use host::host_copies;
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
 
@@ -213,7 +215,7 @@ fn check_inputs(
                     lengths.dims()
                 );
             }
-            let lengths: Vec<usize> = lengths.to_vec1::<u32>()?.into_iter().map(|l| l as usize).collect();
+            let lengths: Vec<usize> = host::to_vec1::<u32>(lengths)?.into_iter().map(|l| l as usize).collect();
             if let Some((element, &length)) = lengths.iter().enumerate().find(|(_, &l)| l > seq) {
                 bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})", hyp.dims());
             }
@@ -227,7 +229,7 @@ fn check_inputs(
 }
 
 fn check_finite(name: &str, t: &Tensor) -> Result<()> {
-    let total = t.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let total = host::to_scalar::<f64>(&t.sum_all()?.to_dtype(DType::F64)?)?;
     if !total.is_finite() {
         bail!(
             "`{name}` contains NaN or infinite values (shape {:?})",
@@ -316,7 +318,7 @@ fn finish(
         .collect::<Result<_>>()?;
     let hyp_len = weights.length.sum(1)?;
     let chosen = score::closest_reference_lengths(
-        &hyp_len.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+        &host::to_vec1::<f64>(&hyp_len.to_dtype(DType::F64)?)?,
         &side.lengths,
     );
     let ref_len = Tensor::from_vec(chosen, batch, &device)?.to_dtype(dtype)?;
@@ -398,7 +400,7 @@ pub fn bleu_loss_from_logits(
     let inputs = match (&side.tokens, cfg.form) {
         (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
             let width = ids.dim(1)?;
-            let gathered = fused::softmax_gather(&logits, &with_eos_column(ids, cfg)?)?;
+            let gathered = fused::softmax_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
             HypothesisInputs {
                 token_match: gathered.narrow(2, 0, width)?,
                 eos_probs: cfg
@@ -412,7 +414,7 @@ pub fn bleu_loss_from_logits(
         (ReferenceTokens::Ids(ids), Form::Paired) => {
             let width = ids.dim(1)?;
             let (self_match, gathered) =
-                fused::softmax_self_match_gather(&logits, &with_eos_column(ids, cfg)?)?;
+                fused::softmax_self_match_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
             HypothesisInputs {
                 token_match: gathered.narrow(2, 0, width)?,
                 eos_probs: cfg

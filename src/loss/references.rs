@@ -47,12 +47,11 @@ impl References {
             );
         }
         let rows: Vec<Vec<Vec<u32>>> = match ids.rank() {
-            2 => ids
-                .to_vec2::<u32>()?
+            2 => super::host::to_vec2::<u32>(ids)?
                 .into_iter()
                 .map(|row| vec![row])
                 .collect(),
-            3 => ids.to_vec3::<u32>()?,
+            3 => super::host::to_vec3::<u32>(ids)?,
             _ => bail!(
                 "References::from_ids: `ids` must be [B, T] or [B, R, T], got shape {:?}",
                 ids.dims()
@@ -127,8 +126,7 @@ impl References {
                 lengths.dims()
             );
         }
-        let lengths: Vec<usize> = lengths
-            .to_vec1::<u32>()?
+        let lengths: Vec<usize> = super::host::to_vec1::<u32>(lengths)?
             .into_iter()
             .map(|l| l as usize)
             .collect();
@@ -140,11 +138,8 @@ impl References {
                 );
             }
         }
-        let finite = refs
-            .to_dtype(DType::F64)?
-            .sum_all()?
-            .to_scalar::<f64>()?
-            .is_finite();
+        let finite =
+            super::host::to_scalar::<f64>(&refs.to_dtype(DType::F64)?.sum_all()?)?.is_finite();
         if !finite {
             bail!(
                 "References::from_matrices: `refs` contains NaN or infinite values (shape {:?})",
@@ -320,7 +315,7 @@ fn ids_side(
 /// the EOS column (for one-hot rows: the first EOS token), as an id reference ends at its
 /// first EOS: `lengths[b]` is cut there.
 fn lengths_before_eos(matrices: &Tensor, lengths: &[usize], eos_id: u32) -> Result<Vec<usize>> {
-    let argmax = matrices.argmax(candle_core::D::Minus1)?.to_vec2::<u32>()?;
+    let argmax = super::host::to_vec2::<u32>(&matrices.argmax(candle_core::D::Minus1)?)?;
     Ok(argmax
         .iter()
         .zip(lengths)

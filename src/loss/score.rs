@@ -34,24 +34,8 @@ pub(crate) fn order_weights(cfg: &BleuLossConfig) -> Vec<f64> {
 
 /// Checks `max_order`, `weights` and the smoothing constant.
 pub(crate) fn validate_config(cfg: &BleuLossConfig) -> Result<()> {
-    if cfg.max_order == 0 {
-        bail!("BleuLossConfig: `max_order` must be >= 1, got 0");
-    }
-    if let Some(weights) = &cfg.weights {
-        if weights.len() != cfg.max_order {
-            bail!(
-                "BleuLossConfig: `weights` has {} entries but `max_order` is {}",
-                weights.len(),
-                cfg.max_order
-            );
-        }
-        if let Some((n, w)) = weights
-            .iter()
-            .enumerate()
-            .find(|(_, w)| !w.is_finite() || **w < 0.0)
-        {
-            bail!("BleuLossConfig: `weights[{n}]` = {w} must be finite and >= 0");
-        }
+    if let Err(e) = crate::orders::check_orders(cfg.max_order, cfg.weights.as_deref()) {
+        bail!("BleuLossConfig: `{}` {}", e.field, e.message);
     }
     if let LossSmoothing::AddK(k) = cfg.smoothing {
         if !k.is_finite() || k < 0.0 {
@@ -185,7 +169,7 @@ pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor
             );
         }
         // A NaN or infinite statistic would silently give a NaN loss and NaN gradients.
-        let total = t.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        let total = super::host::to_scalar::<f64>(&t.to_dtype(DType::F64)?.sum_all()?)?;
         if !total.is_finite() {
             bail!(
                 "loss_from_stats: `stats.{name}` contains NaN or infinite values (shape {:?})",

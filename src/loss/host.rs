@@ -1,0 +1,87 @@
+//! Every device-to-host copy of the loss, counted.
+//!
+//! On a GPU a copy to the host stalls the stream until everything queued before it has run, so
+//! the loss keeps them off its default path (see [`crate::loss`], "Device-to-host copies"). The
+//! few that remain — building [`References`](super::References) from ids, the opt-in value
+//! checks ([`BleuLossConfig::check_values`](super::BleuLossConfig::check_values)), the EOS cut of
+//! matrix references — go through this module, which counts them per thread: tests assert how
+//! many copies each entry point makes, on any device. A read of a tensor's data goes through
+//! here whatever the device, CPU included, so that the count on the CPU is the count a GPU
+//! would see.
+//!
+//! Data the host already holds is read in place instead ([`with_cpu_slice`]): no copy, not
+//! counted.
+
+use candle_core::{bail, Result, Storage, Tensor, WithDType};
+use std::cell::Cell;
+
+thread_local! {
+    static HOST_COPIES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many device-to-host copies the loss has made on this thread since it started.
+///
+/// Counts every read of tensor data back to the host by [`crate::loss`] (whatever the device,
+/// so that tests on the CPU see what a GPU would), one per tensor read. Take the difference
+/// around a call:
+///
+/// ```
+/// use candle_bleu::loss::{bleu_loss_from_logits, host_copies, BleuLossConfig, References};
+/// use candle_core::{Device, Tensor};
+///
+/// let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3]], &Device::Cpu)?, 0)?;
+/// let logits = Tensor::zeros((1, 3, 5), candle_core::DType::F32, &Device::Cpu)?;
+/// let before = host_copies();
+/// let out = bleu_loss_from_logits(&logits, None, &refs, &BleuLossConfig::default())?;
+/// assert_eq!(host_copies() - before, 0); // id references, no lengths: no copy
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn host_copies() -> u64 {
+    HOST_COPIES.with(Cell::get)
+}
+
+fn count() {
+    HOST_COPIES.with(|c| c.set(c.get() + 1));
+}
+
+/// `t.to_vec1()`, counted.
+pub(crate) fn to_vec1<T: WithDType>(t: &Tensor) -> Result<Vec<T>> {
+    count();
+    t.to_vec1()
+}
+
+/// `t.to_vec2()`, counted.
+pub(crate) fn to_vec2<T: WithDType>(t: &Tensor) -> Result<Vec<Vec<T>>> {
+    count();
+    t.to_vec2()
+}
+
+/// `t.to_vec3()`, counted.
+pub(crate) fn to_vec3<T: WithDType>(t: &Tensor) -> Result<Vec<Vec<Vec<T>>>> {
+    count();
+    t.to_vec3()
+}
+
+/// `t.to_scalar()`, counted.
+pub(crate) fn to_scalar<T: WithDType>(t: &Tensor) -> Result<T> {
+    count();
+    t.to_scalar()
+}
+
+/// Calls `f` on the data of a CPU tensor in place (made contiguous first if it is not): no
+/// copy to count. Errors if `t` is not on the CPU or is not of dtype `T`.
+pub(crate) fn with_cpu_slice<T: WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> Result<R>,
+) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        bail!("internal: with_cpu_slice on a tensor on {:?}", t.device())
+    };
+    let data = cpu.as_slice::<T>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => f(&data[start..end]),
+        None => bail!("internal: with_cpu_slice on a non-contiguous layout"),
+    }
+}
