@@ -287,6 +287,7 @@ fn cfg_with(
         length,
         reduction,
         smoothing,
+        ..Default::default()
     }
 }
 

@@ -94,6 +94,7 @@ fn config_strategy(vocab: usize) -> impl Strategy<Value = BleuLossConfig> {
                     Reduction::Corpus
                 },
                 smoothing,
+                ..Default::default()
             })
         })
 }

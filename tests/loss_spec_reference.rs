@@ -125,6 +125,7 @@ impl Case {
                 None => LossSmoothing::None,
                 Some(k) => LossSmoothing::AddK(k),
             },
+            ..Default::default()
         }
     }
 

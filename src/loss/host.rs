@@ -12,7 +12,7 @@
 //! Data the host already holds is read in place instead ([`with_cpu_slice`]): no copy, not
 //! counted.
 
-use candle_core::{bail, Result, Storage, Tensor, WithDType};
+use candle_core::{bail, DType, Result, Storage, Tensor, WithDType};
 use std::cell::Cell;
 
 thread_local! {
@@ -83,5 +83,47 @@ pub(crate) fn with_cpu_slice<T: WithDType, R>(
     match layout.contiguous_offsets() {
         Some((start, end)) => f(&data[start..end]),
         None => bail!("internal: with_cpu_slice on a non-contiguous layout"),
+    }
+}
+
+/// Reads one value of a 1-element tensor as f64: in place on the CPU, a counted copy elsewhere.
+fn read_scalar(t: &Tensor) -> Result<f64> {
+    let cpu = t.device().is_cpu();
+    Ok(match t.dtype() {
+        DType::F64 if cpu => with_cpu_slice::<f64, _>(t, |s| Ok(s[0]))?,
+        DType::F64 => to_scalar::<f64>(t)?,
+        _ if cpu => f64::from(with_cpu_slice::<f32, _>(&t.to_dtype(DType::F32)?, |s| {
+            Ok(s[0])
+        })?),
+        _ => f64::from(to_scalar::<f32>(&t.to_dtype(DType::F32)?)?),
+    })
+}
+
+/// Whether every value of the float tensor `t` is finite.
+///
+/// On the CPU the data is read in place, always. Elsewhere it takes one counted device-to-host
+/// copy (of a scalar), made only when `check_off_cpu`; otherwise `None` (not checked).
+pub(crate) fn all_finite(t: &Tensor, check_off_cpu: bool) -> Result<Option<bool>> {
+    if !t.device().is_cpu() && !check_off_cpu {
+        return Ok(None);
+    }
+    // A sum is NaN or infinite if any term is. Half precision is summed in f32, whose range
+    // the sums of the loss's statistics cannot leave; f32 and f64 in their own dtype.
+    let sum = match t.dtype() {
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?.sum_all()?,
+        _ => t.sum_all()?,
+    };
+    Ok(Some(read_scalar(&sum)?.is_finite()))
+}
+
+/// The values of the u32 vector `t`: in place on the CPU (always), a counted copy elsewhere
+/// when `check_off_cpu`, otherwise `None`.
+pub(crate) fn u32_values(t: &Tensor, check_off_cpu: bool) -> Result<Option<Vec<u32>>> {
+    if t.device().is_cpu() {
+        with_cpu_slice::<u32, _>(t, |s| Ok(Some(s.to_vec())))
+    } else if check_off_cpu {
+        Ok(Some(to_vec1::<u32>(&t.flatten_all()?)?))
+    } else {
+        Ok(None)
     }
 }

@@ -98,10 +98,26 @@ pub struct BleuLossConfig {
     pub max_order: usize,
     /// Order weights `w_1..w_N` (finite, >= 0); `None` = `1/N` each.
     pub weights: Option<Vec<f64>>,
+    /// How the clipped matches are made differentiable.
     pub form: Form,
+    /// Which hypothesis positions count as output.
     pub length: LengthModel,
+    /// Corpus BLEU of the batch, or the mean of per-element losses.
     pub reduction: Reduction,
+    /// Smoothing of the n-gram precisions.
     pub smoothing: LossSmoothing,
+    /// Off the CPU, also run the value checks that need the data on the host: NaN/Inf in the
+    /// hypotheses (and in [`loss_from_stats`]'s statistics), `hyp_lengths <= S`. Each is one
+    /// device-to-host copy, which stalls a GPU stream, so the default is `false`: then NaN or
+    /// infinite inputs give a NaN loss and a length above `S` counts as `S`. On the CPU these
+    /// checks always run, on the data in place (the fused kernels find non-finite logits in the
+    /// pass they make anyway). Turn it on while debugging a GPU run.
+    pub check_values: bool,
+    /// Compute the score ([`loss_from_stats`]) in f32 even where the device has f64. The score
+    /// runs in f64 where the device supports it and in f32 on Metal, which has no f64; this
+    /// switch runs the f32 path anywhere, to test it (the suite compares both on the CPU).
+    /// Default `false`.
+    pub force_f32_score: bool,
 }
 
 impl Default for BleuLossConfig {
@@ -113,6 +129,8 @@ impl Default for BleuLossConfig {
             length: LengthModel::Given,
             reduction: Reduction::Corpus,
             smoothing: LossSmoothing::AddK(1.0),
+            check_values: false,
+            force_f32_score: false,
         }
     }
 }
@@ -147,20 +165,34 @@ pub struct BleuLossOutput {
     pub stats: BleuStats,
 }
 
-/// The shapes of a validated call.
-struct Checked {
-    compute_dtype: DType,
-    lengths: Vec<usize>,
+/// A float tensor of `values` in `dtype`, converted on the host: no f64 tensor is made on the
+/// device unless `dtype` is f64 (Metal has no f64).
+pub(crate) fn constant(
+    values: Vec<f64>,
+    shape: impl Into<candle_core::Shape>,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_vec(values, shape, device),
+        _ => Tensor::from_vec(
+            values.into_iter().map(|v| v as f32).collect::<Vec<f32>>(),
+            shape,
+            device,
+        )?
+        .to_dtype(dtype),
+    }
 }
 
-/// Validates the hypothesis tensor, the lengths and the references against each other.
+/// Validates the hypothesis tensor, the lengths and the references against each other;
+/// returns the compute dtype.
 fn check_inputs(
     name: &str,
     hyp: &Tensor,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
     cfg: &BleuLossConfig,
-) -> Result<Checked> {
+) -> Result<DType> {
     score::validate_config(cfg)?;
     let (batch, seq, vocab) = match hyp.dims() {
         &[b, s, v] => (b, s, v),
@@ -202,35 +234,45 @@ fn check_inputs(
             );
         }
     }
-    let lengths = match hyp_lengths {
-        None => vec![seq; batch],
-        Some(_) if matches!(cfg.length, LengthModel::SoftEos { .. }) => bail!(
-            "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
-        ),
-        Some(lengths) => {
-            if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+    if let Some(lengths) = hyp_lengths {
+        if matches!(cfg.length, LengthModel::SoftEos { .. }) {
+            bail!(
+                "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
+            );
+        }
+        if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+            bail!(
+                "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
+                lengths.dtype(),
+                lengths.dims()
+            );
+        }
+        if !lengths.device().same_device(hyp.device()) {
+            bail!(
+                "`hyp_lengths` are on {:?} but `{name}` is on {:?}",
+                lengths.device(),
+                hyp.device()
+            );
+        }
+        // In place on the CPU; elsewhere a copy, only with `check_values`.
+        if let Some(values) = host::u32_values(lengths, cfg.check_values)? {
+            if let Some((element, &length)) =
+                values.iter().enumerate().find(|(_, &l)| l as usize > seq)
+            {
                 bail!(
-                    "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
-                    lengths.dtype(),
-                    lengths.dims()
+                    "`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})",
+                    hyp.dims()
                 );
             }
-            let lengths: Vec<usize> = host::to_vec1::<u32>(lengths)?.into_iter().map(|l| l as usize).collect();
-            if let Some((element, &length)) = lengths.iter().enumerate().find(|(_, &l)| l > seq) {
-                bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})", hyp.dims());
-            }
-            lengths
         }
-    };
-    Ok(Checked {
-        compute_dtype,
-        lengths,
-    })
+    }
+    Ok(compute_dtype)
 }
 
-fn check_finite(name: &str, t: &Tensor) -> Result<()> {
-    let total = host::to_scalar::<f64>(&t.sum_all()?.to_dtype(DType::F64)?)?;
-    if !total.is_finite() {
+/// Errors if `t` holds NaN or Inf: in place on the CPU, with a copy elsewhere only under
+/// `check_values`.
+fn check_finite(name: &str, t: &Tensor, cfg: &BleuLossConfig) -> Result<()> {
+    if host::all_finite(t, cfg.check_values)? == Some(false) {
         bail!(
             "`{name}` contains NaN or infinite values (shape {:?})",
             t.dims()
@@ -286,7 +328,7 @@ fn hypothesis_inputs_from_probs(
 fn finish(
     inputs: HypothesisInputs,
     side: &ReferenceSide,
-    lengths: &[usize],
+    hyp_lengths: Option<&Tensor>,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
     let (batch, seq, _) = inputs.token_match.dims3()?;
@@ -297,7 +339,8 @@ fn finish(
     let weights = length::hypothesis_weights(
         cfg.length,
         inputs.eos_probs.as_ref(),
-        lengths,
+        hyp_lengths,
+        batch,
         seq,
         cfg.max_order,
         dtype,
@@ -317,11 +360,7 @@ fn finish(
         .map(|g| g.as_ref().map_or_else(|| Ok(zeros.clone()), |g| g.sum(1)))
         .collect::<Result<_>>()?;
     let hyp_len = weights.length.sum(1)?;
-    let chosen = score::closest_reference_lengths(
-        &host::to_vec1::<f64>(&hyp_len.to_dtype(DType::F64)?)?,
-        &side.lengths,
-    );
-    let ref_len = Tensor::from_vec(chosen, batch, &device)?.to_dtype(dtype)?;
+    let ref_len = score::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
     let matches = Tensor::stack(&matches, 1)?;
     let totals = Tensor::stack(&totals, 1)?;
     let stats = BleuStats {
@@ -330,7 +369,7 @@ fn finish(
         hyp_len,
         ref_len,
     };
-    let loss = loss_from_stats(&stats, cfg)?;
+    let loss = score::score(&stats, cfg)?;
     Ok(BleuLossOutput { loss, stats })
 }
 
@@ -366,12 +405,12 @@ pub fn bleu_loss(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let checked = check_inputs("hyp_probs", hyp_probs, hyp_lengths, refs, cfg)?;
-    let probs = hyp_probs.to_dtype(checked.compute_dtype)?;
-    check_finite("hyp_probs", &probs)?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), checked.compute_dtype)?;
+    let compute_dtype = check_inputs("hyp_probs", hyp_probs, hyp_lengths, refs, cfg)?;
+    let probs = hyp_probs.to_dtype(compute_dtype)?;
+    check_finite("hyp_probs", &probs, cfg)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
     let inputs = hypothesis_inputs_from_probs(&probs, &side, cfg)?;
-    finish(inputs, &side, &checked.lengths, cfg)
+    finish(inputs, &side, hyp_lengths, cfg)
 }
 
 /// [`bleu_loss`] of `softmax(logits)`, with the same numbers and gradients, computed by fused
@@ -391,12 +430,13 @@ pub fn bleu_loss_from_logits(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let checked = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
-    let logits = logits.to_dtype(checked.compute_dtype)?;
+    let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
+    let logits = logits.to_dtype(compute_dtype)?;
+    // On the CPU the fused kernels find non-finite logits in the pass they make anyway.
     if !logits.device().is_cpu() {
-        check_finite("logits", &logits)?;
+        check_finite("logits", &logits, cfg)?;
     }
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), checked.compute_dtype)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
     let inputs = match (&side.tokens, cfg.form) {
         (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
             let width = ids.dim(1)?;
@@ -427,5 +467,5 @@ pub fn bleu_loss_from_logits(
         }
         _ => hypothesis_inputs_from_probs(&fused::softmax_last_dim(&logits)?, &side, cfg)?,
     };
-    finish(inputs, &side, &checked.lengths, cfg)
+    finish(inputs, &side, hyp_lengths, cfg)
 }
