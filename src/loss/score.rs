@@ -289,3 +289,46 @@ pub(crate) fn compute_dtype(dtype: DType) -> Result<DType> {
         other => bail!("expected a float tensor, got {other:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_score_runs_in_f64_unless_forced_or_on_metal() {
+        let cfg = BleuLossConfig::default();
+        assert_eq!(score_dtype(&Device::Cpu, &cfg), DType::F64);
+        let forced = BleuLossConfig {
+            force_f32_score: true,
+            ..cfg
+        };
+        assert_eq!(score_dtype(&Device::Cpu, &forced), DType::F32);
+    }
+
+    /// Totals of 1e-25 (NotEos/SoftEos order-4 totals in f32): the quotient's backward would
+    /// square them to 0 in f32; the log-difference form keeps the f32 gradient finite.
+    #[test]
+    fn f32_score_of_tiny_totals_has_finite_gradients() -> Result<()> {
+        let cfg = BleuLossConfig {
+            max_order: 2,
+            smoothing: LossSmoothing::None,
+            force_f32_score: true,
+            ..Default::default()
+        };
+        let totals = candle_core::Var::new(&[[2f32, 1e-25]], &Device::Cpu)?;
+        let stats = BleuStats {
+            matches: Tensor::new(&[[1f32, 5e-26]], &Device::Cpu)?,
+            totals: totals.as_tensor().clone(),
+            hyp_len: Tensor::new(&[2f32], &Device::Cpu)?,
+            ref_len: Tensor::new(&[2f32], &Device::Cpu)?,
+        };
+        let loss = score(&stats, &cfg)?;
+        // -(½ log ½ + ½ log ½) = log 2.
+        assert!((loss.to_scalar::<f32>()? - std::f32::consts::LN_2).abs() < 1e-6);
+        let grad = loss.backward()?.get(&totals).unwrap().to_vec2::<f32>()?;
+        assert!(grad[0].iter().all(|g| g.is_finite()), "{grad:?}");
+        // d/dt (-½ log(m/t)) = ½ / t.
+        assert!((grad[0][0] - 0.25).abs() < 1e-6 && (grad[0][1] / 5e24 - 1.0).abs() < 1e-5);
+        Ok(())
+    }
+}
