@@ -447,7 +447,8 @@ fn check_case(
         cmp("hyp_len", &got.hyp_len, &want_c, &mut max.hyp_len);
         cmp("ref_len", &got.ref_len, &want_l, &mut max.ref_len);
         // The f32 score (Metal's) against the f64 one: 1e-5 relative (1e-6 absolute near 0).
-        if !((got.loss_f32_score - got.loss).abs() <= 1e-5 * got.loss.abs().max(0.1)) {
+        let f32_gap = (got.loss_f32_score - got.loss).abs();
+        if f32_gap.is_nan() || f32_gap > 1e-5 * got.loss.abs().max(0.1) {
             errors.push(format!(
                 "{path}: f32 score {:e} vs f64 score {:e}",
                 got.loss_f32_score, got.loss
