@@ -1,4 +1,4 @@
-//! SPEC §3, properties 1, 3 and 4: at one-hot inputs every form reproduces the discrete BLEU
+//! docs/loss.md, §14 What the tests prove (properties 1, 3 and 4): at one-hot inputs every form reproduces the discrete BLEU
 //! statistics exactly, and batch padding or order changes nothing.
 
 mod common;
@@ -8,7 +8,7 @@ use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction,
     References,
 };
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use common::*;
 use proptest::prelude::*;
 
@@ -42,7 +42,7 @@ fn batch_strategy() -> impl Strategy<Value = Batch> {
     })
 }
 
-/// The discrete statistics of SPEC §1 per element, from `exact`.
+/// The discrete statistics (docs/loss.md, §2 The target: discrete BLEU) per element, from `exact`.
 fn discrete_stats(batch: &Batch) -> Vec<exact::BleuStats> {
     batch
         .hyps
@@ -57,7 +57,7 @@ fn check_one_hot_equality(batch: &Batch, form: Form) -> Result<(), TestCaseError
     let probs = one_hot(&batch.hyps, batch.vocab).unwrap();
     let refs = References::from_ids(&reference_ids(&batch.refs, PAD).unwrap(), PAD).unwrap();
     let lengths: Vec<u32> = batch.lengths.iter().map(|&l| l as u32).collect();
-    let lengths = Tensor::new(lengths.as_slice(), &Device::Cpu).unwrap();
+    let lengths = Tensor::new(lengths.as_slice(), &test_device()).unwrap();
     let cfg = BleuLossConfig {
         max_order: batch.max_order,
         form,
@@ -141,19 +141,19 @@ proptest! {
         check_one_hot_equality(&batch, Form::LowerBound)?;
     }
 
-    /// SPEC §3.4: padding the references, padding the hypotheses past their lengths, and
+    /// docs/loss.md, §14 (padding): padding the references, padding the hypotheses past their lengths, and
     /// reversing the batch change no statistic, for every form at soft inputs.
     #[test]
     fn padding_and_batch_order_never_leak(batch in batch_strategy(), seed in 0u64..1000) {
         let (b, s, v) = (batch.hyps.len(), batch.hyps[0].len(), batch.vocab);
-        let logits = Tensor::randn(0f64, 1.0, (b, s, v), &Device::Cpu).unwrap();
+        let logits = Tensor::randn(0f64, 1.0, (b, s, v), &test_device()).unwrap();
         let _ = seed;
         let lengths: Vec<u32> = batch.lengths.iter().map(|&l| l as u32).collect();
         for form in [Form::Expected, Form::Paired, Form::LowerBound] {
             let cfg = BleuLossConfig { max_order: batch.max_order, form, ..Default::default() };
             let base = bleu_loss_from_logits(
                 &logits,
-                Some(&Tensor::new(lengths.as_slice(), &Device::Cpu).unwrap()),
+                Some(&Tensor::new(lengths.as_slice(), &test_device()).unwrap()),
                 &References::from_ids(&reference_ids(&batch.refs, PAD).unwrap(), PAD).unwrap(),
                 &cfg,
             ).unwrap();
@@ -162,14 +162,14 @@ proptest! {
             padded_refs[0].push(vec![]);
             let wide = reference_ids(&padded_refs, PAD).unwrap().pad_with_zeros(2, 0, 3).unwrap();
             // Two more hypothesis positions (junk logits) past every hard length.
-            let junk = Tensor::randn(0f64, 3.0, (b, 2, v), &Device::Cpu).unwrap();
+            let junk = Tensor::randn(0f64, 3.0, (b, 2, v), &test_device()).unwrap();
             let longer = Tensor::cat(&[&logits, &junk], 1).unwrap();
             let reversed: Vec<u32> = (0..b as u32).rev().collect();
-            let reversed = Tensor::new(reversed.as_slice(), &Device::Cpu).unwrap();
+            let reversed = Tensor::new(reversed.as_slice(), &test_device()).unwrap();
             let permuted_lengths: Vec<u32> = lengths.iter().rev().copied().collect();
             let permuted = bleu_loss_from_logits(
                 &longer.index_select(&reversed, 0).unwrap(),
-                Some(&Tensor::new(permuted_lengths.as_slice(), &Device::Cpu).unwrap()),
+                Some(&Tensor::new(permuted_lengths.as_slice(), &test_device()).unwrap()),
                 &References::from_ids(&wide.index_select(&reversed, 0).unwrap(), PAD).unwrap(),
                 &cfg,
             ).unwrap();
@@ -192,10 +192,13 @@ proptest! {
     }
 }
 
-/// SPEC §3.3: the forms agree at one-hot inputs, differ at soft ones, and the lower bound is
+/// docs/loss.md, §8.5: the forms agree at one-hot inputs, differ at soft ones, and the lower bound is
 /// below the expected form there (it shares out each clip count among matching positions).
 #[test]
 fn forms_agree_at_one_hot_and_differ_at_soft_inputs() -> candle_core::Result<()> {
+    if !f64_supported("forms_agree_at_one_hot_and_differ_at_soft_inputs") {
+        return Ok(());
+    }
     let hyps = vec![vec![1u32, 2, 1, 2, 3, 1], vec![2, 2, 2, 3, 1, 4]];
     let refs = vec![
         vec![vec![1u32, 2, 3, 1, 2]],
@@ -247,6 +250,9 @@ fn forms_agree_at_one_hot_and_differ_at_soft_inputs() -> candle_core::Result<()>
 /// those of the prefix before it (and references end at their first EOS too).
 #[test]
 fn soft_eos_at_one_hot_scores_the_prefix_before_eos() -> candle_core::Result<()> {
+    if !f64_supported("soft_eos_at_one_hot_scores_the_prefix_before_eos") {
+        return Ok(());
+    }
     let eos = 9u32;
     let hyps = vec![
         vec![1u32, 2, 3, 4, eos, 2, 3, 4],
@@ -289,6 +295,9 @@ fn soft_eos_at_one_hot_scores_the_prefix_before_eos() -> candle_core::Result<()>
 /// `from_matrices` with one-hot rows gives the same numbers as `from_ids`.
 #[test]
 fn one_hot_matrices_equal_ids() -> candle_core::Result<()> {
+    if !f64_supported("one_hot_matrices_equal_ids") {
+        return Ok(());
+    }
     let refs_ids = vec![vec![vec![1u32, 2, 3, 1, 2, 4]], vec![vec![2u32, 2, 5]]];
     let ids = reference_ids(&refs_ids, PAD)?;
     let by_ids = References::from_ids(&ids, PAD)?;
@@ -297,9 +306,11 @@ fn one_hot_matrices_equal_ids() -> candle_core::Result<()> {
         r.resize(6, 0);
         r
     }];
-    let by_matrices =
-        References::from_matrices(&one_hot(&flat, 6)?, &Tensor::new(&[6u32, 3], &Device::Cpu)?)?;
-    let logits = Tensor::randn(0f64, 1.5, (2, 5, 6), &Device::Cpu)?;
+    let by_matrices = References::from_matrices(
+        &one_hot(&flat, 6)?,
+        &Tensor::new(&[6u32, 3], &test_device())?,
+    )?;
+    let logits = Tensor::randn(0f64, 1.5, (2, 5, 6), &test_device())?;
     let probs = candle_nn::ops::softmax(&logits, candle_core::D::Minus1)?;
     for cfg in all_configs(4, 5) {
         let a = bleu_loss(&probs, None, &by_ids, &cfg)?;
@@ -331,7 +342,10 @@ fn one_hot_matrices_equal_ids() -> candle_core::Result<()> {
 /// Hypothesis `a b c` is the reference: m = (3, 2), t = (3, 2), BLEU = 1, loss = 0.
 #[test]
 fn worked_example_by_hand() -> candle_core::Result<()> {
-    let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3]], &Device::Cpu)?, PAD)?;
+    if !f64_supported("worked_example_by_hand") {
+        return Ok(());
+    }
+    let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3]], &test_device())?, PAD)?;
     let cfg = BleuLossConfig {
         max_order: 2,
         smoothing: LossSmoothing::None,
@@ -359,7 +373,7 @@ fn worked_example_by_hand() -> candle_core::Result<()> {
             [0.0, 0.0, 1.0, 0.0],
             [0.0, 0.5, 0.0, 0.5],
         ]],
-        &Device::Cpu,
+        &test_device(),
     )?;
     let out = bleu_loss(&probs, None, &refs, &cfg)?;
     assert_eq!(to_vec2(&out.stats.matches), vec![vec![2.5, 1.5]]);

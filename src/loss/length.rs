@@ -1,5 +1,5 @@
 //! Length models: how much of each hypothesis position belongs to the output (docs/loss.md,
-//! §Length models).
+//! §5 Length models).
 //!
 //! | model | length weight `h_i` | match weight `u_i` | total weight `g_i` |
 //! |---|---|---|---|

@@ -1,4 +1,4 @@
-//! The differentiable BLEU loss (SPEC §2).
+//! The differentiable BLEU loss (the derivation: `docs/loss.md` in the repository).
 //!
 //! Hypothesis distributions `[B, S, V]` and references go through candle tensor ops — token
 //! matches, n-gram products, first-occurrence masks, clipped counts, lengths, brevity penalty —
@@ -27,7 +27,7 @@ use candle_core::{bail, DType, Result, Tensor};
 use forms::FormInputs;
 use references::{ReferenceSide, ReferenceTokens};
 
-/// How the clipped matches `m_n` are made differentiable (SPEC §2). All three are exact at
+/// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
 /// one-hot inputs with `Given` lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Form {
@@ -42,7 +42,7 @@ pub enum Form {
     LowerBound,
 }
 
-/// Which hypothesis positions count as output (SPEC §2 table).
+/// Which hypothesis positions count as output (docs/loss.md, §5 Length models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LengthModel {
     /// Hard lengths from `hyp_lengths` (or `S`): exact BLEU at one-hot inputs.
@@ -385,7 +385,7 @@ fn with_eos_column(ids: &Tensor, cfg: &BleuLossConfig) -> Result<Tensor> {
     }
 }
 
-/// `-log BLEU` of hypothesis distributions against references (SPEC §2).
+/// `-log BLEU` of hypothesis distributions against references (docs/loss.md).
 ///
 /// # Arguments
 /// * `hyp_probs` - float `[B, S, V]`: one distribution per hypothesis position (a softmax

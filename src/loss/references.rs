@@ -1,4 +1,4 @@
-//! References of the loss, and their side of the statistics (SPEC §2: `e_j`, `ν_j`, `κ_j`).
+//! References of the loss, and their side of the statistics (docs/loss.md, §6 Reference side: `e_j`, `ν_j`, `κ_j`).
 //!
 //! The references of one batch element are laid end to end; an n-gram never spans two of them.
 //! For token ids the masks and clip counts are exact integers computed on the host by the
@@ -316,7 +316,7 @@ fn ids_side(
     dtype: DType,
     device: &Device,
 ) -> Result<ReferenceSide> {
-    // Under an EOS length model a reference ends at its first EOS (SPEC §2: reference positions
+    // Under an EOS length model a reference ends at its first EOS (docs/loss.md, §5 Length models: reference positions
     // count up to their length, EOS excluded), as the hypothesis does.
     let truncated: Vec<Vec<&[u32]>> = refs
         .iter()

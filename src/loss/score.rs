@@ -1,5 +1,5 @@
 //! From statistics to the loss: smoothing, the guards, the brevity penalty, the reduction
-//! (SPEC §2, "Score and loss").
+//! (docs/loss.md, §10 Score: smoothing, brevity penalty, guards).
 
 use super::{constant, host, BleuLossConfig, BleuStats, LossSmoothing, Reduction};
 use candle_core::{bail, DType, Device, Result, Tensor};
