@@ -137,7 +137,28 @@ fn scalar_value(out: &Tensor) -> Result<f64> {
 ///   are too coarse: with `eps = 1e-6` errors reach 0.3).
 /// * `cfg` - step, tolerances, and an optional random subset of coordinates.
 ///
-/// Runs one backward pass and two evaluations of `f` per checked coordinate.
+/// Runs one backward pass and two evaluations of `f` per checked coordinate. A check of a
+/// tool, not a training path: it reads `x` and the gradient to the host.
+///
+/// Errors (naming the argument and its value) on a non-float or empty `x`, a NaN or infinite
+/// coordinate of `x`, `eps` not finite and > 0, negative or NaN tolerances,
+/// `max_coordinates: Some(0)`, an `f` that does not return a single value, or an error of `f`.
+///
+/// ```
+/// use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
+/// use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, References};
+/// use candle_core::{Device, Tensor};
+///
+/// // The BLEU loss's gradient with respect to f64 logits, against finite differences.
+/// let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3, 1]], &Device::Cpu)?, 0)?;
+/// let logits = Tensor::randn(0f64, 1.0, (1, 4, 5), &Device::Cpu)?;
+/// let cfg = BleuLossConfig { max_order: 2, ..Default::default() };
+/// let loss = |x: &Tensor| Ok(bleu_loss_from_logits(x, None, &refs, &cfg)?.loss);
+/// let report = check_gradients(loss, &logits, &GradCheckConfig::default())?;
+/// assert!(report.passed, "{report}");
+/// assert_eq!(report.checked, 20);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn check_gradients<F>(f: F, x: &Tensor, cfg: &GradCheckConfig) -> Result<GradCheckReport>
 where
     F: Fn(&Tensor) -> Result<Tensor>,

@@ -1,13 +1,82 @@
-//! The differentiable BLEU loss (the derivation: `docs/loss.md` in the repository).
+//! The differentiable BLEU loss: `-log BLEU` of hypothesis distributions against references,
+//! with gradients through candle's autograd. The derivation, term by term and in the names the
+//! code uses, is `docs/loss.md` in the repository.
 //!
 //! Hypothesis distributions `[B, S, V]` and references go through candle tensor ops — token
 //! matches, n-gram products, first-occurrence masks, clipped counts, lengths, brevity penalty —
-//! to `-log BLEU`, with gradients through candle's autograd.
+//! to `-log BLEU`.
+//!
+//! # A training step
+//!
+//! ```
+//! use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, References};
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
+//!
+//! let dev = Device::Cpu;
+//! let (batch, seq, vocab) = (2, 4, 8);
+//! // Target ids u32 [B, T] (or [B, R, T] for several references); trailing 0s are padding.
+//! let targets = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 0]], &dev)?;
+//! let refs = References::from_ids(&targets, 0)?; // once per batch: reads the ids to the host
+//!
+//! // A toy "model": free logits [B, S, V].
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+//! let logits = vb.get_with_hints((batch, seq, vocab), "logits", candle_nn::Init::Randn {
+//!     mean: 0.0,
+//!     stdev: 1.0,
+//! })?;
+//! let mut opt = SGD::new(varmap.all_vars(), 1.0)?;
+//! let cfg = BleuLossConfig::default(); // 4-grams, expected form, corpus BLEU, BLEU+1
+//!
+//! let first = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//! for _ in 0..20 {
+//!     let out = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//!     opt.backward_step(&out.loss)?; // usually `ce + λ · out.loss`
+//! }
+//! let last = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//! let (first, last) = (first.loss.to_scalar::<f32>()?, last.loss.to_scalar::<f32>()?);
+//! assert!(last < first, "-log BLEU {first} -> {last}");
+//! println!("soft BLEU {:.3}", (-last).exp());
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! # Device-to-host copies
+//!
+//! A copy from a GPU to the host waits for the stream, so the loss keeps them off its path.
+//! Every one it makes goes through one counted helper ([`host_copies`]); per call, with the
+//! default config:
+//!
+//! | entry point | copies |
+//! |---|---|
+//! | [`References::from_ids`] | 1 (the ids, once per batch) |
+//! | [`References::from_matrices`] | 1 (the lengths) + 1 off the CPU (the NaN/Inf check) |
+//! | [`bleu_loss`], [`bleu_loss_from_logits`], id references, `hyp_lengths` given or `None`, any form, length model and reduction | **0**, the first call on a `References` included |
+//! | the same with matrix references | 0; under `NotEos`/`SoftEos` 1 on the first call per `(max_order, eos_id, dtype)` (the EOS cut) |
+//! | [`loss_from_stats`] | 0 |
+//! | backward passes | 0 |
+//!
+//! The reference side is built on the host from the ids `from_ids` read, uploaded once and
+//! cached in the `References`; the closest reference length and the hypothesis length masks
+//! are tensor ops on the device. The value checks that need the data (NaN/Inf in the inputs,
+//! `hyp_lengths <= S`) run in place on the CPU, always — the fused CPU kernels find
+//! non-finite logits in the pass they make anyway — and off the CPU only with
+//! [`BleuLossConfig::check_values`] (one copy per checked tensor). The counts are asserted by
+//! `tests/loss_host_copies.rs`, on any test device.
+//!
+//! # Dtypes and devices
+//!
+//! f32 and f64 hypotheses are computed in their dtype, f16 and bf16 in f32. The score
+//! ([`loss_from_stats`]) runs in f64 where the device has it and in f32 on Metal, with the same
+//! guards ([`BleuLossConfig::force_f32_score`] runs that path anywhere). The fused kernels are
+//! CPU kernels; elsewhere composed candle ops give the same numbers.
+//!
+//! # Modules
 //!
 //! - [`references`]: the references and their side of the statistics (`ν`, `κ`), from ids or
 //!   matrices;
-//! - [`length`](self::length): the length models `Given`, `NotEos`, `SoftEos`;
-//! - [`forms`](self::forms): the expected, paired and lower-bound forms of the clipped matches;
+//! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
+//! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
 //! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
 //! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]).
 
@@ -50,10 +119,16 @@ pub enum LengthModel {
     Given,
     /// Hard lengths, and each position's length weight is `1 - P[i, eos]` (the derivation's
     /// `len_B = (1 - B_eᵀ) ⊗ E`).
-    NotEos { eos_id: u32 },
+    NotEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
     /// Differentiable stopping: position `i` is output with probability
     /// `s_i = Π_{k<=i} (1 - P[k, eos])`. Takes no hard lengths.
-    SoftEos { eos_id: u32 },
+    SoftEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
 }
 
 impl LengthModel {

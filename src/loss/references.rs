@@ -55,7 +55,29 @@ impl References {
     ///   different numbers of references). A `pad_id` before the last real token is a token.
     /// * `pad_id` - the padding id.
     ///
+    /// Reads the ids to the host once (one device-to-host copy); no loss call on these
+    /// references copies again. Build it once per batch, before the forward pass.
+    ///
     /// Errors on another dtype or rank, an empty batch, or an element with no reference.
+    ///
+    /// ```
+    /// use candle_bleu::loss::References;
+    /// use candle_core::{Device, Tensor};
+    ///
+    /// // Two elements; the first has two references, the second one (its second row is padding).
+    /// let ids = Tensor::new(
+    ///     &[[[7u32, 8, 9, 0], [7, 9, 0, 0]], [[4, 5, 6, 4], [0, 0, 0, 0]]],
+    ///     &Device::Cpu,
+    /// )?;
+    /// let refs = References::from_ids(&ids, 0)?;
+    /// assert_eq!(refs.batch_size(), 2);
+    /// assert_eq!(refs.ids().unwrap()[0], vec![vec![7, 8, 9], vec![7, 9]]);
+    /// assert_eq!(refs.ids().unwrap()[1], vec![vec![4, 5, 6, 4]]);
+    /// // An element whose rows are all padding is an error naming it.
+    /// let empty = Tensor::new(&[[1u32, 2], [0, 0]], &Device::Cpu)?;
+    /// assert!(References::from_ids(&empty, 0).unwrap_err().to_string().contains("element 1"));
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
     pub fn from_ids(ids: &Tensor, pad_id: u32) -> Result<Self> {
         if ids.dtype() != DType::U32 {
             bail!(
@@ -118,6 +140,25 @@ impl References {
     ///   its reference; later rows are padding. Under `NotEos`/`SoftEos` the reference also
     ///   ends before its first row whose largest entry is the EOS column, as id references
     ///   end at their first EOS.
+    ///
+    /// Reads `lengths` to the host (one copy) and, off the CPU, checks `refs` for NaN/Inf (one
+    /// more). Errors (naming the argument and its shape, dtype or value) on a wrong rank or
+    /// dtype, an empty batch, lengths outside `1..=T`, or NaN/Inf in `refs`.
+    ///
+    /// ```
+    /// use candle_bleu::loss::{bleu_loss, BleuLossConfig, References};
+    /// use candle_core::{Device, Tensor};
+    ///
+    /// let dev = Device::Cpu;
+    /// // One reference of 2 tokens (ids 1, 2) over V = 3, and a padding row.
+    /// let rows = Tensor::new(&[[[0f32, 1., 0.], [0., 0., 1.], [0., 0., 0.]]], &dev)?;
+    /// let refs = References::from_matrices(&rows, &Tensor::new(&[2u32], &dev)?)?;
+    /// // The hypothesis is the reference, as one-hot rows: BLEU 1, loss 0.
+    /// let cfg = BleuLossConfig { max_order: 2, ..Default::default() };
+    /// let out = bleu_loss(&rows.narrow(1, 0, 2)?, None, &refs, &cfg)?;
+    /// assert!(out.loss.to_scalar::<f32>()?.abs() < 1e-6);
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
     pub fn from_matrices(refs: &Tensor, lengths: &Tensor) -> Result<Self> {
         let (batch, max_len, _) = match refs.dims() {
             &[b, t, v] => (b, t, v),
