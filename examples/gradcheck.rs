@@ -149,8 +149,8 @@ fn kink_distance(logits: &Tensor, refs: &References, ref_lengths: &[Vec<usize>])
             ..Default::default()
         };
         let out = bleu_loss_from_logits(logits, hyp_lengths(&cfg, &lengths).as_ref(), refs, &cfg)?;
-        let hyp_len = out.hyp_len.to_vec1::<f64>()?;
-        let ref_len = out.ref_len.to_vec1::<f64>()?;
+        let hyp_len = out.stats.hyp_len.to_vec1::<f64>()?;
+        let ref_len = out.stats.ref_len.to_vec1::<f64>()?;
         let mut kinks = Vec::new();
         for (b, candidates) in ref_lengths.iter().enumerate() {
             let c = hyp_len[b];

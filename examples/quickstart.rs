@@ -15,7 +15,9 @@
 //! and would give no gradient at all.
 
 use anyhow::Result;
-use candle_bleu::loss::{bleu_loss_from_logits, loss_from_stats, BleuLossConfig, References};
+use candle_bleu::loss::{
+    bleu_loss_from_logits, loss_from_stats, BleuLossConfig, BleuStats, References,
+};
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{loss::cross_entropy, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -66,7 +68,10 @@ fn main() -> Result<()> {
     );
     // The differentiable statistics: [B, N] soft clipped matches m_n and totals t_n, [B]
     // hypothesis and reference lengths.
-    let (matches, totals) = (out.matches.to_vec2::<f32>()?, out.totals.to_vec2::<f32>()?);
+    let (matches, totals) = (
+        out.stats.matches.to_vec2::<f32>()?,
+        out.stats.totals.to_vec2::<f32>()?,
+    );
     println!(
         "sentence 0: matches {:.3?}  totals {:?}",
         matches[0], totals[0]
@@ -108,26 +113,39 @@ fn main() -> Result<()> {
     //    The corpus loss depends on the batch only through these sums.
     let logits = Var::from_tensor(&uniform(&mut rng, &[batch, seq, vocab], &device)?)?;
     let full = bleu_loss_from_logits(logits.as_tensor(), None, &refs, &cfg)?;
-    let worker = |start: usize, len: usize| -> Result<Vec<Tensor>> {
+    let worker = |start: usize, len: usize| -> Result<BleuStats> {
         let shard_refs = References::from_ids(&ref_ids.narrow(0, start, len)?, PAD)?;
         let shard = logits.as_tensor().narrow(0, start, len)?;
-        let s = bleu_loss_from_logits(&shard, None, &shard_refs, &cfg)?;
-        let stats = [s.matches, s.totals, s.hyp_len, s.ref_len].map(|t| t.sum_keepdim(0));
-        Ok(stats.into_iter().collect::<candle_core::Result<_>>()?)
+        let s = bleu_loss_from_logits(&shard, None, &shard_refs, &cfg)?.stats;
+        Ok(BleuStats {
+            matches: s.matches.sum_keepdim(0)?,
+            totals: s.totals.sum_keepdim(0)?,
+            hyp_len: s.hyp_len.sum_keepdim(0)?,
+            ref_len: s.ref_len.sum_keepdim(0)?,
+        })
     };
-    let all_reduce = |a: &[Tensor], b: &[Tensor]| -> candle_core::Result<Vec<Tensor>> {
-        a.iter().zip(b).map(|(a, b)| a + b).collect()
+    let all_reduce = |a: &BleuStats, b: &BleuStats| -> candle_core::Result<BleuStats> {
+        Ok(BleuStats {
+            matches: (&a.matches + &b.matches)?,
+            totals: (&a.totals + &b.totals)?,
+            hyp_len: (&a.hyp_len + &b.hyp_len)?,
+            ref_len: (&a.ref_len + &b.ref_len)?,
+        })
     };
     let (w0, w1) = (worker(0, 2)?, worker(2, 2)?);
-    let s = all_reduce(&w0, &w1)?;
-    let reduced = scalar(&loss_from_stats(&s[0], &s[1], &s[2], &s[3], &cfg)?)?;
+    let reduced = scalar(&loss_from_stats(&all_reduce(&w0, &w1)?, &cfg)?)?;
     let full_loss = scalar(&full.loss)?;
     println!("data parallel: all-reduced loss {reduced:.6}, full-batch loss {full_loss:.6}");
     assert!((reduced - full_loss).abs() <= 1e-6 * full_loss.abs().max(1.0));
     // Gradients: worker 0 receives the other shard's sums as constants (detached) and
     // backpropagates into its own shard only: its slice of the full-batch gradient.
-    let s = all_reduce(&w0, &w1.iter().map(Tensor::detach).collect::<Vec<_>>())?;
-    let worker_loss = loss_from_stats(&s[0], &s[1], &s[2], &s[3], &cfg)?;
+    let w1_detached = BleuStats {
+        matches: w1.matches.detach(),
+        totals: w1.totals.detach(),
+        hyp_len: w1.hyp_len.detach(),
+        ref_len: w1.ref_len.detach(),
+    };
+    let worker_loss = loss_from_stats(&all_reduce(&w0, &w1_detached)?, &cfg)?;
     let shard0_grad = |loss: &Tensor| -> Result<Tensor> {
         Ok(loss
             .backward()?

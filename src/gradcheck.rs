@@ -137,7 +137,28 @@ fn scalar_value(out: &Tensor) -> Result<f64> {
 ///   are too coarse: with `eps = 1e-6` errors reach 0.3).
 /// * `cfg` - step, tolerances, and an optional random subset of coordinates.
 ///
-/// Runs one backward pass and two evaluations of `f` per checked coordinate.
+/// Runs one backward pass and two evaluations of `f` per checked coordinate. A check of a
+/// tool, not a training path: it reads `x` and the gradient to the host.
+///
+/// Errors (naming the argument and its value) on a non-float or empty `x`, a NaN or infinite
+/// coordinate of `x`, `eps` not finite and > 0, negative or NaN tolerances,
+/// `max_coordinates: Some(0)`, an `f` that does not return a single value, or an error of `f`.
+///
+/// ```
+/// use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
+/// use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, References};
+/// use candle_core::{Device, Tensor};
+///
+/// // The BLEU loss's gradient with respect to f64 logits, against finite differences.
+/// let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3, 1]], &Device::Cpu)?, 0)?;
+/// let logits = Tensor::randn(0f64, 1.0, (1, 4, 5), &Device::Cpu)?;
+/// let cfg = BleuLossConfig { max_order: 2, ..Default::default() };
+/// let loss = |x: &Tensor| Ok(bleu_loss_from_logits(x, None, &refs, &cfg)?.loss);
+/// let report = check_gradients(loss, &logits, &GradCheckConfig::default())?;
+/// assert!(report.passed, "{report}");
+/// assert_eq!(report.checked, 20);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn check_gradients<F>(f: F, x: &Tensor, cfg: &GradCheckConfig) -> Result<GradCheckReport>
 where
     F: Fn(&Tensor) -> Result<Tensor>,
@@ -157,22 +178,43 @@ where
     }
     if !x.dtype().is_float() {
         bail!(
-            "check_gradients: `x` must be a float tensor, got {:?}",
-            x.dtype()
+            "check_gradients: `x` must be a float tensor, got {:?} with shape {:?}",
+            x.dtype(),
+            x.dims()
         );
+    }
+    if x.elem_count() == 0 {
+        bail!(
+            "check_gradients: `x` has no coordinates to check (shape {:?})",
+            x.dims()
+        );
+    }
+    if cfg.max_coordinates == Some(0) {
+        bail!("check_gradients: `max_coordinates` must be >= 1 (or None for all), got 0");
     }
     let dims = x.dims().to_vec();
     let point = x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+    let mut values = point.flatten_all()?.to_vec1::<f64>()?;
+    if let Some(k) = values.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "check_gradients: `x` has a non-finite value {} at {:?} (shape {:?})",
+            values[k],
+            unravel(k, &dims),
+            dims
+        );
+    }
     let var = Var::from_tensor(&point)?;
     let out = f(var.as_tensor())?;
     scalar_value(&out)?;
     let grads = out.backward()?;
     let (analytic, gradient_missing) = match grads.get(var.as_tensor()) {
-        Some(grad) => (grad.flatten_all()?.to_vec1::<f64>()?, false),
+        Some(grad) => (
+            grad.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?,
+            false,
+        ),
         None => (vec![0.0; point.elem_count()], true),
     };
 
-    let mut values = point.flatten_all()?.to_vec1::<f64>()?;
     let coordinates: Vec<usize> = match cfg.max_coordinates {
         Some(limit) if limit < values.len() => {
             let mut rng = StdRng::seed_from_u64(cfg.seed);
@@ -284,6 +326,65 @@ mod tests {
         assert_eq!(report.checked, 7);
         assert!(report.passed, "{report}");
         Ok(())
+    }
+
+    #[test]
+    fn bad_points_and_settings_are_errors_naming_them() {
+        let f = |x: &Tensor| x.sqr()?.sum_all();
+        let cfg = GradCheckConfig::default();
+        let cpu = &Device::Cpu;
+        let cases: Vec<(Tensor, GradCheckConfig, &[&str])> = vec![
+            (
+                Tensor::zeros((2, 0), DType::F64, cpu).unwrap(),
+                cfg.clone(),
+                &["`x`", "no coordinates", "[2, 0]"],
+            ),
+            (
+                Tensor::new(&[1.0f64, f64::NAN], cpu).unwrap(),
+                cfg.clone(),
+                &["`x`", "NaN", "[1]"],
+            ),
+            (
+                Tensor::new(&[1u32, 2], cpu).unwrap(),
+                cfg.clone(),
+                &["`x`", "float", "U32", "[2]"],
+            ),
+            (
+                Tensor::new(&[1.0f64, 2.0], cpu).unwrap(),
+                GradCheckConfig {
+                    max_coordinates: Some(0),
+                    ..cfg.clone()
+                },
+                &["`max_coordinates`", "0"],
+            ),
+            (
+                Tensor::new(&[1.0f64, 2.0], cpu).unwrap(),
+                GradCheckConfig {
+                    eps: f64::NAN,
+                    ..cfg.clone()
+                },
+                &["`eps`", "NaN"],
+            ),
+            (
+                Tensor::new(&[1.0f64, 2.0], cpu).unwrap(),
+                GradCheckConfig {
+                    rtol: -1.0,
+                    ..cfg.clone()
+                },
+                &["`rtol`", "-1"],
+            ),
+        ];
+        for (x, cfg, needles) in cases {
+            let err = check_gradients(f, &x, &cfg).unwrap_err().to_string();
+            for needle in needles {
+                assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+            }
+        }
+        // An f32 point is checked in f64, and a gradient of another dtype is read as f64.
+        let x = Tensor::new(&[0.5f32, -1.0], cpu).unwrap();
+        let report =
+            check_gradients(|x| x.to_dtype(DType::F32)?.sqr()?.sum_all(), &x, &cfg).unwrap();
+        assert_eq!(report.checked, 2);
     }
 
     #[test]

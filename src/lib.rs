@@ -99,3 +99,4 @@ pub mod exact;
 pub mod gradcheck;
 pub mod loss;
 pub mod ngram;
+mod orders;

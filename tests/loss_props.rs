@@ -17,7 +17,7 @@ use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction,
     References,
 };
-use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_core::{DType, Result, Tensor, Var, D};
 use common::*;
 use proptest::prelude::*;
 
@@ -94,6 +94,7 @@ fn config_strategy(vocab: usize) -> impl Strategy<Value = BleuLossConfig> {
                     Reduction::Corpus
                 },
                 smoothing,
+                ..Default::default()
             })
         })
 }
@@ -174,7 +175,7 @@ impl Case {
                 values[position * self.vocab + pushed] += self.eos_bias;
             }
         }
-        Tensor::from_vec(values, (self.batch(), self.seq, self.vocab), &Device::Cpu).unwrap()
+        Tensor::from_vec(values, (self.batch(), self.seq, self.vocab), &test_device()).unwrap()
     }
 
     /// The tensor the loss is differentiated with respect to, in the case's dtype.
@@ -205,7 +206,7 @@ impl Case {
             let lengths: Vec<u32> = self.refs.iter().map(|r| r[0].len() as u32).collect();
             References::from_matrices(
                 &one_hot(&rows, self.vocab).unwrap(),
-                &Tensor::new(lengths.as_slice(), &Device::Cpu).unwrap(),
+                &Tensor::new(lengths.as_slice(), &test_device()).unwrap(),
             )
             .unwrap()
         } else {
@@ -218,7 +219,7 @@ impl Case {
     fn hyp_lengths(&self) -> Option<Tensor> {
         match self.cfg.length {
             LengthModel::SoftEos { .. } => None,
-            _ => Some(Tensor::new(self.lengths.as_slice(), &Device::Cpu).unwrap()),
+            _ => Some(Tensor::new(self.lengths.as_slice(), &test_device()).unwrap()),
         }
     }
 }
@@ -258,10 +259,10 @@ fn evaluate(
     };
     Ok(Outcome {
         loss: scalar(&out.loss),
-        matches: to_vec2(&out.matches),
-        totals: to_vec2(&out.totals),
-        hyp_len: to_vec1(&out.hyp_len),
-        ref_len: to_vec1(&out.ref_len),
+        matches: to_vec2(&out.stats.matches),
+        totals: to_vec2(&out.stats.totals),
+        hyp_len: to_vec1(&out.stats.hyp_len),
+        ref_len: to_vec1(&out.stats.ref_len),
         grad,
     })
 }
@@ -393,7 +394,13 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
         let exact = one_hot(&rows, vocab).unwrap();
         let junk_rows = 2;
         let junk = candle_nn::ops::softmax(
-            &Tensor::randn(0f64, 2.0, (batch, max_len + junk_rows, vocab), &Device::Cpu).unwrap(),
+            &Tensor::randn(
+                0f64,
+                2.0,
+                (batch, max_len + junk_rows, vocab),
+                &test_device(),
+            )
+            .unwrap(),
             D::Minus1,
         )
         .unwrap();
@@ -405,7 +412,7 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
                 (0..max_len + junk_rows).map(move |j| f64::from(u8::from(j < l as usize)))
             })
             .collect();
-        let mask = Tensor::from_vec(mask, (batch, max_len + junk_rows, 1), &Device::Cpu).unwrap();
+        let mask = Tensor::from_vec(mask, (batch, max_len + junk_rows, 1), &test_device()).unwrap();
         let widened = exact.pad_with_zeros(1, 0, junk_rows).unwrap();
         let mixed = mask
             .broadcast_mul(&widened)
@@ -420,7 +427,7 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
             .unwrap();
         References::from_matrices(
             &mixed,
-            &Tensor::new(lengths.as_slice(), &Device::Cpu).unwrap(),
+            &Tensor::new(lengths.as_slice(), &test_device()).unwrap(),
         )
         .unwrap()
     } else {
@@ -433,7 +440,7 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
         let ids = reference_ids(&with_empty, pad).unwrap();
         let (b, r, _) = ids.dims3().unwrap();
         let wide = Tensor::cat(
-            &[&ids, &Tensor::full(pad, (b, r, 3), &Device::Cpu).unwrap()],
+            &[&ids, &Tensor::full(pad, (b, r, 3), &test_device()).unwrap()],
             2,
         )
         .unwrap();
@@ -446,7 +453,7 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
     // 2. Hypothesis positions past the end: random junk past the hard lengths, or under
     // SoftEos positions whose EOS is certain (exactly one-hot; as logits, a 1e4 margin).
     if case.cfg.form == Form::Paired && matches!(case.cfg.length, LengthModel::SoftEos { .. }) {
-        // Not invariant by SPEC §2's formulas: the hypothesis self-match Z compares the
+        // Not invariant by the formulas of docs/loss.md, §7: the hypothesis self-match Z compares the
         // n-grams that reach into the EOS positions too (their match weight u = s_{i-1} > 0),
         // so certain-EOS positions change the counts c_i. Pinned by `tests/loss_extreme.rs`,
         // `soft_eos_paired_form_counts_eos_mass_in_the_self_match`.
@@ -459,10 +466,10 @@ fn check_padding(case: &Case) -> std::result::Result<(), TestCaseError> {
             for row in rows.chunks_mut(vocab) {
                 row[eos_id as usize] = if case.path == Path::OneHot { 1.0 } else { 1e4 };
             }
-            Tensor::from_vec(rows, (batch, extra, vocab), &Device::Cpu).unwrap()
+            Tensor::from_vec(rows, (batch, extra, vocab), &test_device()).unwrap()
         }
         _ => {
-            let junk = Tensor::randn(0f64, 3.0, (batch, extra, vocab), &Device::Cpu).unwrap();
+            let junk = Tensor::randn(0f64, 3.0, (batch, extra, vocab), &test_device()).unwrap();
             if case.path == Path::OneHot {
                 let ids = junk.argmax(D::Minus1).unwrap().to_vec2::<u32>().unwrap();
                 one_hot(&ids, vocab).unwrap()
@@ -498,7 +505,7 @@ proptest! {
         check_finite(&case)?;
     }
 
-    /// SPEC §3.4 for every configuration, path and reference kind: padding never leaks.
+    /// docs/loss.md, §14 (padding) for every configuration, path and reference kind: padding never leaks.
     #[test]
     fn padding_never_leaks_in_any_configuration(case in case_strategy()) {
         check_padding(&case)?;

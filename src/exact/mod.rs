@@ -148,31 +148,13 @@ impl BleuConfig {
 
     /// Checks `max_order`, `weights` and the smoothing parameters.
     pub fn validate(&self) -> Result<(), BleuError> {
-        if self.max_order == 0 {
-            return Err(invalid("cfg.max_order", "must be >= 1, got 0"));
-        }
-        if let Some(w) = &self.weights {
-            if w.len() != self.max_order {
-                return Err(invalid(
-                    "cfg.weights",
-                    format!(
-                        "must have max_order = {} entries, got {}",
-                        self.max_order,
-                        w.len()
-                    ),
-                ));
-            }
-            if let Some((i, x)) = w
-                .iter()
-                .enumerate()
-                .find(|(_, x)| !x.is_finite() || **x < 0.0)
-            {
-                return Err(invalid(
-                    "cfg.weights",
-                    format!("must be finite and >= 0, got weights[{i}] = {x}"),
-                ));
-            }
-        }
+        crate::orders::check_orders(self.max_order, self.weights.as_deref()).map_err(|e| {
+            let argument = match e.field {
+                "max_order" => "cfg.max_order",
+                _ => "cfg.weights",
+            };
+            invalid(argument, e.message)
+        })?;
         match self.smoothing {
             Smoothing::Floor(v) if !v.is_finite() || v < 0.0 => Err(invalid(
                 "cfg.smoothing",

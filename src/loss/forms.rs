@@ -1,4 +1,4 @@
-//! The three forms of the clipped matches `m_n` (SPEC §2), per batch element.
+//! The three forms of the clipped matches `m_n` (docs/loss.md, §8 The three forms of the clipped matches), per batch element.
 //!
 //! Layout: hypothesis n-gram starts `i` on dimension 1, reference starts `j` on dimension 2.
 //! `M[i, j] = Π_{k<n} X[i+k, j+k]` is the n-gram match of the hypothesis n-gram at `i` with the

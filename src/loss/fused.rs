@@ -13,9 +13,10 @@
 //! f32 kernels use a vectorisable `exp` (Cephes' polynomial, about 1 ulp); f64 kernels use the
 //! standard library's `exp`, so f64 results agree with the composed path to rounding.
 
+use super::host::with_cpu_slice;
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape,
-    Storage, Tensor, D,
+    Tensor, WithDType, D,
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +31,7 @@ const ROW_STATS: usize = 2;
 /// we ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`, honoured when THP is in
 /// `madvise` or `always` mode), which makes them 512 times fewer. Advice only: the contents
 /// and the result do not change.
-fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
+pub(crate) fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
     let buffer = vec![T::ZERO; len];
     #[cfg(target_os = "linux")]
     advise_huge_pages(&buffer);
@@ -62,7 +63,7 @@ fn advise_huge_pages<T>(buffer: &[T]) {
 }
 
 /// The float operations the kernels need, for f32 and f64.
-trait KernelFloat:
+pub(crate) trait KernelFloat:
     Copy
     + Send
     + Sync
@@ -159,7 +160,7 @@ const LANES: usize = 8;
 /// The row's maximum, and whether every entry is finite. Lane arrays let the loop vectorise
 /// (a float fold in one accumulator would not, its order being fixed).
 #[inline]
-fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
+pub(crate) fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
     let mut max_lanes = [T::NEG_INFINITY; LANES];
     // x * 0 is 0 for finite x and NaN for NaN or ±inf: one NaN check per row instead of a branch.
     let mut finite_lanes = [T::ZERO; LANES];
@@ -186,7 +187,7 @@ fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
 
 /// `Σ_v exp(row[v] - max)`.
 #[inline]
-fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
+pub(crate) fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
     let mut sum_lanes = [T::ZERO; LANES];
     let chunks = row.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -209,7 +210,7 @@ fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
 /// small enough to stay in L1 are scanned for their maximum, then summed, rescaling the
 /// running sum when the maximum grows (online softmax). Also whether every entry is finite.
 #[inline]
-fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
+pub(crate) fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
     const BLOCK: usize = 2048;
     let mut max = T::NEG_INFINITY;
     let mut sum = T::ZERO;
@@ -262,7 +263,7 @@ fn non_finite_error(argument: &str) -> candle_core::Error {
     ))
 }
 
-fn contiguous_slice<'a, T: candle_core::WithDType>(
+pub(crate) fn contiguous_slice<'a, T: candle_core::WithDType>(
     storage: &'a CpuStorage,
     layout: &Layout,
     what: &str,
@@ -270,7 +271,7 @@ fn contiguous_slice<'a, T: candle_core::WithDType>(
     let data = storage.as_slice::<T>()?;
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&data[start..end]),
-        None => bail!("{what}: the fused kernel needs a contiguous tensor"),
+        None => bail!("`{what}`: the fused kernel needs a contiguous tensor"),
     }
 }
 
@@ -357,7 +358,146 @@ fn gather_backward<T: KernelFloat>(
     grad
 }
 
-struct SoftmaxGather;
+/// The one f32/f64 dispatch of the CPU kernels: calls the generic `$kernel::<T>(args)` for the
+/// float type of `$dtype`; another dtype is an error naming the argument. Every custom op below
+/// is one generic function over `T: KernelFloat + WithDType` behind this.
+macro_rules! dispatch_float {
+    ($dtype:expr, $what:expr, $kernel:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F32 => $kernel::<f32>($($arg),*),
+            DType::F64 => $kernel::<f64>($($arg),*),
+            other => Err(unsupported_dtype($what, other)),
+        }
+    };
+}
+
+fn unsupported_dtype(what: &str, dtype: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{what}: the CPU kernel takes f32 or f64 `logits`, got {dtype:?}"
+    ))
+}
+
+/// The shapes of a validated `(logits, ids)` pair.
+#[derive(Debug, Clone, Copy)]
+struct GatherDims {
+    batch: usize,
+    seq: usize,
+    vocab: usize,
+    width: usize,
+}
+
+/// Checks `logits` (float `[B, S, V]`, `V >= 1`) and `ids` (u32 `[B, K]`) against each other.
+fn check_logits_and_ids(op: &str, logits: &Tensor, ids: &Tensor) -> Result<GatherDims> {
+    let (batch, seq, vocab) = match logits.dims() {
+        &[b, s, v] => (b, s, v),
+        dims => bail!("{op}: `logits` must be [B, S, V], got shape {dims:?}"),
+    };
+    if !logits.dtype().is_float() {
+        bail!(
+            "{op}: `logits` must be a float tensor, got {:?} with shape {:?}",
+            logits.dtype(),
+            logits.dims()
+        );
+    }
+    if vocab == 0 {
+        bail!(
+            "{op}: `logits` has an empty vocabulary: shape {:?}, V must be >= 1",
+            logits.dims()
+        );
+    }
+    if ids.dtype() != DType::U32 {
+        bail!(
+            "{op}: `ids` must be u32, got {:?} with shape {:?}",
+            ids.dtype(),
+            ids.dims()
+        );
+    }
+    let width = match ids.dims() {
+        &[b, k] if b == batch => k,
+        dims => bail!(
+            "{op}: `ids` must be [B, K] with B = {batch} of `logits` (shape {:?}), got shape {dims:?}",
+            logits.dims()
+        ),
+    };
+    if !ids.device().same_device(logits.device()) {
+        bail!(
+            "{op}: `ids` are on {:?} but `logits` on {:?}",
+            ids.device(),
+            logits.device()
+        );
+    }
+    Ok(GatherDims {
+        batch,
+        seq,
+        vocab,
+        width,
+    })
+}
+
+/// Checks every id `< V`. On the CPU the ids are read in place; on another device this is one
+/// counted device-to-host copy ([`super::host`]), which is why the loss, whose ids were checked
+/// when its references were built, calls the unchecked ops.
+fn check_ids_in_vocab(op: &str, ids: &Tensor, dims: GatherDims) -> Result<()> {
+    let find = |ids: &[u32]| {
+        ids.iter()
+            .position(|&id| id as usize >= dims.vocab)
+            .map(|p| (p / dims.width.max(1), p % dims.width.max(1), ids[p]))
+    };
+    let bad = if ids.device().is_cpu() {
+        super::host::with_cpu_slice::<u32, _>(ids, |ids| Ok(find(ids)))?
+    } else {
+        find(&super::host::to_vec2::<u32>(ids)?.concat())
+    };
+    if let Some((b, k, id)) = bad {
+        bail!(
+            "{op}: `ids[{b}, {k}]` = {id} is out of the vocabulary: every id must be < V = {}",
+            dims.vocab
+        );
+    }
+    Ok(())
+}
+
+fn gather_fwd_cpu<T: KernelFloat + WithDType>(
+    logits: &CpuStorage,
+    logits_layout: &Layout,
+    ids: &[u32],
+    dims: GatherDims,
+) -> Result<CpuStorage> {
+    let logits = contiguous_slice::<T>(logits, logits_layout, "logits")?;
+    let out = gather_forward(logits, ids, dims.seq, dims.vocab, dims.width)?;
+    Ok(T::to_cpu_storage_owned(out))
+}
+
+fn gather_bwd_cpu<T: KernelFloat + WithDType>(
+    logits: &Tensor,
+    ids: &Tensor,
+    gathered: &Tensor,
+    grad_gathered: &Tensor,
+) -> Result<Tensor> {
+    let (_, seq, vocab) = logits.dims3()?;
+    let width = ids.dim(1)?;
+    let grad = with_cpu_slice::<T, _>(logits, |logits| {
+        with_cpu_slice::<u32, _>(ids, |ids| {
+            with_cpu_slice::<T, _>(gathered, |gathered| {
+                with_cpu_slice::<T, _>(grad_gathered, |grad_gathered| {
+                    Ok(gather_backward(
+                        logits,
+                        ids,
+                        gathered,
+                        grad_gathered,
+                        seq,
+                        vocab,
+                        width,
+                    ))
+                })
+            })
+        })
+    })?;
+    Tensor::from_vec(grad, logits.shape(), logits.device())
+}
+
+/// `[softmax(logits) at ids | row max | row exp-sum]`, `[B, S, K + 2]`.
+pub(crate) struct SoftmaxGather;
 
 impl CustomOp2 for SoftmaxGather {
     fn name(&self) -> &'static str {
@@ -373,26 +513,19 @@ impl CustomOp2 for SoftmaxGather {
     ) -> Result<(CpuStorage, Shape)> {
         let (batch, seq, vocab) = logits_layout.shape().dims3()?;
         let (_, width) = ids_layout.shape().dims2()?;
-        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
-        let shape = Shape::from((batch, seq, width + ROW_STATS));
-        let out = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(gather_forward(
-                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
-                ids,
-                seq,
-                vocab,
-                width,
-            )?),
-            DType::F64 => CpuStorage::F64(gather_forward(
-                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
-                ids,
-                seq,
-                vocab,
-                width,
-            )?),
-            dtype => bail!("softmax_gather: logits must be f32 or f64, got {dtype:?}"),
+        let dims = GatherDims {
+            batch,
+            seq,
+            vocab,
+            width,
         };
-        Ok((out, shape))
+        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
+        let out = dispatch_float!(
+            logits.dtype(),
+            "softmax_gather",
+            gather_fwd_cpu(logits, logits_layout, ids, dims)
+        )?;
+        Ok((out, Shape::from((batch, seq, width + ROW_STATS))))
     }
 
     fn bwd(
@@ -402,40 +535,14 @@ impl CustomOp2 for SoftmaxGather {
         gathered: &Tensor,
         grad_gathered: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (_, seq, vocab) = logits.dims3()?;
-        let width = ids.dim(1)?;
-        let ids = ids.flatten_all()?.to_vec1::<u32>()?;
-        let (storage, layout) = logits.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            bail!("softmax_gather backward: logits are not on the CPU")
-        };
-        let grad = match logits.dtype() {
-            DType::F32 => {
-                let grad = gather_backward(
-                    contiguous_slice::<f32>(cpu, layout, "logits")?,
-                    &ids,
-                    &gathered.flatten_all()?.to_vec1::<f32>()?,
-                    &grad_gathered.flatten_all()?.to_vec1::<f32>()?,
-                    seq,
-                    vocab,
-                    width,
-                );
-                Tensor::from_vec(grad, logits.shape(), logits.device())?
-            }
-            DType::F64 => {
-                let grad = gather_backward(
-                    contiguous_slice::<f64>(cpu, layout, "logits")?,
-                    &ids,
-                    &gathered.flatten_all()?.to_vec1::<f64>()?,
-                    &grad_gathered.flatten_all()?.to_vec1::<f64>()?,
-                    seq,
-                    vocab,
-                    width,
-                );
-                Tensor::from_vec(grad, logits.shape(), logits.device())?
-            }
-            dtype => bail!("softmax_gather backward: unsupported dtype {dtype:?}"),
-        };
+        if !logits.device().is_cpu() {
+            bail!("softmax_gather backward: `logits` are not on the CPU")
+        }
+        let grad = dispatch_float!(
+            logits.dtype(),
+            "softmax_gather backward",
+            gather_bwd_cpu(logits, ids, gathered, grad_gathered)
+        )?;
         Ok((Some(grad), None))
     }
 }
@@ -443,12 +550,35 @@ impl CustomOp2 for SoftmaxGather {
 /// `softmax(logits, last dim)` gathered at `ids`: `out[b, i, k] = P[b, i, ids[b, k]]`.
 ///
 /// # Arguments
-/// * `logits` - f32 or f64 `[B, S, V]`.
-/// * `ids` - u32 `[B, K]`, every id `< V` (checked by the caller).
+/// * `logits` - float `[B, S, V]`, `V >= 1`; f32 or f64 on the CPU (fused kernel), any float
+///   dtype elsewhere (composed candle ops).
+/// * `ids` - u32 `[B, K]` on the same device, every id `< V`.
 ///
 /// Returns `[B, S, K]` in the dtype of `logits`, differentiable with respect to `logits`.
-/// Errors if `logits` holds NaN or infinite values.
+///
+/// Errors (naming the argument and its shape or value) on a wrong rank or dtype, a batch
+/// mismatch, an id `>= V`, and on the CPU NaN or infinite `logits`. Off the CPU, checking the
+/// ids is one device-to-host copy.
+///
+/// ```
+/// use candle_bleu::loss::fused::softmax_gather;
+/// use candle_core::{Device, Tensor};
+///
+/// let logits = Tensor::new(&[[[0f32, 0., 0., 0.]]], &Device::Cpu)?; // [1, 1, 4]
+/// let ids = Tensor::new(&[[3u32, 1]], &Device::Cpu)?; // [1, 2]
+/// let p = softmax_gather(&logits, &ids)?; // [1, 1, 2]
+/// assert_eq!(p.flatten_all()?.to_vec1::<f32>()?, [0.25, 0.25]);
+/// assert!(softmax_gather(&logits, &Tensor::new(&[[4u32]], &Device::Cpu)?).is_err());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let dims = check_logits_and_ids("softmax_gather", logits, ids)?;
+    check_ids_in_vocab("softmax_gather", ids, dims)?;
+    softmax_gather_unchecked(logits, ids)
+}
+
+/// [`softmax_gather`] for inputs the caller has checked (the loss: ids from its references).
+pub(crate) fn softmax_gather_unchecked(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let (batch, seq, _) = logits.dims3()?;
     let width = ids.dim(1)?;
     if logits.device().is_cpu() {
@@ -517,11 +647,30 @@ fn softmax_backward<T: KernelFloat>(probs: &[T], grad_probs: &[T], vocab: usize)
     grad
 }
 
-struct SoftmaxLastDim;
-
-fn cpu_slice_of<T: candle_core::WithDType>(t: &Tensor) -> Result<Vec<T>> {
-    t.flatten_all()?.to_vec1::<T>()
+fn softmax_fwd_cpu<T: KernelFloat + WithDType>(
+    storage: &CpuStorage,
+    layout: &Layout,
+    vocab: usize,
+) -> Result<CpuStorage> {
+    let logits = contiguous_slice::<T>(storage, layout, "logits")?;
+    Ok(T::to_cpu_storage_owned(softmax_forward(logits, vocab)?))
 }
+
+fn softmax_bwd_cpu<T: KernelFloat + WithDType>(
+    probs: &Tensor,
+    grad_probs: &Tensor,
+) -> Result<Tensor> {
+    let vocab = probs.dims().last().copied().unwrap_or(1).max(1);
+    let grad = with_cpu_slice::<T, _>(probs, |probs| {
+        with_cpu_slice::<T, _>(grad_probs, |grad_probs| {
+            Ok(softmax_backward(probs, grad_probs, vocab))
+        })
+    })?;
+    Tensor::from_vec(grad, probs.shape(), probs.device())
+}
+
+/// A softmax over the last dimension with a hand-written backward.
+pub(crate) struct SoftmaxLastDim;
 
 impl CustomOp1 for SoftmaxLastDim {
     fn name(&self) -> &'static str {
@@ -530,52 +679,55 @@ impl CustomOp1 for SoftmaxLastDim {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let vocab = layout.shape().dims().last().copied().unwrap_or(1).max(1);
-        let out = match storage.dtype() {
-            DType::F32 => CpuStorage::F32(softmax_forward(
-                contiguous_slice::<f32>(storage, layout, "logits")?,
-                vocab,
-            )?),
-            DType::F64 => CpuStorage::F64(softmax_forward(
-                contiguous_slice::<f64>(storage, layout, "logits")?,
-                vocab,
-            )?),
-            dtype => bail!("softmax: logits must be f32 or f64, got {dtype:?}"),
-        };
+        let out = dispatch_float!(
+            storage.dtype(),
+            "softmax_last_dim",
+            softmax_fwd_cpu(storage, layout, vocab)
+        )?;
         Ok((out, layout.shape().clone()))
     }
 
     fn bwd(&self, _logits: &Tensor, probs: &Tensor, grad_probs: &Tensor) -> Result<Option<Tensor>> {
-        let vocab = probs.dims().last().copied().unwrap_or(1).max(1);
-        let grad = match probs.dtype() {
-            DType::F32 => Tensor::from_vec(
-                softmax_backward(
-                    &cpu_slice_of::<f32>(probs)?,
-                    &cpu_slice_of::<f32>(grad_probs)?,
-                    vocab,
-                ),
-                probs.shape(),
-                probs.device(),
-            )?,
-            DType::F64 => Tensor::from_vec(
-                softmax_backward(
-                    &cpu_slice_of::<f64>(probs)?,
-                    &cpu_slice_of::<f64>(grad_probs)?,
-                    vocab,
-                ),
-                probs.shape(),
-                probs.device(),
-            )?,
-            dtype => bail!("softmax backward: unsupported dtype {dtype:?}"),
-        };
+        if !probs.device().is_cpu() {
+            bail!("softmax_last_dim backward: the probabilities are not on the CPU")
+        }
+        let grad = dispatch_float!(
+            probs.dtype(),
+            "softmax_last_dim backward",
+            softmax_bwd_cpu(probs, grad_probs)
+        )?;
         Ok(Some(grad))
     }
 }
 
 /// Softmax over the last dimension, with a backward, in one pass over the data each way.
 ///
-/// f32 or f64 of any shape. On the CPU a fused kernel; elsewhere `candle_nn::ops::softmax`.
-/// Errors if `logits` holds NaN or infinite values (CPU).
+/// `logits`: float, rank >= 1; f32 or f64 on the CPU (a fused kernel), any float dtype
+/// elsewhere (`candle_nn::ops::softmax`). Errors on another dtype or a scalar, and on the CPU if
+/// `logits` holds NaN or infinite values.
+///
+/// ```
+/// use candle_bleu::loss::fused::softmax_last_dim;
+/// use candle_core::{Device, Tensor, Var};
+///
+/// let x = Var::new(&[[1f64, 2., 3.]], &Device::Cpu)?;
+/// let p = softmax_last_dim(x.as_tensor())?;
+/// let grad = p.narrow(1, 2, 1)?.sum_all()?.backward()?; // d p_3 / d x
+/// let (p, g) = (p.to_vec2::<f64>()?[0].clone(), grad.get(&x).unwrap().to_vec2::<f64>()?[0].clone());
+/// assert!((g[2] - p[2] * (1.0 - p[2])).abs() < 1e-15);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
+    if logits.rank() == 0 {
+        bail!("softmax_last_dim: `logits` must have rank >= 1, got a scalar");
+    }
+    if !logits.dtype().is_float() {
+        bail!(
+            "softmax_last_dim: `logits` must be a float tensor, got {:?} with shape {:?}",
+            logits.dtype(),
+            logits.dims()
+        );
+    }
     if logits.device().is_cpu() {
         logits.contiguous()?.apply_op1(SoftmaxLastDim)
     } else {
@@ -656,71 +808,75 @@ fn self_match_backward<T: KernelFloat>(
     grad
 }
 
-/// `[Z | X]`: the hypothesis self-match `Z = P Pᵀ` and `P` gathered at `ids`, from logits.
-struct SoftmaxSelfMatch;
-
-impl SoftmaxSelfMatch {
-    fn forward<T: KernelFloat + candle_core::WithDType>(
-        logits: &[T],
-        ids: &[u32],
-        (batch, seq, vocab, width): (usize, usize, usize, usize),
-    ) -> Result<Vec<T>> {
-        let probs = softmax_forward(logits, vocab)?;
-        let gathered = gather_rows(&probs, ids, seq, vocab, width);
-        let probs = Tensor::from_vec(probs, (batch, seq, vocab), &candle_core::Device::Cpu)?;
-        let self_match = probs.matmul(&probs.t()?)?.flatten_all()?.to_vec1::<T>()?;
-        let stride = seq + width;
-        let mut out = vec![T::ZERO; batch * seq * stride];
+fn self_match_fwd_cpu<T: KernelFloat + WithDType>(
+    logits: &CpuStorage,
+    logits_layout: &Layout,
+    ids: &[u32],
+    dims: GatherDims,
+) -> Result<CpuStorage> {
+    let GatherDims {
+        batch,
+        seq,
+        vocab,
+        width,
+    } = dims;
+    let probs = softmax_forward(
+        contiguous_slice::<T>(logits, logits_layout, "logits")?,
+        vocab,
+    )?;
+    let gathered = gather_rows(&probs, ids, seq, vocab, width);
+    let probs = Tensor::from_vec(probs, (batch, seq, vocab), &candle_core::Device::Cpu)?;
+    let self_match = probs.matmul(&probs.t()?)?;
+    let stride = seq + width;
+    let mut out = vec![T::ZERO; batch * seq * stride];
+    with_cpu_slice::<T, _>(&self_match, |self_match| {
         for row in 0..batch * seq {
             out[row * stride..][..seq].copy_from_slice(&self_match[row * seq..][..seq]);
             out[row * stride + seq..][..width].copy_from_slice(&gathered[row * width..][..width]);
         }
-        Ok(out)
-    }
-
-    fn backward<T: KernelFloat + candle_core::WithDType>(
-        logits: &Tensor,
-        ids: &[u32],
-        grad_out: &Tensor,
-        width: usize,
-    ) -> Result<Tensor> {
-        let (_, seq, vocab) = logits.dims3()?;
-        let probs = {
-            let (storage, layout) = logits.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                bail!("softmax self-match backward: logits are not on the CPU")
-            };
-            softmax_forward(contiguous_slice::<T>(cpu, layout, "logits")?, vocab)?
-        };
-        let probs = Tensor::from_vec(probs, logits.shape(), logits.device())?;
-        let grad_self = grad_out.narrow(2, 0, seq)?;
-        // Z = P Pᵀ: dP = (dZ + dZᵀ) P.
-        let grad_dense = grad_self
-            .add(&grad_self.t()?)?
-            .contiguous()?
-            .matmul(&probs)?;
-        let grad_gathered = grad_out
-            .narrow(2, seq, width)?
-            .flatten_all()?
-            .to_vec1::<T>()?;
-        let (probs_storage, probs_layout) = probs.storage_and_layout();
-        let (dense_storage, dense_layout) = grad_dense.storage_and_layout();
-        let (Storage::Cpu(probs_cpu), Storage::Cpu(dense_cpu)) = (&*probs_storage, &*dense_storage)
-        else {
-            bail!("softmax self-match backward: tensors are not on the CPU")
-        };
-        let grad = self_match_backward(
-            contiguous_slice::<T>(probs_cpu, probs_layout, "probs")?,
-            contiguous_slice::<T>(dense_cpu, dense_layout, "grad")?,
-            ids,
-            &grad_gathered,
-            seq,
-            vocab,
-            width,
-        );
-        Tensor::from_vec(grad, logits.shape(), logits.device())
-    }
+        Ok(())
+    })?;
+    Ok(T::to_cpu_storage_owned(out))
 }
+
+fn self_match_bwd_cpu<T: KernelFloat + WithDType>(
+    logits: &Tensor,
+    ids: &Tensor,
+    grad_out: &Tensor,
+) -> Result<Tensor> {
+    let (_, seq, vocab) = logits.dims3()?;
+    let width = ids.dim(1)?;
+    let probs = with_cpu_slice::<T, _>(logits, |logits| softmax_forward(logits, vocab))?;
+    let probs = Tensor::from_vec(probs, logits.shape(), logits.device())?;
+    let grad_self = grad_out.narrow(2, 0, seq)?;
+    // Z = P Pᵀ: dP = (dZ + dZᵀ) P.
+    let grad_dense = grad_self
+        .add(&grad_self.t()?)?
+        .contiguous()?
+        .matmul(&probs)?;
+    let grad_gathered = grad_out.narrow(2, seq, width)?;
+    let grad = with_cpu_slice::<T, _>(&probs, |probs| {
+        with_cpu_slice::<T, _>(&grad_dense, |grad_dense| {
+            with_cpu_slice::<u32, _>(ids, |ids| {
+                with_cpu_slice::<T, _>(&grad_gathered, |grad_gathered| {
+                    Ok(self_match_backward(
+                        probs,
+                        grad_dense,
+                        ids,
+                        grad_gathered,
+                        seq,
+                        vocab,
+                        width,
+                    ))
+                })
+            })
+        })
+    })?;
+    Tensor::from_vec(grad, logits.shape(), logits.device())
+}
+
+/// `[Z | X]`: the hypothesis self-match `Z = P Pᵀ` and `P` gathered at `ids`, from logits.
+pub(crate) struct SoftmaxSelfMatch;
 
 impl CustomOp2 for SoftmaxSelfMatch {
     fn name(&self) -> &'static str {
@@ -736,21 +892,18 @@ impl CustomOp2 for SoftmaxSelfMatch {
     ) -> Result<(CpuStorage, Shape)> {
         let (batch, seq, vocab) = logits_layout.shape().dims3()?;
         let (_, width) = ids_layout.shape().dims2()?;
-        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
-        let dims = (batch, seq, vocab, width);
-        let out = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(Self::forward(
-                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
-                ids,
-                dims,
-            )?),
-            DType::F64 => CpuStorage::F64(Self::forward(
-                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
-                ids,
-                dims,
-            )?),
-            dtype => bail!("softmax_self_match: logits must be f32 or f64, got {dtype:?}"),
+        let dims = GatherDims {
+            batch,
+            seq,
+            vocab,
+            width,
         };
+        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
+        let out = dispatch_float!(
+            logits.dtype(),
+            "softmax_self_match_gather",
+            self_match_fwd_cpu(logits, logits_layout, ids, dims)
+        )?;
         Ok((out, Shape::from((batch, seq, seq + width))))
     }
 
@@ -761,13 +914,14 @@ impl CustomOp2 for SoftmaxSelfMatch {
         _out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let width = ids.dim(1)?;
-        let ids = ids.flatten_all()?.to_vec1::<u32>()?;
-        let grad = match logits.dtype() {
-            DType::F32 => Self::backward::<f32>(logits, &ids, grad_out, width)?,
-            DType::F64 => Self::backward::<f64>(logits, &ids, grad_out, width)?,
-            dtype => bail!("softmax_self_match backward: unsupported dtype {dtype:?}"),
-        };
+        if !logits.device().is_cpu() {
+            bail!("softmax_self_match_gather backward: `logits` are not on the CPU")
+        }
+        let grad = dispatch_float!(
+            logits.dtype(),
+            "softmax_self_match_gather backward",
+            self_match_bwd_cpu(logits, ids, grad_out)
+        )?;
         Ok((Some(grad), None))
     }
 }
@@ -778,7 +932,32 @@ impl CustomOp2 for SoftmaxSelfMatch {
 /// On the CPU one op whose backward applies the softmax Jacobian once to the sum of both
 /// gradients (`(dZ + dZᵀ) P` and the sparse gather gradient), writing a single `[B, S, V]`
 /// gradient; elsewhere composed candle ops.
+///
+/// # Arguments
+/// As [`softmax_gather`]: `logits` float `[B, S, V]`, `ids` u32 `[B, K]` with every id `< V`;
+/// the same errors.
+///
+/// ```
+/// use candle_bleu::loss::fused::softmax_self_match_gather;
+/// use candle_core::{Device, Tensor};
+///
+/// let logits = Tensor::new(&[[[0f64, 0.], [9., -9.]]], &Device::Cpu)?; // [1, 2, 2]
+/// let (z, x) = softmax_self_match_gather(&logits, &Tensor::new(&[[0u32]], &Device::Cpu)?)?;
+/// assert_eq!((z.dims(), x.dims()), (&[1, 2, 2][..], &[1, 2, 1][..]));
+/// assert!((z.to_vec3::<f64>()?[0][0][0] - 0.5).abs() < 1e-15); // (1/2)² + (1/2)²
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn softmax_self_match_gather(logits: &Tensor, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dims = check_logits_and_ids("softmax_self_match_gather", logits, ids)?;
+    check_ids_in_vocab("softmax_self_match_gather", ids, dims)?;
+    softmax_self_match_gather_unchecked(logits, ids)
+}
+
+/// [`softmax_self_match_gather`] for inputs the caller has checked.
+pub(crate) fn softmax_self_match_gather_unchecked(
+    logits: &Tensor,
+    ids: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let (batch, seq, _) = logits.dims3()?;
     let width = ids.dim(1)?;
     if logits.device().is_cpu() {

@@ -1,4 +1,5 @@
-//! Length models: how much of each hypothesis position belongs to the output (SPEC §2 table).
+//! Length models: how much of each hypothesis position belongs to the output (docs/loss.md,
+//! §5 Length models).
 //!
 //! | model | length weight `h_i` | match weight `u_i` | total weight `g_i` |
 //! |---|---|---|---|
@@ -23,13 +24,22 @@ pub(crate) struct HypothesisWeights {
     pub totals: Vec<Option<Tensor>>,
 }
 
-/// `1[i < len_b]` as a float `[B, S]` mask.
-fn position_mask(lengths: &[usize], seq: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f64> = lengths
-        .iter()
-        .flat_map(|&len| (0..seq).map(move |i| f64::from(u8::from(i < len))))
-        .collect();
-    Tensor::from_vec(mask, (lengths.len(), seq), device)?.to_dtype(dtype)
+/// `1[i < len_b]` as a float `[B, S]` mask, built on the device from u32 `[B]` lengths (all
+/// ones for `None`): no lengths travel to the host. A length above `S` masks nothing, as `S`.
+fn position_mask(
+    hyp_lengths: Option<&Tensor>,
+    batch: usize,
+    seq: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    match hyp_lengths {
+        None => Tensor::ones((batch, seq), dtype, device),
+        Some(lengths) => Tensor::arange(0u32, seq as u32, device)?
+            .unsqueeze(0)?
+            .broadcast_lt(&lengths.unsqueeze(1)?)?
+            .to_dtype(dtype),
+    }
 }
 
 /// `s_i = Π_{k<=i} (1 - p_k)`: a cumulative product as a product over the lower triangle, so
@@ -48,11 +58,13 @@ pub(crate) fn survival(eos_probs: &Tensor) -> Result<Tensor> {
 /// The weights of `model` for hypotheses of `seq` positions.
 ///
 /// * `eos_probs` - `P[:, :, eos]`, float `[B, S]`; required by the EOS models.
-/// * `lengths` - hard lengths per element (`S` when the caller gave none).
+/// * `hyp_lengths` - u32 `[B]` hard lengths (`S` each when `None`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn hypothesis_weights(
     model: LengthModel,
     eos_probs: Option<&Tensor>,
-    lengths: &[usize],
+    hyp_lengths: Option<&Tensor>,
+    batch: usize,
     seq: usize,
     max_order: usize,
     dtype: DType,
@@ -65,7 +77,7 @@ pub(crate) fn hypothesis_weights(
     };
     match model {
         LengthModel::Given => {
-            let mask = position_mask(lengths, seq, dtype, device)?;
+            let mask = position_mask(hyp_lengths, batch, seq, dtype, device)?;
             let per_order: Vec<Option<Tensor>> = (1..=max_order)
                 .map(|order| {
                     starts(order)
@@ -80,7 +92,7 @@ pub(crate) fn hypothesis_weights(
             })
         }
         LengthModel::NotEos { .. } => {
-            let mask = position_mask(lengths, seq, dtype, device)?;
+            let mask = position_mask(hyp_lengths, batch, seq, dtype, device)?;
             let length = mask.mul(&eos()?.affine(-1.0, 1.0)?)?;
             let matches = (1..=max_order)
                 .map(|order| {
@@ -113,7 +125,6 @@ pub(crate) fn hypothesis_weights(
         }
         LengthModel::SoftEos { .. } => {
             let survive = survival(eos()?)?;
-            let batch = survive.dim(0)?;
             let nothing_before = Tensor::ones((batch, 1), dtype, device)?;
             let survive_before = if seq == 1 {
                 nothing_before

@@ -1,23 +1,94 @@
-//! The differentiable BLEU loss (SPEC §2).
+//! The differentiable BLEU loss: `-log BLEU` of hypothesis distributions against references,
+//! with gradients through candle's autograd. The derivation, term by term and in the names the
+//! code uses, is `docs/loss.md` in the repository.
 //!
 //! Hypothesis distributions `[B, S, V]` and references go through candle tensor ops — token
 //! matches, n-gram products, first-occurrence masks, clipped counts, lengths, brevity penalty —
-//! to `-log BLEU`, with gradients through candle's autograd.
+//! to `-log BLEU`.
+//!
+//! # A training step
+//!
+//! ```
+//! use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, References};
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
+//!
+//! let dev = Device::Cpu;
+//! let (batch, seq, vocab) = (2, 4, 8);
+//! // Target ids u32 [B, T] (or [B, R, T] for several references); trailing 0s are padding.
+//! let targets = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 0]], &dev)?;
+//! let refs = References::from_ids(&targets, 0)?; // once per batch: reads the ids to the host
+//!
+//! // A toy "model": free logits [B, S, V].
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+//! let logits = vb.get_with_hints((batch, seq, vocab), "logits", candle_nn::Init::Randn {
+//!     mean: 0.0,
+//!     stdev: 1.0,
+//! })?;
+//! let mut opt = SGD::new(varmap.all_vars(), 1.0)?;
+//! let cfg = BleuLossConfig::default(); // 4-grams, expected form, corpus BLEU, BLEU+1
+//!
+//! let first = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//! for _ in 0..20 {
+//!     let out = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//!     opt.backward_step(&out.loss)?; // usually `ce + λ · out.loss`
+//! }
+//! let last = bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+//! let (first, last) = (first.loss.to_scalar::<f32>()?, last.loss.to_scalar::<f32>()?);
+//! assert!(last < first, "-log BLEU {first} -> {last}");
+//! println!("soft BLEU {:.3}", (-last).exp());
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! # Device-to-host copies
+//!
+//! A copy from a GPU to the host waits for the stream, so the loss keeps them off its path.
+//! Every one it makes goes through one counted helper ([`host_copies`]); per call, with the
+//! default config:
+//!
+//! | entry point | copies |
+//! |---|---|
+//! | [`References::from_ids`] | 1 (the ids, once per batch) |
+//! | [`References::from_matrices`] | 1 (the lengths) + 1 off the CPU (the NaN/Inf check) |
+//! | [`bleu_loss`], [`bleu_loss_from_logits`], id references, `hyp_lengths` given or `None`, any form, length model and reduction | **0**, the first call on a `References` included |
+//! | the same with matrix references | 0; under `NotEos`/`SoftEos` 1 on the first call per `(max_order, eos_id, dtype)` (the EOS cut) |
+//! | [`loss_from_stats`] | 0 |
+//! | backward passes | 0 |
+//!
+//! The reference side is built on the host from the ids `from_ids` read, uploaded once and
+//! cached in the `References`; the closest reference length and the hypothesis length masks
+//! are tensor ops on the device. The value checks that need the data (NaN/Inf in the inputs,
+//! `hyp_lengths <= S`) run in place on the CPU, always — the fused CPU kernels find
+//! non-finite logits in the pass they make anyway — and off the CPU only with
+//! [`BleuLossConfig::check_values`] (one copy per checked tensor). The counts are asserted by
+//! `tests/loss_host_copies.rs`, on any test device.
+//!
+//! # Dtypes and devices
+//!
+//! f32 and f64 hypotheses are computed in their dtype, f16 and bf16 in f32. The score
+//! ([`loss_from_stats`]) runs in f64 where the device has it and in f32 on Metal, with the same
+//! guards ([`BleuLossConfig::force_f32_score`] runs that path anywhere). The fused kernels are
+//! CPU kernels; elsewhere composed candle ops give the same numbers.
+//!
+//! # Modules
 //!
 //! - [`references`]: the references and their side of the statistics (`ν`, `κ`), from ids or
 //!   matrices;
-//! - [`length`](self::length): the length models `Given`, `NotEos`, `SoftEos`;
-//! - [`forms`](self::forms): the expected, paired and lower-bound forms of the clipped matches;
+//! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
+//! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
 //! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
 //! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]).
 
 mod forms;
 pub mod fused;
+mod host;
 mod length;
 mod products;
 pub mod references;
 pub mod score;
 
+pub use host::host_copies;
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
 
@@ -25,7 +96,7 @@ use candle_core::{bail, DType, Result, Tensor};
 use forms::FormInputs;
 use references::{ReferenceSide, ReferenceTokens};
 
-/// How the clipped matches `m_n` are made differentiable (SPEC §2). All three are exact at
+/// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
 /// one-hot inputs with `Given` lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Form {
@@ -40,7 +111,7 @@ pub enum Form {
     LowerBound,
 }
 
-/// Which hypothesis positions count as output (SPEC §2 table).
+/// Which hypothesis positions count as output (docs/loss.md, §5 Length models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LengthModel {
     /// Hard lengths from `hyp_lengths` (or `S`): exact BLEU at one-hot inputs.
@@ -48,10 +119,16 @@ pub enum LengthModel {
     Given,
     /// Hard lengths, and each position's length weight is `1 - P[i, eos]` (the derivation's
     /// `len_B = (1 - B_eᵀ) ⊗ E`).
-    NotEos { eos_id: u32 },
+    NotEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
     /// Differentiable stopping: position `i` is output with probability
     /// `s_i = Π_{k<=i} (1 - P[k, eos])`. Takes no hard lengths.
-    SoftEos { eos_id: u32 },
+    SoftEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
 }
 
 impl LengthModel {
@@ -96,10 +173,26 @@ pub struct BleuLossConfig {
     pub max_order: usize,
     /// Order weights `w_1..w_N` (finite, >= 0); `None` = `1/N` each.
     pub weights: Option<Vec<f64>>,
+    /// How the clipped matches are made differentiable.
     pub form: Form,
+    /// Which hypothesis positions count as output.
     pub length: LengthModel,
+    /// Corpus BLEU of the batch, or the mean of per-element losses.
     pub reduction: Reduction,
+    /// Smoothing of the n-gram precisions.
     pub smoothing: LossSmoothing,
+    /// Off the CPU, also run the value checks that need the data on the host: NaN/Inf in the
+    /// hypotheses (and in [`loss_from_stats`]'s statistics), `hyp_lengths <= S`. Each is one
+    /// device-to-host copy, which stalls a GPU stream, so the default is `false`: then NaN or
+    /// infinite inputs give a NaN loss and a length above `S` counts as `S`. On the CPU these
+    /// checks always run, on the data in place (the fused kernels find non-finite logits in the
+    /// pass they make anyway). Turn it on while debugging a GPU run.
+    pub check_values: bool,
+    /// Compute the score ([`loss_from_stats`]) in f32 even where the device has f64. The score
+    /// runs in f64 where the device supports it and in f32 on Metal, which has no f64; this
+    /// switch runs the f32 path anywhere, to test it (the suite compares both on the CPU).
+    /// Default `false`.
+    pub force_f32_score: bool,
 }
 
 impl Default for BleuLossConfig {
@@ -111,18 +204,20 @@ impl Default for BleuLossConfig {
             length: LengthModel::Given,
             reduction: Reduction::Corpus,
             smoothing: LossSmoothing::AddK(1.0),
+            check_values: false,
+            force_f32_score: false,
         }
     }
 }
 
-/// The loss and the differentiable statistics it was computed from.
+/// The differentiable statistics of a batch, one row per element: everything the loss
+/// depends on (docs/loss.md, §Score and loss).
 ///
-/// The statistics let a caller log them, or all-reduce them across data-parallel workers and
-/// call [`loss_from_stats`] on the sums.
+/// All four are float tensors in the compute dtype of the call (f32 for f16/bf16 inputs) on the
+/// hypotheses' device. `matches`, `totals` and `hyp_len` carry gradients back to the
+/// hypotheses; `ref_len` is a constant.
 #[derive(Debug, Clone)]
-pub struct BleuLossOutput {
-    /// Scalar: `-log BLEU` (Corpus) or the mean of per-element `-log BLEU` (SentenceMean).
-    pub loss: Tensor,
+pub struct BleuStats {
     /// `[B, N]`: clipped matches `m_n` of each element.
     pub matches: Tensor,
     /// `[B, N]`: n-gram totals `t_n` of each element.
@@ -133,20 +228,46 @@ pub struct BleuLossOutput {
     pub ref_len: Tensor,
 }
 
-/// The shapes of a validated call.
-struct Checked {
-    compute_dtype: DType,
-    lengths: Vec<usize>,
+/// The loss and the differentiable statistics it was computed from.
+///
+/// The statistics let a caller log them, or all-reduce them across data-parallel workers and
+/// call [`loss_from_stats`] on the sums.
+#[derive(Debug, Clone)]
+pub struct BleuLossOutput {
+    /// Scalar: `-log BLEU` (Corpus) or the mean of per-element `-log BLEU` (SentenceMean).
+    pub loss: Tensor,
+    /// The per-element statistics `loss` was computed from.
+    pub stats: BleuStats,
 }
 
-/// Validates the hypothesis tensor, the lengths and the references against each other.
+/// A float tensor of `values` in `dtype`, converted on the host: no f64 tensor is made on the
+/// device unless `dtype` is f64 (Metal has no f64).
+pub(crate) fn constant(
+    values: Vec<f64>,
+    shape: impl Into<candle_core::Shape>,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_vec(values, shape, device),
+        _ => Tensor::from_vec(
+            values.into_iter().map(|v| v as f32).collect::<Vec<f32>>(),
+            shape,
+            device,
+        )?
+        .to_dtype(dtype),
+    }
+}
+
+/// Validates the hypothesis tensor, the lengths and the references against each other;
+/// returns the compute dtype.
 fn check_inputs(
     name: &str,
     hyp: &Tensor,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
     cfg: &BleuLossConfig,
-) -> Result<Checked> {
+) -> Result<DType> {
     score::validate_config(cfg)?;
     let (batch, seq, vocab) = match hyp.dims() {
         &[b, s, v] => (b, s, v),
@@ -188,35 +309,45 @@ fn check_inputs(
             );
         }
     }
-    let lengths = match hyp_lengths {
-        None => vec![seq; batch],
-        Some(_) if matches!(cfg.length, LengthModel::SoftEos { .. }) => bail!(
-            "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
-        ),
-        Some(lengths) => {
-            if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+    if let Some(lengths) = hyp_lengths {
+        if matches!(cfg.length, LengthModel::SoftEos { .. }) {
+            bail!(
+                "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
+            );
+        }
+        if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+            bail!(
+                "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
+                lengths.dtype(),
+                lengths.dims()
+            );
+        }
+        if !lengths.device().same_device(hyp.device()) {
+            bail!(
+                "`hyp_lengths` are on {:?} but `{name}` is on {:?}",
+                lengths.device(),
+                hyp.device()
+            );
+        }
+        // In place on the CPU; elsewhere a copy, only with `check_values`.
+        if let Some(values) = host::u32_values(lengths, cfg.check_values)? {
+            if let Some((element, &length)) =
+                values.iter().enumerate().find(|(_, &l)| l as usize > seq)
+            {
                 bail!(
-                    "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
-                    lengths.dtype(),
-                    lengths.dims()
+                    "`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})",
+                    hyp.dims()
                 );
             }
-            let lengths: Vec<usize> = lengths.to_vec1::<u32>()?.into_iter().map(|l| l as usize).collect();
-            if let Some((element, &length)) = lengths.iter().enumerate().find(|(_, &l)| l > seq) {
-                bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})", hyp.dims());
-            }
-            lengths
         }
-    };
-    Ok(Checked {
-        compute_dtype,
-        lengths,
-    })
+    }
+    Ok(compute_dtype)
 }
 
-fn check_finite(name: &str, t: &Tensor) -> Result<()> {
-    let total = t.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-    if !total.is_finite() {
+/// Errors if `t` holds NaN or Inf: in place on the CPU, with a copy elsewhere only under
+/// `check_values`.
+fn check_finite(name: &str, t: &Tensor, cfg: &BleuLossConfig) -> Result<()> {
+    if host::all_finite(t, cfg.check_values)? == Some(false) {
         bail!(
             "`{name}` contains NaN or infinite values (shape {:?})",
             t.dims()
@@ -272,7 +403,7 @@ fn hypothesis_inputs_from_probs(
 fn finish(
     inputs: HypothesisInputs,
     side: &ReferenceSide,
-    lengths: &[usize],
+    hyp_lengths: Option<&Tensor>,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
     let (batch, seq, _) = inputs.token_match.dims3()?;
@@ -283,7 +414,8 @@ fn finish(
     let weights = length::hypothesis_weights(
         cfg.length,
         inputs.eos_probs.as_ref(),
-        lengths,
+        hyp_lengths,
+        batch,
         seq,
         cfg.max_order,
         dtype,
@@ -303,21 +435,17 @@ fn finish(
         .map(|g| g.as_ref().map_or_else(|| Ok(zeros.clone()), |g| g.sum(1)))
         .collect::<Result<_>>()?;
     let hyp_len = weights.length.sum(1)?;
-    let chosen = score::closest_reference_lengths(
-        &hyp_len.to_dtype(DType::F64)?.to_vec1::<f64>()?,
-        &side.lengths,
-    );
-    let ref_len = Tensor::from_vec(chosen, batch, &device)?.to_dtype(dtype)?;
+    let ref_len = score::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
     let matches = Tensor::stack(&matches, 1)?;
     let totals = Tensor::stack(&totals, 1)?;
-    let loss = loss_from_stats(&matches, &totals, &hyp_len, &ref_len, cfg)?;
-    Ok(BleuLossOutput {
-        loss,
+    let stats = BleuStats {
         matches,
         totals,
         hyp_len,
         ref_len,
-    })
+    };
+    let loss = score::score(&stats, cfg)?;
+    Ok(BleuLossOutput { loss, stats })
 }
 
 /// The reference ids `[B, W]`, with a column of `eos_id` appended under the EOS length models,
@@ -332,7 +460,7 @@ fn with_eos_column(ids: &Tensor, cfg: &BleuLossConfig) -> Result<Tensor> {
     }
 }
 
-/// `-log BLEU` of hypothesis distributions against references (SPEC §2).
+/// `-log BLEU` of hypothesis distributions against references (docs/loss.md).
 ///
 /// # Arguments
 /// * `hyp_probs` - float `[B, S, V]`: one distribution per hypothesis position (a softmax
@@ -352,12 +480,12 @@ pub fn bleu_loss(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let checked = check_inputs("hyp_probs", hyp_probs, hyp_lengths, refs, cfg)?;
-    let probs = hyp_probs.to_dtype(checked.compute_dtype)?;
-    check_finite("hyp_probs", &probs)?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), checked.compute_dtype)?;
+    let compute_dtype = check_inputs("hyp_probs", hyp_probs, hyp_lengths, refs, cfg)?;
+    let probs = hyp_probs.to_dtype(compute_dtype)?;
+    check_finite("hyp_probs", &probs, cfg)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
     let inputs = hypothesis_inputs_from_probs(&probs, &side, cfg)?;
-    finish(inputs, &side, &checked.lengths, cfg)
+    finish(inputs, &side, hyp_lengths, cfg)
 }
 
 /// [`bleu_loss`] of `softmax(logits)`, with the same numbers and gradients, computed by fused
@@ -377,16 +505,17 @@ pub fn bleu_loss_from_logits(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let checked = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
-    let logits = logits.to_dtype(checked.compute_dtype)?;
+    let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
+    let logits = logits.to_dtype(compute_dtype)?;
+    // On the CPU the fused kernels find non-finite logits in the pass they make anyway.
     if !logits.device().is_cpu() {
-        check_finite("logits", &logits)?;
+        check_finite("logits", &logits, cfg)?;
     }
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), checked.compute_dtype)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
     let inputs = match (&side.tokens, cfg.form) {
         (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
             let width = ids.dim(1)?;
-            let gathered = fused::softmax_gather(&logits, &with_eos_column(ids, cfg)?)?;
+            let gathered = fused::softmax_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
             HypothesisInputs {
                 token_match: gathered.narrow(2, 0, width)?,
                 eos_probs: cfg
@@ -400,7 +529,7 @@ pub fn bleu_loss_from_logits(
         (ReferenceTokens::Ids(ids), Form::Paired) => {
             let width = ids.dim(1)?;
             let (self_match, gathered) =
-                fused::softmax_self_match_gather(&logits, &with_eos_column(ids, cfg)?)?;
+                fused::softmax_self_match_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
             HypothesisInputs {
                 token_match: gathered.narrow(2, 0, width)?,
                 eos_probs: cfg
@@ -413,5 +542,5 @@ pub fn bleu_loss_from_logits(
         }
         _ => hypothesis_inputs_from_probs(&fused::softmax_last_dim(&logits)?, &side, cfg)?,
     };
-    finish(inputs, &side, &checked.lengths, cfg)
+    finish(inputs, &side, hyp_lengths, cfg)
 }

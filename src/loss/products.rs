@@ -1,7 +1,7 @@
 //! Products that candle has no reduction for, written with multiplies only.
 //!
 //! candle has no product reduction and no `cumprod`, and `exp(Σ log x)` turns the exact zeros of
-//! one-hot inputs into NaN gradients (SPEC §2, guards). Everything here is built from elementwise
+//! one-hot inputs into NaN gradients (docs/loss.md, §10.3 Guards). Everything here is built from elementwise
 //! multiplies of narrowed views, whose gradients are exact at zero.
 
 use candle_core::{Result, Tensor};

@@ -1,4 +1,4 @@
-//! References of the loss, and their side of the statistics (SPEC §2: `e_j`, `ν_j`, `κ_j`).
+//! References of the loss, and their side of the statistics (docs/loss.md, §6 Reference side: `e_j`, `ν_j`, `κ_j`).
 //!
 //! The references of one batch element are laid end to end; an n-gram never spans two of them.
 //! For token ids the masks and clip counts are exact integers computed on the host by the
@@ -7,14 +7,32 @@
 //! `Y[j,j'] = Π_k A_{j+k}·A_{j'+k}` and products over the strictly lower triangle.
 
 use super::products::{extend_ngram_match, prod_last_dim};
+use super::{constant, host};
 use crate::ngram::reference_ngram_masks;
 use candle_core::{bail, DType, Device, Result, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What the reference side depends on besides the references: `max_order`, the EOS id of the
+/// length model (references end at their first EOS), and the compute dtype.
+type SideKey = (usize, Option<u32>, DType);
 
 /// The references of a batch, built once and reused across steps.
+///
+/// Id references are read to the host once, by [`References::from_ids`]; every loss call after
+/// that makes no device-to-host copy for them (see [`crate::loss`], "Device-to-host copies").
+/// Their side of the statistics — first-occurrence masks `ν`, clip counts `κ`, the packed ids
+/// and the reference lengths, all device tensors — is computed on the host from the ids kept
+/// here and uploaded the first time a loss asks for a `(max_order, eos_id, dtype)`, then cached:
+/// the next call with that key reuses the device tensors. A cache rather than precomputing
+/// every key in the constructor, because the key is not known there: `max_order` is unbounded,
+/// `eos_id` can be any id of the vocabulary, and the dtype follows the hypotheses. In a training
+/// loop the key is fixed, so the cache holds one entry; clones of a `References` share it.
 #[derive(Debug, Clone)]
 pub struct References {
     kind: ReferenceKind,
     device: Device,
+    sides: Arc<Mutex<HashMap<SideKey, Arc<ReferenceSide>>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -37,7 +55,29 @@ impl References {
     ///   different numbers of references). A `pad_id` before the last real token is a token.
     /// * `pad_id` - the padding id.
     ///
+    /// Reads the ids to the host once (one device-to-host copy); no loss call on these
+    /// references copies again. Build it once per batch, before the forward pass.
+    ///
     /// Errors on another dtype or rank, an empty batch, or an element with no reference.
+    ///
+    /// ```
+    /// use candle_bleu::loss::References;
+    /// use candle_core::{Device, Tensor};
+    ///
+    /// // Two elements; the first has two references, the second one (its second row is padding).
+    /// let ids = Tensor::new(
+    ///     &[[[7u32, 8, 9, 0], [7, 9, 0, 0]], [[4, 5, 6, 4], [0, 0, 0, 0]]],
+    ///     &Device::Cpu,
+    /// )?;
+    /// let refs = References::from_ids(&ids, 0)?;
+    /// assert_eq!(refs.batch_size(), 2);
+    /// assert_eq!(refs.ids().unwrap()[0], vec![vec![7, 8, 9], vec![7, 9]]);
+    /// assert_eq!(refs.ids().unwrap()[1], vec![vec![4, 5, 6, 4]]);
+    /// // An element whose rows are all padding is an error naming it.
+    /// let empty = Tensor::new(&[[1u32, 2], [0, 0]], &Device::Cpu)?;
+    /// assert!(References::from_ids(&empty, 0).unwrap_err().to_string().contains("element 1"));
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
     pub fn from_ids(ids: &Tensor, pad_id: u32) -> Result<Self> {
         if ids.dtype() != DType::U32 {
             bail!(
@@ -47,12 +87,11 @@ impl References {
             );
         }
         let rows: Vec<Vec<Vec<u32>>> = match ids.rank() {
-            2 => ids
-                .to_vec2::<u32>()?
+            2 => host::to_vec2::<u32>(ids)?
                 .into_iter()
                 .map(|row| vec![row])
                 .collect(),
-            3 => ids.to_vec3::<u32>()?,
+            3 => host::to_vec3::<u32>(ids)?,
             _ => bail!(
                 "References::from_ids: `ids` must be [B, T] or [B, R, T], got shape {:?}",
                 ids.dims()
@@ -88,6 +127,7 @@ impl References {
         Ok(Self {
             kind: ReferenceKind::Ids(references),
             device: ids.device().clone(),
+            sides: Arc::default(),
         })
     }
 
@@ -100,6 +140,25 @@ impl References {
     ///   its reference; later rows are padding. Under `NotEos`/`SoftEos` the reference also
     ///   ends before its first row whose largest entry is the EOS column, as id references
     ///   end at their first EOS.
+    ///
+    /// Reads `lengths` to the host (one copy) and, off the CPU, checks `refs` for NaN/Inf (one
+    /// more). Errors (naming the argument and its shape, dtype or value) on a wrong rank or
+    /// dtype, an empty batch, lengths outside `1..=T`, or NaN/Inf in `refs`.
+    ///
+    /// ```
+    /// use candle_bleu::loss::{bleu_loss, BleuLossConfig, References};
+    /// use candle_core::{Device, Tensor};
+    ///
+    /// let dev = Device::Cpu;
+    /// // One reference of 2 tokens (ids 1, 2) over V = 3, and a padding row.
+    /// let rows = Tensor::new(&[[[0f32, 1., 0.], [0., 0., 1.], [0., 0., 0.]]], &dev)?;
+    /// let refs = References::from_matrices(&rows, &Tensor::new(&[2u32], &dev)?)?;
+    /// // The hypothesis is the reference, as one-hot rows: BLEU 1, loss 0.
+    /// let cfg = BleuLossConfig { max_order: 2, ..Default::default() };
+    /// let out = bleu_loss(&rows.narrow(1, 0, 2)?, None, &refs, &cfg)?;
+    /// assert!(out.loss.to_scalar::<f32>()?.abs() < 1e-6);
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
     pub fn from_matrices(refs: &Tensor, lengths: &Tensor) -> Result<Self> {
         let (batch, max_len, _) = match refs.dims() {
             &[b, t, v] => (b, t, v),
@@ -127,8 +186,7 @@ impl References {
                 lengths.dims()
             );
         }
-        let lengths: Vec<usize> = lengths
-            .to_vec1::<u32>()?
+        let lengths: Vec<usize> = host::to_vec1::<u32>(lengths)?
             .into_iter()
             .map(|l| l as usize)
             .collect();
@@ -140,12 +198,7 @@ impl References {
                 );
             }
         }
-        let finite = refs
-            .to_dtype(DType::F64)?
-            .sum_all()?
-            .to_scalar::<f64>()?
-            .is_finite();
-        if !finite {
+        if host::all_finite(refs, true)? == Some(false) {
             bail!(
                 "References::from_matrices: `refs` contains NaN or infinite values (shape {:?})",
                 refs.dims()
@@ -157,6 +210,7 @@ impl References {
                 lengths,
             },
             device: refs.device().clone(),
+            sides: Arc::default(),
         })
     }
 
@@ -212,23 +266,41 @@ impl References {
         Ok(())
     }
 
-    /// The reference side of every order, for references truncated at `eos_id` (if any).
+    /// The reference side of every order, for references truncated at `eos_id` (if any), in
+    /// `dtype` on the references' device: from the cache, or built and cached.
     pub(crate) fn side(
         &self,
         max_order: usize,
         eos_id: Option<u32>,
         dtype: DType,
-    ) -> Result<ReferenceSide> {
-        match &self.kind {
-            ReferenceKind::Ids(refs) => ids_side(refs, max_order, eos_id, dtype, &self.device),
+    ) -> Result<Arc<ReferenceSide>> {
+        let key = (max_order, eos_id, dtype);
+        // A panic while the lock was held cannot leave the map half-written (one insert), so a
+        // poisoned lock is still a valid cache.
+        let cached = self
+            .sides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(side) = cached {
+            return Ok(side);
+        }
+        let side = Arc::new(match &self.kind {
+            ReferenceKind::Ids(refs) => ids_side(refs, max_order, eos_id, dtype, &self.device)?,
             ReferenceKind::Matrices { matrices, lengths } => {
                 let lengths = match eos_id {
                     Some(eos) => lengths_before_eos(matrices, lengths, eos)?,
                     None => lengths.clone(),
                 };
-                matrix_side(&matrices.to_dtype(dtype)?, &lengths, max_order)
+                matrix_side(&matrices.to_dtype(dtype)?, &lengths, max_order)?
             }
-        }
+        });
+        self.sides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, side.clone());
+        Ok(side)
     }
 }
 
@@ -249,8 +321,33 @@ pub(crate) struct ReferenceSide {
     pub first: Vec<Tensor>,
     /// `κ` per order: float `[B, W]`, clip counts at first occurrences, 0 elsewhere.
     pub clip: Vec<Tensor>,
-    /// The reference lengths of each element (candidates for the effective reference length).
-    pub lengths: Vec<Vec<usize>>,
+    /// float `[B, R]`: the reference lengths of each element, the candidates for the effective
+    /// reference length; `R` is the most references of an element, shorter rows are padded.
+    pub ref_lengths: Tensor,
+    /// u8 `[B, R]`: 1 where `ref_lengths` holds a reference, 0 at padding.
+    pub ref_mask: Tensor,
+}
+
+/// `ref_lengths` and `ref_mask` of [`ReferenceSide`] from host lengths `[b][r]`.
+fn length_candidates(
+    lengths: &[Vec<usize>],
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let batch = lengths.len();
+    let most = lengths.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut values = vec![0f64; batch * most];
+    let mut mask = vec![0u8; batch * most];
+    for (b, element) in lengths.iter().enumerate() {
+        for (r, &length) in element.iter().enumerate() {
+            values[b * most + r] = length as f64;
+            mask[b * most + r] = 1;
+        }
+    }
+    Ok((
+        constant(values, (batch, most), dtype, device)?,
+        Tensor::from_vec(mask, (batch, most), device)?,
+    ))
 }
 
 fn ids_side(
@@ -260,7 +357,7 @@ fn ids_side(
     dtype: DType,
     device: &Device,
 ) -> Result<ReferenceSide> {
-    // Under an EOS length model a reference ends at its first EOS (SPEC §2: reference positions
+    // Under an EOS length model a reference ends at its first EOS (docs/loss.md, §5 Length models: reference positions
     // count up to their length, EOS excluded), as the hypothesis does.
     let truncated: Vec<Vec<&[u32]>> = refs
         .iter()
@@ -302,17 +399,18 @@ fn ids_side(
             }
         }
     }
-    let to_tensor = |values: Vec<f64>| -> Result<Tensor> {
-        Tensor::from_vec(values, (batch, width), device)?.to_dtype(dtype)
-    };
+    let to_tensor = |values: Vec<f64>| constant(values, (batch, width), dtype, device);
+    let lengths: Vec<Vec<usize>> = truncated
+        .iter()
+        .map(|element| element.iter().map(|r| r.len()).collect())
+        .collect();
+    let (ref_lengths, ref_mask) = length_candidates(&lengths, dtype, device)?;
     Ok(ReferenceSide {
         tokens: ReferenceTokens::Ids(Tensor::from_vec(ids, (batch, width), device)?),
         first: first.into_iter().map(to_tensor).collect::<Result<_>>()?,
         clip: clip.into_iter().map(to_tensor).collect::<Result<_>>()?,
-        lengths: truncated
-            .iter()
-            .map(|element| element.iter().map(|r| r.len()).collect())
-            .collect(),
+        ref_lengths,
+        ref_mask,
     })
 }
 
@@ -320,7 +418,7 @@ fn ids_side(
 /// the EOS column (for one-hot rows: the first EOS token), as an id reference ends at its
 /// first EOS: `lengths[b]` is cut there.
 fn lengths_before_eos(matrices: &Tensor, lengths: &[usize], eos_id: u32) -> Result<Vec<usize>> {
-    let argmax = matrices.argmax(candle_core::D::Minus1)?.to_vec2::<u32>()?;
+    let argmax = host::to_vec2::<u32>(&matrices.argmax(candle_core::D::Minus1)?)?;
     Ok(argmax
         .iter()
         .zip(lengths)
@@ -362,7 +460,7 @@ fn matrix_side(matrices: &Tensor, lengths: &[usize], max_order: usize) -> Result
             .iter()
             .flat_map(|&length| (0..starts).map(move |j| f64::from(u8::from(j + order <= length))))
             .collect();
-        let inside = Tensor::from_vec(inside, (batch, starts), device)?.to_dtype(dtype)?;
+        let inside = constant(inside, (batch, starts), dtype, device)?;
         // weighted[j, j'] = Y[j, j'] e_{j'}
         let weighted = ngram_match.broadcast_mul(&inside.unsqueeze(1)?)?;
         let lower = strictly_lower.narrow(0, 0, starts)?.narrow(1, 0, starts)?;
@@ -373,10 +471,13 @@ fn matrix_side(matrices: &Tensor, lengths: &[usize], max_order: usize) -> Result
         first.push(order_first.pad_with_zeros(1, 0, pad)?);
         clip.push(order_clip.pad_with_zeros(1, 0, pad)?);
     }
+    let lengths: Vec<Vec<usize>> = lengths.iter().map(|&l| vec![l]).collect();
+    let (ref_lengths, ref_mask) = length_candidates(&lengths, dtype, device)?;
     Ok(ReferenceSide {
         tokens: ReferenceTokens::Matrices(matrices.clone()),
         first,
         clip,
-        lengths: lengths.iter().map(|&l| vec![l]).collect(),
+        ref_lengths,
+        ref_mask,
     })
 }

@@ -1,27 +1,35 @@
 //! From statistics to the loss: smoothing, the guards, the brevity penalty, the reduction
-//! (SPEC §2, "Score and loss").
+//! (docs/loss.md, §10 Score: smoothing, brevity penalty, guards).
 
-use super::{BleuLossConfig, LossSmoothing, Reduction};
-use candle_core::{bail, DType, Result, Tensor};
+use super::{constant, host, BleuLossConfig, BleuStats, LossSmoothing, Reduction};
+use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// Ratios below this are floored before the log (gradient 0 below the floor).
 pub const PRECISION_FLOOR: f64 = 1e-30;
 
 /// The effective reference length of each element: the reference length closest to the
-/// hypothesis length `c`, the shorter on a tie (sacrebleu and NLTK). A constant: no gradient
-/// flows through the choice.
-pub(crate) fn closest_reference_lengths(hyp_len: &[f64], ref_lengths: &[Vec<usize>]) -> Vec<f64> {
-    hyp_len
-        .iter()
-        .zip(ref_lengths)
-        .map(|(&c, lengths)| {
-            lengths
-                .iter()
-                .map(|&r| r as f64)
-                .min_by(|a, b| (a - c).abs().total_cmp(&(b - c).abs()).then(a.total_cmp(b)))
-                .unwrap_or(0.0)
-        })
-        .collect()
+/// hypothesis length `c`, the shorter on a tie (sacrebleu and NLTK), chosen with tensor ops on
+/// the device. A constant: no gradient flows through the choice.
+///
+/// * `hyp_len` - float `[B]`;
+/// * `ref_lengths` - float `[B, R]` in the dtype of `hyp_len`, `ref_mask` u8 `[B, R]` (1 where a
+///   reference is). Distances are taken in that dtype, so a tie between fractional lengths is a
+///   tie of its rounded distances.
+pub(crate) fn closest_reference_lengths(
+    hyp_len: &Tensor,
+    ref_lengths: &Tensor,
+    ref_mask: &Tensor,
+) -> Result<Tensor> {
+    let far = Tensor::full(f32::INFINITY, ref_lengths.shape(), ref_lengths.device())?
+        .to_dtype(ref_lengths.dtype())?;
+    let distance = ref_lengths
+        .broadcast_sub(&hyp_len.detach().unsqueeze(1)?)?
+        .abs()?;
+    // Padding is infinitely far; every element has a reference, so its nearest is finite.
+    let distance = ref_mask.where_cond(&distance, &far)?;
+    let nearest = distance.min_keepdim(1)?;
+    let is_nearest = distance.broadcast_eq(&nearest)?;
+    is_nearest.where_cond(ref_lengths, &far)?.min(1)
 }
 
 /// The order weights `w_n`: the configured ones, or `1/N` each.
@@ -34,24 +42,8 @@ pub(crate) fn order_weights(cfg: &BleuLossConfig) -> Vec<f64> {
 
 /// Checks `max_order`, `weights` and the smoothing constant.
 pub(crate) fn validate_config(cfg: &BleuLossConfig) -> Result<()> {
-    if cfg.max_order == 0 {
-        bail!("BleuLossConfig: `max_order` must be >= 1, got 0");
-    }
-    if let Some(weights) = &cfg.weights {
-        if weights.len() != cfg.max_order {
-            bail!(
-                "BleuLossConfig: `weights` has {} entries but `max_order` is {}",
-                weights.len(),
-                cfg.max_order
-            );
-        }
-        if let Some((n, w)) = weights
-            .iter()
-            .enumerate()
-            .find(|(_, w)| !w.is_finite() || **w < 0.0)
-        {
-            bail!("BleuLossConfig: `weights[{n}]` = {w} must be finite and >= 0");
-        }
+    if let Err(e) = crate::orders::check_orders(cfg.max_order, cfg.weights.as_deref()) {
+        bail!("BleuLossConfig: `{}` {}", e.field, e.message);
     }
     if let LossSmoothing::AddK(k) = cfg.smoothing {
         if !k.is_finite() || k < 0.0 {
@@ -92,11 +84,11 @@ fn weighted_log_precisions(
             .collect(),
         LossSmoothing::None => vec![0.0; order_count],
     };
-    let additive = Tensor::from_vec(additive, order_count, device)?.to_dtype(dtype)?;
+    let additive = constant(additive, order_count, dtype, device)?;
     // `t_n = 0` means below the smallest normal number of the caller's dtype: the gradient
-    // of `m / t` scales like `1 / t` and `m / t²`, which overflow (or, squared, underflow to
-    // a 0/0) once `t` leaves the normal range, and a single NaN poisons every weight. A
-    // statistic that small carries no information that dtype can represent anyway.
+    // of `log t` scales like `1 / t`, which overflows once `t` leaves the normal range, and a
+    // single NaN poisons every weight. A statistic that small carries no information that
+    // dtype can represent anyway.
     let has_ngrams = totals.ge(tiny)?;
     let ones = totals.ones_like()?;
     // Likewise a match count below the normal range is 0: its ratio is floored (gradient 0)
@@ -106,53 +98,108 @@ fn weighted_log_precisions(
         .where_cond(matches, &matches.zeros_like()?)?;
     let numerator = has_ngrams.where_cond(&matches.broadcast_add(&additive)?, &ones)?;
     let denominator = has_ngrams.where_cond(&totals.broadcast_add(&additive)?, &ones)?;
-    let log_precision = numerator
-        .div(&denominator)?
-        .maximum(PRECISION_FLOOR)?
-        .log()?;
-    let weights = Tensor::from_vec(order_weights(cfg), order_count, device)?.to_dtype(dtype)?;
+    // log(n / d) as log n - log d: the backward of a quotient squares d (`n / d²`), which
+    // underflows in f32 for d below ~1e-19 (NotEos/SoftEos totals reach 1e-25); the logs'
+    // backward divides by d once, finite down to f32's smallest normal number. So the f32
+    // score (devices without f64) has the f64 score's guards. A zero numerator (k = 0, no
+    // match) takes the floor directly: its log is never formed, so no `1 / 0` reaches autograd.
+    let log_floor = PRECISION_FLOOR.ln();
+    let matched = numerator.ge(tiny)?;
+    let safe_numerator = matched.where_cond(&numerator, &ones)?;
+    let log_ratio = safe_numerator.log()?.sub(&denominator.log()?)?;
+    let log_precision = matched
+        .where_cond(&log_ratio, &ones.affine(0.0, log_floor)?)?
+        .maximum(log_floor)?;
+    let weights = constant(order_weights(cfg), order_count, dtype, device)?;
     log_precision.broadcast_mul(&weights)?.sum(1)
 }
 
-/// The loss `-log BLEU` from per-element statistics (SPEC §2).
+/// The dtype the score is computed in: f64 where the device has it, f32 on Metal (whose
+/// backend has no f64) or when [`BleuLossConfig::force_f32_score`] asks for it.
+pub(crate) fn score_dtype(device: &Device, cfg: &BleuLossConfig) -> DType {
+    if cfg.force_f32_score || device.is_metal() {
+        DType::F32
+    } else {
+        DType::F64
+    }
+}
+
+/// The loss `-log BLEU` from per-element statistics (docs/loss.md, §Score and loss).
 ///
 /// # Arguments
-/// * `matches`, `totals` - float `[B, N]`: `m_n` and `t_n` of each element.
-/// * `hyp_len`, `ref_len` - float `[B]`: `c` and the effective reference length.
-/// * `cfg` - `max_order` (= N), weights, smoothing and reduction are used.
+/// * `stats` - [`BleuStats`]: `matches` and `totals` float `[B, N]` (`m_n` and `t_n` of each
+///   element), `hyp_len` and `ref_len` float `[B]` (`c` and the effective reference length),
+///   all on one device.
+/// * `cfg` - `max_order` (= N), weights, smoothing, reduction, `check_values` and
+///   `force_f32_score` are used.
 ///
 /// `Corpus` sums the statistics over the batch and scores once; `SentenceMean` scores each
 /// element and averages the losses. Returns a scalar in the dtype of `matches` (f32 for f16
-/// and bf16 statistics, which are upcast).
+/// and bf16 statistics, which are upcast). The score runs in f64 where the device has it and
+/// in f32 on Metal, with the same guards (tiny totals and matches count as zero, ratios are
+/// floored at [`PRECISION_FLOOR`]).
 ///
 /// Errors (naming the argument and its shape or dtype) on wrong shapes, an empty batch,
-/// non-float statistics, NaN or infinite values, or an invalid config.
+/// non-float statistics, statistics on different devices, an invalid config, or NaN or
+/// infinite values — checked in place on the CPU; on other devices only with
+/// `cfg.check_values` (one device-to-host copy per statistic), since the check needs the data
+/// on the host.
 ///
 /// Because the corpus loss depends on the batch only through these sums, data-parallel
 /// workers can all-reduce (sum) their statistics and call this on the totals: every worker
 /// gets the same loss, and the gradient flows back to its own shard's statistics.
-pub fn loss_from_stats(
-    matches: &Tensor,
-    totals: &Tensor,
-    hyp_len: &Tensor,
-    ref_len: &Tensor,
-    cfg: &BleuLossConfig,
-) -> Result<Tensor> {
+///
+/// ```
+/// use candle_bleu::loss::{bleu_loss_from_logits, loss_from_stats, BleuLossConfig, BleuStats, References};
+/// use candle_core::{DType, Device, Tensor};
+///
+/// let dev = Device::Cpu;
+/// let cfg = BleuLossConfig::default();
+/// let ids = Tensor::new(&[[1u32, 2, 3, 4], [2, 3, 4, 5]], &dev)?;
+/// let logits = Tensor::randn(0f32, 1., (2, 4, 6), &dev)?;
+/// // Two workers, one element each: each computes its shard's statistics...
+/// let shard = |b: usize| -> candle_core::Result<BleuStats> {
+///     let refs = References::from_ids(&ids.narrow(0, b, 1)?, 0)?;
+///     Ok(bleu_loss_from_logits(&logits.narrow(0, b, 1)?, None, &refs, &cfg)?.stats)
+/// };
+/// let (a, b) = (shard(0)?, shard(1)?);
+/// // ...the statistics are all-reduced (summed over workers; here: concatenated)...
+/// let cat = |x: &Tensor, y: &Tensor| Tensor::cat(&[x, y], 0);
+/// let all = BleuStats {
+///     matches: cat(&a.matches, &b.matches)?,
+///     totals: cat(&a.totals, &b.totals)?,
+///     hyp_len: cat(&a.hyp_len, &b.hyp_len)?,
+///     ref_len: cat(&a.ref_len, &b.ref_len)?,
+/// };
+/// // ...and every worker scores the same corpus: the full batch's loss.
+/// let reduced = loss_from_stats(&all, &cfg)?.to_scalar::<f32>()?;
+/// let refs = References::from_ids(&ids, 0)?;
+/// let full = bleu_loss_from_logits(&logits, None, &refs, &cfg)?.loss.to_scalar::<f32>()?;
+/// assert!((reduced - full).abs() < 1e-6);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+    let BleuStats {
+        matches,
+        totals,
+        hyp_len,
+        ref_len,
+    } = stats;
     validate_config(cfg)?;
     let (batch, orders) = match matches.dims() {
         &[b, n] => (b, n),
-        dims => bail!("loss_from_stats: `matches` must be [B, N], got shape {dims:?}"),
+        dims => bail!("loss_from_stats: `stats.matches` must be [B, N], got shape {dims:?}"),
     };
     if orders != cfg.max_order {
         bail!(
-            "loss_from_stats: `matches` has {orders} orders (shape {:?}) but `max_order` is {}",
+            "loss_from_stats: `stats.matches` has {orders} orders (shape {:?}) but `max_order` is {}",
             matches.dims(),
             cfg.max_order
         );
     }
     if totals.dims() != matches.dims() {
         bail!(
-            "loss_from_stats: `totals` has shape {:?}, `matches` {:?}",
+            "loss_from_stats: `stats.totals` has shape {:?}, `stats.matches` {:?}",
             totals.dims(),
             matches.dims()
         );
@@ -160,14 +207,14 @@ pub fn loss_from_stats(
     for (name, t) in [("hyp_len", hyp_len), ("ref_len", ref_len)] {
         if t.dims() != [batch] {
             bail!(
-                "loss_from_stats: `{name}` must be [{batch}], got shape {:?}",
+                "loss_from_stats: `stats.{name}` must be [{batch}], got shape {:?}",
                 t.dims()
             );
         }
     }
     if batch == 0 {
         bail!(
-            "loss_from_stats: empty batch (`matches` has shape {:?})",
+            "loss_from_stats: empty batch (`stats.matches` has shape {:?})",
             matches.dims()
         );
     }
@@ -179,36 +226,46 @@ pub fn loss_from_stats(
     ] {
         if !t.dtype().is_float() {
             bail!(
-                "loss_from_stats: `{name}` must be a float tensor, got {:?} with shape {:?}",
+                "loss_from_stats: `stats.{name}` must be a float tensor, got {:?} with shape {:?}",
                 t.dtype(),
                 t.dims()
             );
         }
-        // A NaN or infinite statistic would silently give a NaN loss and NaN gradients.
-        let total = t.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-        if !total.is_finite() {
+        if !t.device().same_device(matches.device()) {
             bail!(
-                "loss_from_stats: `{name}` contains NaN or infinite values (shape {:?})",
+                "loss_from_stats: `stats.{name}` is on {:?} but `stats.matches` on {:?}",
+                t.device(),
+                matches.device()
+            );
+        }
+        // A NaN or infinite statistic would silently give a NaN loss and NaN gradients.
+        if host::all_finite(t, cfg.check_values)? == Some(false) {
+            bail!(
+                "loss_from_stats: `stats.{name}` contains NaN or infinite values (shape {:?})",
                 t.dims()
             );
         }
     }
-    // The score is computed in f64 whatever the statistics' dtype: on [B, N] numbers it costs
-    // nothing, and it keeps the backward of `m / t` (which squares `t`) finite for f32
-    // statistics as small as f32's normal range (SoftEos/NotEos totals can be ~1e-25).
-    // PRECISION_FLOOR (1e-30) would also be 0 in f16. The loss goes back to the caller's
-    // compute dtype (f32 for f16/bf16), and so does the gradient.
-    let out_dtype = compute_dtype(matches.dtype())?;
-    let tiny = match out_dtype {
-        DType::F64 => f64::MIN_POSITIVE,
+    score(stats, cfg)
+}
+
+/// [`loss_from_stats`] on statistics known to be well formed (from the loss itself).
+///
+/// The score is computed in f64 where the device has it, whatever the statistics' dtype: on
+/// [B, N] numbers it costs nothing. PRECISION_FLOOR (1e-30) would be 0 in f16. The loss goes
+/// back to the caller's compute dtype (f32 for f16/bf16), and so does the gradient.
+pub(crate) fn score(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+    let out_dtype = compute_dtype(stats.matches.dtype())?;
+    let dtype = score_dtype(stats.matches.device(), cfg);
+    let tiny = match (out_dtype, dtype) {
+        (DType::F64, DType::F64) => f64::MIN_POSITIVE,
         _ => f32::MIN_POSITIVE as f64,
     };
-    let dtype = DType::F64;
-    let matches = &matches.to_dtype(dtype)?;
-    let (totals, hyp_len, ref_len) = (
-        totals.to_dtype(dtype)?,
-        hyp_len.to_dtype(dtype)?,
-        ref_len.to_dtype(dtype)?,
+    let (matches, totals, hyp_len, ref_len) = (
+        stats.matches.to_dtype(dtype)?,
+        stats.totals.to_dtype(dtype)?,
+        stats.hyp_len.to_dtype(dtype)?,
+        stats.ref_len.to_dtype(dtype)?,
     );
     let (matches, totals, hyp_len, ref_len) = match cfg.reduction {
         Reduction::Corpus => (
@@ -217,7 +274,7 @@ pub fn loss_from_stats(
             hyp_len.sum_keepdim(0)?,
             ref_len.sum_keepdim(0)?,
         ),
-        Reduction::SentenceMean => (matches.clone(), totals, hyp_len, ref_len),
+        Reduction::SentenceMean => (matches, totals, hyp_len, ref_len),
     };
     let log_bleu = log_brevity_penalty(&hyp_len, &ref_len)?
         .add(&weighted_log_precisions(&matches, &totals, tiny, cfg)?)?;
@@ -230,5 +287,48 @@ pub(crate) fn compute_dtype(dtype: DType) -> Result<DType> {
         DType::F32 | DType::F64 => Ok(dtype),
         DType::F16 | DType::BF16 => Ok(DType::F32),
         other => bail!("expected a float tensor, got {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_score_runs_in_f64_unless_forced_or_on_metal() {
+        let cfg = BleuLossConfig::default();
+        assert_eq!(score_dtype(&Device::Cpu, &cfg), DType::F64);
+        let forced = BleuLossConfig {
+            force_f32_score: true,
+            ..cfg
+        };
+        assert_eq!(score_dtype(&Device::Cpu, &forced), DType::F32);
+    }
+
+    /// Totals of 1e-25 (NotEos/SoftEos order-4 totals in f32): the quotient's backward would
+    /// square them to 0 in f32; the log-difference form keeps the f32 gradient finite.
+    #[test]
+    fn f32_score_of_tiny_totals_has_finite_gradients() -> Result<()> {
+        let cfg = BleuLossConfig {
+            max_order: 2,
+            smoothing: LossSmoothing::None,
+            force_f32_score: true,
+            ..Default::default()
+        };
+        let totals = candle_core::Var::new(&[[2f32, 1e-25]], &Device::Cpu)?;
+        let stats = BleuStats {
+            matches: Tensor::new(&[[1f32, 5e-26]], &Device::Cpu)?,
+            totals: totals.as_tensor().clone(),
+            hyp_len: Tensor::new(&[2f32], &Device::Cpu)?,
+            ref_len: Tensor::new(&[2f32], &Device::Cpu)?,
+        };
+        let loss = score(&stats, &cfg)?;
+        // -(½ log ½ + ½ log ½) = log 2.
+        assert!((loss.to_scalar::<f32>()? - std::f32::consts::LN_2).abs() < 1e-6);
+        let grad = loss.backward()?.get(&totals).unwrap().to_vec2::<f32>()?;
+        assert!(grad[0].iter().all(|g| g.is_finite()), "{grad:?}");
+        // d/dt (-½ log(m/t)) = ½ / t.
+        assert!((grad[0][0] - 0.25).abs() < 1e-6 && (grad[0][1] / 5e24 - 1.0).abs() < 1e-5);
+        Ok(())
     }
 }

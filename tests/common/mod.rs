@@ -1,10 +1,43 @@
 //! Shared helpers of the loss tests: random batches and the discrete statistics they must match.
 #![allow(dead_code)]
 
-use candle_bleu::loss::{BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction};
+use candle_bleu::loss::{BleuLossConfig, BleuStats, Form, LengthModel, LossSmoothing, Reduction};
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::OnceLock;
 
 pub const PAD: u32 = 0;
+
+/// The device the loss tests run on, from `CANDLE_BLEU_TEST_DEVICE`: `cpu` (default), `cuda`
+/// or `metal`. The GPU ones need the crate built with the matching feature (`--features cuda`
+/// / `metal`); without it the first test fails with candle's "not compiled with ... support".
+/// One device for the whole test binary: two `Device::new_cuda(0)` are two devices to candle.
+pub fn test_device() -> Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let wanted = std::env::var("CANDLE_BLEU_TEST_DEVICE").unwrap_or_default();
+            let device = match wanted.as_str() {
+                "" | "cpu" => Ok(Device::Cpu),
+                "cuda" => Device::new_cuda(0),
+                "metal" => Device::new_metal(0),
+                other => {
+                    panic!("CANDLE_BLEU_TEST_DEVICE must be cpu, cuda or metal, got {other:?}")
+                }
+            };
+            device.unwrap_or_else(|e| panic!("CANDLE_BLEU_TEST_DEVICE={wanted}: {e}"))
+        })
+        .clone()
+}
+
+/// Whether the test device computes in f64. Metal has no f64: f64 checks are skipped there,
+/// with a note, and stay f64 everywhere else.
+pub fn f64_supported(test: &str) -> bool {
+    let supported = !test_device().is_metal();
+    if !supported {
+        eprintln!("{test}: skipped on Metal, which has no f64");
+    }
+    supported
+}
 
 /// Every configuration the properties range over.
 pub fn all_configs(max_order: usize, eos_id: u32) -> Vec<BleuLossConfig> {
@@ -24,6 +57,7 @@ pub fn all_configs(max_order: usize, eos_id: u32) -> Vec<BleuLossConfig> {
                         length,
                         reduction,
                         smoothing,
+                        ..Default::default()
                     });
                 }
             }
@@ -41,7 +75,7 @@ pub fn one_hot(ids: &[Vec<u32>], vocab: usize) -> Result<Tensor> {
             data[(b * seq + i) * vocab + id as usize] = 1.0;
         }
     }
-    Tensor::from_vec(data, (ids.len(), seq, vocab), &Device::Cpu)
+    Tensor::from_vec(data, (ids.len(), seq, vocab), &test_device())
 }
 
 /// References `[b][r]` as a padded u32 `[B, R, T]` tensor.
@@ -55,7 +89,7 @@ pub fn reference_ids(refs: &[Vec<Vec<u32>>], pad: u32) -> Result<Tensor> {
             data[offset..offset + reference.len()].copy_from_slice(reference);
         }
     }
-    Tensor::from_vec(data, (refs.len(), max_refs, max_len), &Device::Cpu)
+    Tensor::from_vec(data, (refs.len(), max_refs, max_len), &test_device())
 }
 
 pub fn to_vec2(t: &Tensor) -> Vec<Vec<f64>> {
@@ -68,4 +102,19 @@ pub fn to_vec1(t: &Tensor) -> Vec<f64> {
 
 pub fn scalar(t: &Tensor) -> f64 {
     t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+}
+
+/// The four statistics as one [`BleuStats`] (cloned handles: same storage, same graph).
+pub fn stats_of(
+    matches: &Tensor,
+    totals: &Tensor,
+    hyp_len: &Tensor,
+    ref_len: &Tensor,
+) -> BleuStats {
+    BleuStats {
+        matches: matches.clone(),
+        totals: totals.clone(),
+        hyp_len: hyp_len.clone(),
+        ref_len: ref_len.clone(),
+    }
 }

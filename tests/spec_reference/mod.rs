@@ -1,5 +1,5 @@
-//! A naive, independent reference of SPEC.md §2 (the differentiable BLEU loss), written from the
-//! SPEC text alone in plain `f64` loops: no candle, no shared code with `src/loss/`.
+//! A naive, independent reference of docs/loss.md (the differentiable BLEU loss), written from the
+//! document's text alone in plain `f64` loops: no candle, no shared code with `src/loss/`.
 #![allow(dead_code)]
 
 use std::cell::RefCell;
@@ -40,7 +40,7 @@ fn count(f: impl FnOnce(&mut Branches) -> &mut usize) {
     });
 }
 
-/// The floor of `p̃_n` before the log (SPEC §2, guards).
+/// The floor of `p̃_n` before the log (docs/loss.md, §10.3 Guards).
 pub const FLOOR: f64 = 1e-30;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

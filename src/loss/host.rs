@@ -1,0 +1,129 @@
+//! Every device-to-host copy of the loss, counted.
+//!
+//! On a GPU a copy to the host stalls the stream until everything queued before it has run, so
+//! the loss keeps them off its default path (see [`crate::loss`], "Device-to-host copies"). The
+//! few that remain — building [`References`](super::References) from ids, the opt-in value
+//! checks ([`BleuLossConfig::check_values`](super::BleuLossConfig::check_values)), the EOS cut of
+//! matrix references — go through this module, which counts them per thread: tests assert how
+//! many copies each entry point makes, on any device. A read of a tensor's data goes through
+//! here whatever the device, CPU included, so that the count on the CPU is the count a GPU
+//! would see.
+//!
+//! Data the host already holds is read in place instead ([`with_cpu_slice`]): no copy, not
+//! counted.
+
+use candle_core::{bail, DType, Result, Storage, Tensor, WithDType};
+use std::cell::Cell;
+
+thread_local! {
+    static HOST_COPIES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many device-to-host copies the loss has made on this thread since it started.
+///
+/// Counts every read of tensor data back to the host by [`crate::loss`] (whatever the device,
+/// so that tests on the CPU see what a GPU would), one per tensor read. Take the difference
+/// around a call:
+///
+/// ```
+/// use candle_bleu::loss::{bleu_loss_from_logits, host_copies, BleuLossConfig, References};
+/// use candle_core::{Device, Tensor};
+///
+/// let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3]], &Device::Cpu)?, 0)?;
+/// let logits = Tensor::zeros((1, 3, 5), candle_core::DType::F32, &Device::Cpu)?;
+/// let before = host_copies();
+/// let out = bleu_loss_from_logits(&logits, None, &refs, &BleuLossConfig::default())?;
+/// assert_eq!(host_copies() - before, 0); // id references, no lengths: no copy
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn host_copies() -> u64 {
+    HOST_COPIES.with(Cell::get)
+}
+
+fn count() {
+    HOST_COPIES.with(|c| c.set(c.get() + 1));
+}
+
+/// `t.to_vec1()`, counted.
+pub(crate) fn to_vec1<T: WithDType>(t: &Tensor) -> Result<Vec<T>> {
+    count();
+    t.to_vec1()
+}
+
+/// `t.to_vec2()`, counted.
+pub(crate) fn to_vec2<T: WithDType>(t: &Tensor) -> Result<Vec<Vec<T>>> {
+    count();
+    t.to_vec2()
+}
+
+/// `t.to_vec3()`, counted.
+pub(crate) fn to_vec3<T: WithDType>(t: &Tensor) -> Result<Vec<Vec<Vec<T>>>> {
+    count();
+    t.to_vec3()
+}
+
+/// `t.to_scalar()`, counted.
+pub(crate) fn to_scalar<T: WithDType>(t: &Tensor) -> Result<T> {
+    count();
+    t.to_scalar()
+}
+
+/// Calls `f` on the data of a CPU tensor in place (made contiguous first if it is not): no
+/// copy to count. Errors if `t` is not on the CPU or is not of dtype `T`.
+pub(crate) fn with_cpu_slice<T: WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> Result<R>,
+) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        bail!("internal: with_cpu_slice on a tensor on {:?}", t.device())
+    };
+    let data = cpu.as_slice::<T>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => f(&data[start..end]),
+        None => bail!("internal: with_cpu_slice on a non-contiguous layout"),
+    }
+}
+
+/// Reads one value of a 1-element tensor as f64: in place on the CPU, a counted copy elsewhere.
+fn read_scalar(t: &Tensor) -> Result<f64> {
+    let cpu = t.device().is_cpu();
+    Ok(match t.dtype() {
+        DType::F64 if cpu => with_cpu_slice::<f64, _>(t, |s| Ok(s[0]))?,
+        DType::F64 => to_scalar::<f64>(t)?,
+        _ if cpu => f64::from(with_cpu_slice::<f32, _>(&t.to_dtype(DType::F32)?, |s| {
+            Ok(s[0])
+        })?),
+        _ => f64::from(to_scalar::<f32>(&t.to_dtype(DType::F32)?)?),
+    })
+}
+
+/// Whether every value of the float tensor `t` is finite.
+///
+/// On the CPU the data is read in place, always. Elsewhere it takes one counted device-to-host
+/// copy (of a scalar), made only when `check_off_cpu`; otherwise `None` (not checked).
+pub(crate) fn all_finite(t: &Tensor, check_off_cpu: bool) -> Result<Option<bool>> {
+    if !t.device().is_cpu() && !check_off_cpu {
+        return Ok(None);
+    }
+    // A sum is NaN or infinite if any term is. Half precision is summed in f32, whose range
+    // the sums of the loss's statistics cannot leave; f32 and f64 in their own dtype.
+    let sum = match t.dtype() {
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?.sum_all()?,
+        _ => t.sum_all()?,
+    };
+    Ok(Some(read_scalar(&sum)?.is_finite()))
+}
+
+/// The values of the u32 vector `t`: in place on the CPU (always), a counted copy elsewhere
+/// when `check_off_cpu`, otherwise `None`.
+pub(crate) fn u32_values(t: &Tensor, check_off_cpu: bool) -> Result<Option<Vec<u32>>> {
+    if t.device().is_cpu() {
+        with_cpu_slice::<u32, _>(t, |s| Ok(Some(s.to_vec())))
+    } else if check_off_cpu {
+        Ok(Some(to_vec1::<u32>(&t.flatten_all()?)?))
+    } else {
+        Ok(None)
+    }
+}
