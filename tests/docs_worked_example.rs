@@ -370,8 +370,8 @@ fn the_crate_computes_the_printed_statistics_and_losses() -> candle_core::Result
                 row.form, row.length, row.smoothing, reduction
             );
             let out = bleu_loss(&probs, None, &refs, &cfg)?;
-            let matches = out.matches.to_vec2::<f64>()?;
-            let totals = out.totals.to_vec2::<f64>()?;
+            let matches = out.stats.matches.to_vec2::<f64>()?;
+            let totals = out.stats.totals.to_vec2::<f64>()?;
             for n in 0..2 {
                 assert_digits(
                     &format!("{what} m_{}", n + 1),
@@ -382,12 +382,12 @@ fn the_crate_computes_the_printed_statistics_and_losses() -> candle_core::Result
             }
             assert_digits(
                 &format!("{what} c"),
-                out.hyp_len.to_vec1::<f64>()?[0],
+                out.stats.hyp_len.to_vec1::<f64>()?[0],
                 row.hyp_len,
             );
             assert_digits(
                 &format!("{what} L"),
-                out.ref_len.to_vec1::<f64>()?[0],
+                out.stats.ref_len.to_vec1::<f64>()?[0],
                 row.ref_len,
             );
             let loss = out.loss.to_scalar::<f64>()?;
