@@ -5,12 +5,13 @@
 //! few that remain — building [`References`](super::References) from ids, the opt-in value
 //! checks ([`BleuLossConfig::check_values`](super::BleuLossConfig::check_values)), the EOS cut of
 //! matrix references — go through this module, which counts them per thread: tests assert how
-//! many copies each entry point makes, on any device. A read of a tensor's data goes through
-//! here whatever the device, CPU included, so that the count on the CPU is the count a GPU
-//! would see.
+//! many copies each entry point makes, on any device. A read that needs the data on the host
+//! goes through here whatever the device, CPU included, so that the count on the CPU is the
+//! count a GPU would see.
 //!
-//! Data the host already holds is read in place instead ([`with_cpu_slice`]): no copy, not
-//! counted.
+//! The one exception is the value checks: on the CPU they read the data in place
+//! ([`with_cpu_slice`]: no copy, not counted, always run); elsewhere they are opt-in copies,
+//! counted. So with `check_values` set the CPU count is lower than a GPU's by one per check.
 
 use candle_core::{bail, DType, Result, Storage, Tensor, WithDType};
 use std::cell::Cell;
@@ -21,9 +22,10 @@ thread_local! {
 
 /// How many device-to-host copies the loss has made on this thread since it started.
 ///
-/// Counts every read of tensor data back to the host by [`crate::loss`] (whatever the device,
-/// so that tests on the CPU see what a GPU would), one per tensor read. Take the difference
-/// around a call:
+/// Counts every read of tensor data back to the host by [`crate::loss`], one per tensor read,
+/// whatever the device (so that tests on the CPU see what a GPU would), except the value
+/// checks, which read CPU data in place and count only off the CPU (see the [`crate::loss`]
+/// docs, "Device-to-host copies"). Take the difference around a call:
 ///
 /// ```
 /// use candle_bleu::loss::{bleu_loss_from_logits, host_copies, BleuLossConfig, References};
