@@ -30,7 +30,7 @@ const ROW_STATS: usize = 2;
 /// we ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`, honoured when THP is in
 /// `madvise` or `always` mode), which makes them 512 times fewer. Advice only: the contents
 /// and the result do not change.
-fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
+pub(crate) fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
     let buffer = vec![T::ZERO; len];
     #[cfg(target_os = "linux")]
     advise_huge_pages(&buffer);
@@ -62,7 +62,7 @@ fn advise_huge_pages<T>(buffer: &[T]) {
 }
 
 /// The float operations the kernels need, for f32 and f64.
-trait KernelFloat:
+pub(crate) trait KernelFloat:
     Copy
     + Send
     + Sync
@@ -154,12 +154,12 @@ impl KernelFloat for f64 {
     }
 }
 
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// The row's maximum, and whether every entry is finite. Lane arrays let the loop vectorise
 /// (a float fold in one accumulator would not, its order being fixed).
 #[inline]
-fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
+pub(crate) fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
     let mut max_lanes = [T::NEG_INFINITY; LANES];
     // x * 0 is 0 for finite x and NaN for NaN or ±inf: one NaN check per row instead of a branch.
     let mut finite_lanes = [T::ZERO; LANES];
@@ -186,7 +186,7 @@ fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
 
 /// `Σ_v exp(row[v] - max)`.
 #[inline]
-fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
+pub(crate) fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
     let mut sum_lanes = [T::ZERO; LANES];
     let chunks = row.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -209,7 +209,7 @@ fn row_exp_sum<T: KernelFloat>(row: &[T], max: T) -> T {
 /// small enough to stay in L1 are scanned for their maximum, then summed, rescaling the
 /// running sum when the maximum grows (online softmax). Also whether every entry is finite.
 #[inline]
-fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
+pub(crate) fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
     const BLOCK: usize = 2048;
     let mut max = T::NEG_INFINITY;
     let mut sum = T::ZERO;
@@ -229,7 +229,7 @@ fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
 
 /// Writes `exp(row[v] - max)` into `out` and returns their sum.
 #[inline]
-fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
+pub(crate) fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
     let mut sum_lanes = [T::ZERO; LANES];
     let mut out_chunks = out.chunks_exact_mut(LANES);
     let mut row_chunks = row.chunks_exact(LANES);
@@ -256,13 +256,13 @@ fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
     sum
 }
 
-fn non_finite_error(argument: &str) -> candle_core::Error {
+pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
         "`{argument}` contains NaN or infinite values; the BLEU loss needs finite logits"
     ))
 }
 
-fn contiguous_slice<'a, T: candle_core::WithDType>(
+pub(crate) fn contiguous_slice<'a, T: candle_core::WithDType>(
     storage: &'a CpuStorage,
     layout: &Layout,
     what: &str,
@@ -465,7 +465,7 @@ pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
     probs.gather(&index, 2)
 }
 
-fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
+pub(crate) fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
     let mut probs = vocab_sized_buffer(logits.len());
     let all_finite = AtomicBool::new(true);
     probs
@@ -584,7 +584,7 @@ pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
 }
 
 /// Softmax probabilities gathered at `ids` into `[rows, width]`, from full `[rows, V]` rows.
-fn gather_rows<T: KernelFloat>(
+pub(crate) fn gather_rows<T: KernelFloat>(
     probs: &[T],
     ids: &[u32],
     rows_per_batch: usize,
