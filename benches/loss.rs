@@ -7,6 +7,7 @@
 //! cargo bench --bench loss -- --quick      # the small shape only
 //! cargo bench --bench loss -- --large      # the large shape only
 //! cargo bench --bench loss -- --no-slow    # skip candle-nn's cross_entropy and the composed loss
+//! cargo bench --bench loss -- --reuse-heap # glibc keeps freed [B,S,V] blocks for reuse (mallopt)
 //! ```
 //!
 //! Each row prints the median, minimum and maximum of its timed runs and its ratio to PyTorch;
@@ -157,6 +158,18 @@ fn main() -> Result<()> {
     let large_only = std::env::args().any(|a| a == "--large");
     let no_slow = std::env::args().any(|a| a == "--no-slow");
     let mut raw_rows = Vec::new();
+    if std::env::args().any(|a| a == "--reuse-heap") {
+        // Blocks above the mmap threshold are unmapped on free, so each step's [B,S,V]
+        // gradients land on fresh pages (first-touch faults); raising the thresholds keeps them
+        // in the heap for the next step. Process-wide: a choice for the training program.
+        #[cfg(target_os = "linux")]
+        // SAFETY: mallopt only changes glibc's allocation thresholds.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 2 << 30);
+        }
+        println!("--reuse-heap: mallopt(M_MMAP_THRESHOLD = 1 GiB, M_TRIM_THRESHOLD = 2 GiB)");
+    }
     // TORCH_RESULTS=path compares with another run of the PyTorch script (e.g. one made just
     // before, for alternating runs).
     let torch_path =

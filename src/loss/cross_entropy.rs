@@ -544,6 +544,22 @@ pub fn cross_entropy_from_logits(
     out.narrow(2, 0, 1)?.sum_all()
 }
 
+/// `values[i] = exp(values[i])` for `values[i] <= 0`, with the kernels' vectorised f32 `exp`
+/// and their lane loop: exposed (hidden) only so that `benches/stream.rs` can measure its
+/// throughput, the exponential rate in the kernels' floor.
+#[doc(hidden)]
+pub fn exp_nonpositive_in_place(values: &mut [f32]) {
+    let mut chunks = values.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for value in chunk.iter_mut() {
+            *value = f32::exp_nonpositive(*value);
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = f32::exp_nonpositive(*v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,8 @@ pub mod references;
 pub mod score;
 mod training;
 
+#[doc(hidden)]
+pub use cross_entropy::exp_nonpositive_in_place;
 pub use cross_entropy::{cross_entropy_from_logits, CrossEntropyConfig};
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
