@@ -24,6 +24,7 @@ Timed (f32, forward + backward from `logits` with requires_grad, torch.set_num_t
   paired         softmax -> gather + bmm(P, Pᵀ) -> paired form -> loss -> backward
   lower_bound    softmax -> gather -> lower-bound form -> loss -> backward
   cross_entropy  F.cross_entropy(logits, reference ids) forward + backward (the yardstick)
+  ce_expected    cross-entropy + expected-form BLEU sharing one log_softmax (`ce_bleu_loss`)
 Each (shape, form) runs in a fresh subprocess: `warmup` untimed runs, then `repeats` timed ones;
 the median is reported. Peak memory is the peak resident set size of that subprocess during the
 timed runs minus its resident size just before them, after the warmup, with logits.grad released
@@ -62,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 FORMS = ("expected", "paired", "lower_bound")
-TIMED_FORMS = ("expected", "expected_lse", "paired", "lower_bound", "cross_entropy")
+TIMED_FORMS = ("expected", "expected_lse", "paired", "lower_bound", "cross_entropy", "ce_expected")
 DEFAULT_SHAPES = "32,64,64,32000;16,32,32,1000"
 PRECISION_FLOOR = 1e-30
 PAD_ID = 0
@@ -159,6 +160,21 @@ def token_match_from_logits(logits: torch.Tensor, ref_cat: torch.Tensor) -> torc
     batch, seq, _ = logits.shape
     idx = ref_cat[:, None, :].expand(batch, seq, ref_cat.shape[1])
     return torch.exp(logits.gather(2, idx) - torch.logsumexp(logits, dim=2, keepdim=True))
+
+
+def ce_bleu_loss(logits: torch.Tensor, refside: ReferenceSide, targets: torch.Tensor, bleu_weight: float = 1.0,
+                 pad_id: int = 0):
+    """Cross-entropy + bleu_weight * expected-form BLEU loss, sharing one log_softmax, as a PyTorch user
+    would write a mixed training objective: `F.nll_loss` on the log-probabilities and the BLEU token
+    matches `X = exp(log_probs.gather(ref ids))`."""
+    batch, seq, vocab = logits.shape
+    log_probs = torch.log_softmax(logits, dim=-1)
+    ce = F.nll_loss(log_probs.reshape(-1, vocab), targets.reshape(-1), ignore_index=pad_id)
+    idx = refside.ref_cat[:, None, :].expand(batch, seq, refside.ref_cat.shape[1])
+    X = log_probs.gather(2, idx).exp()
+    hyp_lengths = torch.full((batch,), seq, dtype=torch.long)
+    bleu, _ = bleu_loss_from_token_match(X, None, refside, "expected", hyp_lengths)
+    return ce + bleu_weight * bleu, ce, bleu
 
 
 def match_weights(hyp_lengths: torch.Tensor, seq: int, n: int, dtype) -> torch.Tensor:
@@ -280,6 +296,11 @@ def bleu_loss(
     else:
         probs = torch.softmax(probs_or_logits, dim=-1) if from_logits else probs_or_logits
         X = token_match(probs, refside.ref_cat)
+    return bleu_loss_from_token_match(X, probs, refside, form, hyp_lengths, max_order, k, reduction)
+
+
+def bleu_loss_from_token_match(X, probs, refside, form, hyp_lengths, max_order=4, k=1.0, reduction="corpus"):
+    """The rest of `bleu_loss` once the token matches X (and, for the paired form, P) exist."""
     matches, totals, hyp_len, ref_len = bleu_statistics(X, refside, hyp_lengths, form, max_order, probs)
     weights = [1.0 / max_order] * max_order
     if reduction == "corpus":
@@ -400,6 +421,23 @@ def self_check(cases: int = 300, seed: int = 1234) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def check_ce_bleu(seed: int = 7) -> None:
+    """`ce_bleu_loss` (one shared log_softmax) against the two losses computed apart."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, seq, vocab = 3, 6, 11
+    logits = torch.randn(batch, seq, vocab, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref_ids = torch.randint(1, vocab, (batch, 1, 5), generator=gen)
+    targets = torch.randint(0, vocab, (batch, seq), generator=gen)
+    refside = reference_side(strip_references(ref_ids, PAD_ID), 4)
+    together, _, _ = ce_bleu_loss(logits, refside, targets, 0.7, PAD_ID)
+    (grad_together,) = torch.autograd.grad(together, logits)
+    apart = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=PAD_ID) + 0.7 * bleu_loss(
+        logits, refside, "expected", from_logits=True)[0]
+    (grad_apart,) = torch.autograd.grad(apart, logits)
+    assert abs(together.item() - apart.item()) < 1e-12, (together.item(), apart.item())
+    assert torch.allclose(grad_together, grad_apart, rtol=0, atol=1e-12)
+
+
 def rss_kib(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -460,6 +498,8 @@ def worker(shape, form: str, warmup: int, repeats: int, threads: int, min_time_s
         logits.grad = None
         if form == "cross_entropy":
             loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=PAD_ID)
+        elif form == "ce_expected":
+            loss, _, _ = ce_bleu_loss(logits, refside, targets, 1.0, PAD_ID)
         else:
             base = "expected" if form == "expected_lse" else form
             loss, _ = bleu_loss(logits, refside, base, from_logits=True, lse=(form == "expected_lse"))
@@ -567,6 +607,9 @@ def main() -> None:
         self_check()
         print(f"self-check passed ({time.perf_counter() - t0:.1f} s): one-hot statistics exact for "
               f"{', '.join(FORMS)}; loss = pure-Python -log BLEU; gradcheck through softmax (f64)")
+    if not args.skip_check:
+        check_ce_bleu()
+        print("ce_bleu_loss = F.cross_entropy + expected bleu_loss computed apart (f64, values and gradients)")
     if args.check_only:
         return
 

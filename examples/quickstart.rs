@@ -1,7 +1,8 @@
 //! Quickstart: the differentiable BLEU loss in three steps.
 //!
 //! 1. `-log BLEU` of logits against padded reference ids, with its statistics and gradient;
-//! 2. one training loop with `cross-entropy + λ · BLEU loss` and `AdamW`;
+//! 2. one training loop with `cross-entropy + λ · BLEU loss` and `AdamW`, both losses from one
+//!    fused pass over the logits (`ce_bleu_from_logits`);
 //! 3. the data-parallel recipe: sum each worker's statistics (an all-reduce), score the sums
 //!    with `loss_from_stats`, and get exactly the full-batch corpus loss.
 //!
@@ -16,10 +17,11 @@
 
 use anyhow::Result;
 use candle_bleu::loss::{
-    bleu_loss_from_logits, loss_from_stats, BleuLossConfig, BleuStats, References,
+    bleu_loss_from_logits, ce_bleu_from_logits, loss_from_stats, BleuLossConfig, BleuStats,
+    CrossEntropyConfig, References,
 };
 use candle_core::{DType, Device, Module, Tensor, Var};
-use candle_nn::{loss::cross_entropy, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[path = "common/device.rs"]
@@ -87,7 +89,12 @@ fn main() -> Result<()> {
 
     // 2. Training: a linear layer over fixed features, CE on the first reference + λ · BLEU.
     let features = uniform(&mut rng, &[batch, seq, 16], &device)?;
-    let targets = ref_ids.narrow(1, 0, 1)?.flatten_all()?; // first references, [B * S]
+    let targets = ref_ids.narrow(1, 0, 1)?.squeeze(1)?; // first references, [B, S]
+                                                        // PyTorch's `ignore_index`: padding positions add nothing to the cross-entropy.
+    let ce_cfg = CrossEntropyConfig {
+        pad_id: Some(PAD),
+        label_smoothing: 0.0,
+    };
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
     let model = candle_nn::linear(16, vocab, vb)?;
@@ -99,11 +106,11 @@ fn main() -> Result<()> {
     let lambda = 0.5;
     for step in 0..=30 {
         let logits = model.forward(&features)?;
-        let ce = cross_entropy(&logits.flatten_to(1)?, &targets)?;
-        let bleu = bleu_loss_from_logits(&logits, None, &refs, &cfg)?.loss;
-        opt.backward_step(&(&ce + (&bleu * lambda)?)?)?;
+        // loss = CE + λ · (-log BLEU): the logits are read once, one gradient is written.
+        let out = ce_bleu_from_logits(&logits, None, &refs, &targets, lambda, &ce_cfg, &cfg)?;
+        opt.backward_step(&out.loss)?;
         if step % 10 == 0 {
-            let (ce, bleu) = (scalar(&ce)?, scalar(&bleu)?);
+            let (ce, bleu) = (scalar(&out.cross_entropy)?, scalar(&out.bleu.loss)?);
             println!("step {step:2}: cross-entropy {ce:.4}  -log BLEU {bleu:.4}");
         }
     }

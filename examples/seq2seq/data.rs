@@ -204,10 +204,9 @@ pub struct Batch {
     pub src: Tensor,
     /// u32 `[B, Tt + 1]`: `BOS y_1 .. y_T`, right-padded with [`PAD`].
     pub dec_in: Tensor,
-    /// u32 `[B, Tt + 1]`: `y_1 .. y_T EOS`, right-padded with [`PAD`].
+    /// u32 `[B, Tt + 1]`: `y_1 .. y_T EOS`, right-padded with [`PAD`] (the cross-entropy's
+    /// `pad_id`: padding positions are not targets).
     pub dec_out: Tensor,
-    /// f32 `[B, Tt + 1]`: 1 where `dec_out` is a real target (words and EOS).
-    pub dec_mask: Tensor,
     /// u32 `[B, Tt]`: the reference words `y_1 .. y_T` (no EOS), right-padded with [`PAD`].
     pub refs: Tensor,
     /// u32 `[B]`: reference lengths `T` (words, no EOS).
@@ -247,16 +246,11 @@ pub fn make_batch(examples: &[&Encoded], device: &Device) -> Result<Batch> {
         .map(|e| e.tgt.iter().copied().chain(std::iter::once(EOS)).collect())
         .collect();
     let refs: Vec<Vec<u32>> = examples.iter().map(|e| e.tgt.clone()).collect();
-    let mask: Vec<f32> = dec_out
-        .iter()
-        .flat_map(|row| (0..t + 1).map(move |i| if i < row.len() { 1.0 } else { 0.0 }))
-        .collect();
     let ref_len: Vec<u32> = examples.iter().map(|e| e.tgt.len() as u32).collect();
     Ok(Batch {
         src: source_tensor(examples, device)?,
         dec_in: Tensor::from_vec(pad_rows(&dec_in, t + 1), (b, t + 1), device)?,
         dec_out: Tensor::from_vec(pad_rows(&dec_out, t + 1), (b, t + 1), device)?,
-        dec_mask: Tensor::from_vec(mask, (b, t + 1), device)?,
         refs: Tensor::from_vec(pad_rows(&refs, t), (b, t), device)?,
         ref_len: Tensor::from_vec(ref_len, b, device)?,
     })

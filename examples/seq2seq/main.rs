@@ -308,12 +308,16 @@ fn main() -> Result<()> {
             let bar = bars.add(indicatif::ProgressBar::new(cfg.steps as u64));
             let output = train::run(objective, seed, &cfg, &run_data, &bar, &device)?;
             bar.finish();
+            let step_ms =
+                |ms: Option<f64>| ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}"));
             let line = format!(
-                "{:>8} seed {seed}: dev BLEU {:6.2}  test BLEU {:6.2}  ({:.0} s)",
+                "{:>8} seed {seed}: dev BLEU {:6.2}  test BLEU {:6.2}  ({:.0} s; ms/step CE-only {}, with BLEU {})",
                 objective.name(),
                 output.dev_bleu,
                 output.test_bleu,
-                output.wall_s
+                output.wall_s,
+                step_ms(output.step_ms[0]),
+                step_ms(output.step_ms[1])
             );
             // indicatif drops `println` when its bars are hidden (output not a terminal).
             if bars.is_hidden() {

@@ -1,8 +1,11 @@
 //! One training run: an objective, a seed, a fixed number of AdamW steps.
 
 use anyhow::Result;
-use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, LengthModel, References};
-use candle_core::{Device, Tensor, D};
+use candle_bleu::loss::{
+    bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
+    CrossEntropyConfig, LengthModel, References,
+};
+use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Instant;
@@ -77,6 +80,9 @@ pub struct RunOutput {
     pub log: Vec<LogRow>,
     /// Training and evaluation, seconds.
     pub wall_s: f64,
+    /// Mean time of one training step (batch, forward, losses, backward, optimizer), ms, over
+    /// the steps without and with the BLEU term.
+    pub step_ms: [Option<f64>; 2],
 }
 
 /// The data of a run.
@@ -97,42 +103,27 @@ fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
     cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
 }
 
-/// Token-level cross-entropy over real target positions (words and EOS).
-fn masked_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
-    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-    let target_log_probs = log_probs
-        .gather(&batch.dec_out.unsqueeze(2)?, 2)?
-        .squeeze(2)?;
-    let total = (target_log_probs * &batch.dec_mask)?.sum_all()?;
-    Ok((total.neg()? / batch.dec_mask.sum_all()?.to_scalar::<f32>()? as f64)?)
-}
+/// Token-level cross-entropy over real target positions (words and EOS): `dec_out` is padded
+/// with [`PAD`](crate::data::PAD), which the loss ignores.
+const CROSS_ENTROPY: CrossEntropyConfig = CrossEntropyConfig {
+    pad_id: Some(crate::data::PAD),
+    label_smoothing: 0.0,
+};
 
-/// The BLEU loss of teacher-forced logits `[B, T+1, V]` against the batch's references.
+/// The references of a batch and the hypothesis lengths of teacher-forced logits `[B, T+1, V]`.
 ///
 /// The hypothesis lengths follow the length model: `Given` scores the first `T` positions
 /// (the reference's length, so the brevity penalty is 1); `NotEos` scores `T + 1` positions
 /// including the one that should predict EOS, each weighted by `1 - P(EOS)`; `SoftEos`
 /// scores every position weighted by the probability that no EOS came before it.
-fn bleu_loss(logits: &Tensor, batch: &Batch, cfg: &BleuLossConfig) -> Result<Tensor> {
+fn bleu_inputs(batch: &Batch, cfg: &BleuLossConfig) -> Result<(References, Option<Tensor>)> {
     let refs = References::from_ids(&batch.refs, crate::data::PAD)?;
     let lengths = match cfg.length {
         LengthModel::Given => Some(batch.ref_len.clone()),
-        LengthModel::NotEos { .. } => {
-            let with_eos: Vec<u32> = batch
-                .ref_len
-                .to_vec1::<u32>()?
-                .iter()
-                .map(|l| l + 1)
-                .collect();
-            Some(Tensor::from_vec(
-                with_eos,
-                batch.ref_len.dims(),
-                batch.ref_len.device(),
-            )?)
-        }
+        LengthModel::NotEos { .. } => Some(batch.ref_len.affine(1.0, 1.0)?),
         LengthModel::SoftEos { .. } => None,
     };
-    Ok(bleu_loss_from_logits(logits, lengths.as_ref(), &refs, cfg)?.loss)
+    Ok((refs, lengths))
 }
 
 /// Greedy decodes of `examples` as tokens, in batches.
@@ -186,7 +177,10 @@ pub fn run(
         .progress_chars("=> "),
     );
     progress.set_prefix(format!("{} seed {seed}", objective.name()));
+    // [without BLEU, with BLEU]: (total seconds, steps).
+    let mut step_time = [(0.0f64, 0usize); 2];
     for step in 0..cfg.steps {
+        let step_started = Instant::now();
         optimizer.set_learning_rate(learning_rate(cfg, step));
         let examples: Vec<&Encoded> = batches
             .next_indices()
@@ -196,13 +190,27 @@ pub fn run(
         let batch = make_batch(&examples, device)?;
         let memory = model.encode(&batch.src)?;
         let logits = model.decode(&batch.dec_in, &memory)?;
-        let ce = masked_cross_entropy(&logits, &batch)?;
         let use_bleu = objective == Objective::CeThenBleu && step >= cfg.bleu_start;
-        // The CE-only run also reports the BLEU loss of its outputs, on detached logits.
-        let bleu = if use_bleu {
-            bleu_loss(&logits, &batch, &cfg.loss)?
+        let (refs, lengths) = bleu_inputs(&batch, &cfg.loss)?;
+        // With BLEU: one fused op reads the logits once for both losses and writes one logits
+        // gradient. CE only: the fused cross-entropy, and the BLEU loss of the outputs for the
+        // log, on detached logits.
+        let (loss, ce, bleu) = if use_bleu {
+            let out = ce_bleu_from_logits(
+                &logits,
+                lengths.as_ref(),
+                &refs,
+                &batch.dec_out,
+                cfg.lambda,
+                &CROSS_ENTROPY,
+                &cfg.loss,
+            )?;
+            (out.loss, out.cross_entropy, out.bleu.loss)
         } else {
-            bleu_loss(&logits.detach(), &batch, &cfg.loss)?
+            let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &CROSS_ENTROPY)?;
+            let bleu =
+                bleu_loss_from_logits(&logits.detach(), lengths.as_ref(), &refs, &cfg.loss)?.loss;
+            (ce.clone(), ce, bleu)
         };
         let ce_value = f64::from(ce.to_scalar::<f32>()?);
         let bleu_value = f64::from(bleu.to_scalar::<f32>()?);
@@ -212,12 +220,10 @@ pub fn run(
                 objective.name()
             );
         }
-        let loss = if use_bleu {
-            (&ce + (&bleu * cfg.lambda)?)?
-        } else {
-            ce
-        };
         optimizer.backward_step(&loss)?;
+        let slot = &mut step_time[usize::from(use_bleu)];
+        slot.0 += step_started.elapsed().as_secs_f64();
+        slot.1 += 1;
         ce_sum += ce_value;
         bleu_sum += bleu_value;
         window += 1;
@@ -256,5 +262,6 @@ pub fn run(
         test_hyps,
         log,
         wall_s: started.elapsed().as_secs_f64(),
+        step_ms: step_time.map(|(total, steps)| (steps > 0).then(|| total * 1e3 / steps as f64)),
     })
 }

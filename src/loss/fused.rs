@@ -155,7 +155,7 @@ impl KernelFloat for f64 {
     }
 }
 
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// The row's maximum, and whether every entry is finite. Lane arrays let the loop vectorise
 /// (a float fold in one accumulator would not, its order being fixed).
@@ -230,7 +230,7 @@ pub(crate) fn row_max_and_exp_sum<T: KernelFloat>(row: &[T]) -> (T, T, bool) {
 
 /// Writes `exp(row[v] - max)` into `out` and returns their sum.
 #[inline]
-fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
+pub(crate) fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
     let mut sum_lanes = [T::ZERO; LANES];
     let mut out_chunks = out.chunks_exact_mut(LANES);
     let mut row_chunks = row.chunks_exact(LANES);
@@ -257,7 +257,7 @@ fn row_exp_into<T: KernelFloat>(row: &[T], max: T, out: &mut [T]) -> T {
     sum
 }
 
-fn non_finite_error(argument: &str) -> candle_core::Error {
+pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
         "`{argument}` contains NaN or infinite values; the BLEU loss needs finite logits"
     ))
@@ -595,7 +595,7 @@ pub(crate) fn softmax_gather_unchecked(logits: &Tensor, ids: &Tensor) -> Result<
     probs.gather(&index, 2)
 }
 
-fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
+pub(crate) fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
     let mut probs = vocab_sized_buffer(logits.len());
     let all_finite = AtomicBool::new(true);
     probs
@@ -736,7 +736,7 @@ pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
 }
 
 /// Softmax probabilities gathered at `ids` into `[rows, width]`, from full `[rows, V]` rows.
-fn gather_rows<T: KernelFloat>(
+pub(crate) fn gather_rows<T: KernelFloat>(
     probs: &[T],
     ids: &[u32],
     rows_per_batch: usize,

@@ -78,8 +78,11 @@
 //! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
 //! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
 //! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
+//! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
+//! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]).
 
+mod cross_entropy;
 mod forms;
 pub mod fused;
 mod host;
@@ -87,10 +90,15 @@ mod length;
 mod products;
 pub mod references;
 pub mod score;
+mod training;
 
+#[doc(hidden)]
+pub use cross_entropy::exp_nonpositive_in_place;
+pub use cross_entropy::{cross_entropy_from_logits, CrossEntropyConfig};
 pub use host::host_copies;
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
+pub use training::{ce_bleu_from_logits, TrainingLoss};
 
 use candle_core::{bail, DType, Result, Tensor};
 use forms::FormInputs;

@@ -1,0 +1,476 @@
+//! The loss of a training step that mixes cross-entropy and BLEU: [`ce_bleu_from_logits`].
+//!
+//! Computed apart, the two losses each read the `[B, S, V]` logits forward and each write a
+//! `[B, S, V]` logits gradient backward, which candle's autograd then adds up (one more
+//! `zeros_like` + `add` pass over `[B, S, V]`). Here one CPU custom op per step carries both:
+//! its output holds, for every row, the gathered BLEU probabilities and the row's cross-entropy
+//! term, so that its backward receives both gradients in one call and writes one logits
+//! gradient.
+
+use super::cross_entropy::{
+    backward_rows, check_cross_entropy_inputs, cross_entropy_from_logits, forward_rows,
+    row_cross_entropy, with_cpu_slice, CeFloat, CrossEntropyConfig, Gathered, TargetRows,
+    CE_COLUMNS,
+};
+use super::fused::{
+    contiguous_slice, gather_rows, non_finite_error, row_exp_into, row_max_checked,
+    vocab_sized_buffer, LANES,
+};
+use super::references::ReferenceTokens;
+use super::{
+    bleu_loss_from_logits, check_inputs, finish, fused, hypothesis_inputs_from_probs,
+    with_eos_column, BleuLossConfig, BleuLossOutput, Form, HypothesisInputs, References,
+};
+use candle_core::{
+    backend::BackendStorage, bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The loss of a training step and its two parts.
+#[derive(Debug, Clone)]
+pub struct TrainingLoss {
+    /// Scalar: `cross_entropy + bleu_weight · bleu.loss`; call `backward` on this one.
+    pub loss: Tensor,
+    /// Scalar: the mean token cross-entropy (as [`cross_entropy_from_logits`]).
+    pub cross_entropy: Tensor,
+    /// The BLEU loss and its statistics (as [`bleu_loss_from_logits`]).
+    pub bleu: BleuLossOutput,
+}
+
+/// `[x_0 … x_{K−1} | ce | max | sum | weight]` per row: the softmax gathered at the reference
+/// ids and the cross-entropy terms, from `[B, S, V]` logits, u32 `[B, K]` ids and u32 `[B, S]`
+/// targets.
+struct GatherCrossEntropyOp {
+    cfg: CrossEntropyConfig,
+}
+
+impl GatherCrossEntropyOp {
+    fn forward<T: CeFloat>(
+        &self,
+        logits: &[T],
+        ids: &[u32],
+        targets: &[u32],
+        (seq, vocab, width): (usize, usize, usize),
+    ) -> Result<Vec<T>> {
+        let rows = TargetRows::new(targets, vocab, seq, &self.cfg)?;
+        forward_rows(
+            logits,
+            vocab,
+            Gathered {
+                ids,
+                width,
+                rows_per_batch: seq,
+            },
+            &rows,
+        )
+    }
+
+    fn backward<T: CeFloat>(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<Tensor> {
+        let (_, seq, vocab) = logits.dims3()?;
+        let width = ids.dim(1)?;
+        let grad = with_cpu_slice::<T, _>(logits, "logits", |logits_data| {
+            with_cpu_slice::<u32, _>(ids, "ids", |id_data| {
+                with_cpu_slice::<u32, _>(targets, "targets", |target_data| {
+                    let rows = TargetRows::new(target_data, vocab, seq, &self.cfg)?;
+                    with_cpu_slice::<T, _>(out, "output", |out_data| {
+                        with_cpu_slice::<T, _>(grad_out, "gradient", |grad_data| {
+                            Ok(backward_rows(
+                                logits_data,
+                                vocab,
+                                Gathered {
+                                    ids: id_data,
+                                    width,
+                                    rows_per_batch: seq,
+                                },
+                                &rows,
+                                out_data,
+                                grad_data,
+                            ))
+                        })
+                    })
+                })
+            })
+        })?;
+        Tensor::from_vec(grad, logits.shape(), logits.device())
+    }
+}
+
+impl CustomOp3 for GatherCrossEntropyOp {
+    fn name(&self) -> &'static str {
+        "candle-bleu-softmax-gather-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        logits: &CpuStorage,
+        logits_layout: &Layout,
+        ids: &CpuStorage,
+        ids_layout: &Layout,
+        targets: &CpuStorage,
+        targets_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, seq, vocab) = logits_layout.shape().dims3()?;
+        let (_, width) = ids_layout.shape().dims2()?;
+        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
+        let targets = contiguous_slice::<u32>(targets, targets_layout, "targets")?;
+        let dims = (seq, vocab, width);
+        let out = match logits.dtype() {
+            DType::F32 => CpuStorage::F32(self.forward(
+                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
+                ids,
+                targets,
+                dims,
+            )?),
+            DType::F64 => CpuStorage::F64(self.forward(
+                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
+                ids,
+                targets,
+                dims,
+            )?),
+            dtype => bail!("ce_bleu: logits must be f32 or f64, got {dtype:?}"),
+        };
+        Ok((out, Shape::from((batch, seq, width + CE_COLUMNS))))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = match logits.dtype() {
+            DType::F32 => self.backward::<f32>(logits, ids, targets, out, grad_out)?,
+            DType::F64 => self.backward::<f64>(logits, ids, targets, out, grad_out)?,
+            dtype => bail!("ce_bleu backward: unsupported dtype {dtype:?}"),
+        };
+        Ok((Some(grad), None, None))
+    }
+}
+
+/// `[Z | X | ce | max | sum | weight]` per row, for the paired form: the hypothesis self-match
+/// `Z = P Pᵀ` (`S` columns), `P` gathered at the reference ids (`K`) and the cross-entropy terms.
+struct SelfMatchCrossEntropyOp {
+    cfg: CrossEntropyConfig,
+}
+
+impl SelfMatchCrossEntropyOp {
+    fn forward<T: CeFloat>(
+        &self,
+        logits: &[T],
+        ids: &[u32],
+        targets: &[u32],
+        (batch, seq, vocab, width): (usize, usize, usize, usize),
+    ) -> Result<Vec<T>> {
+        let rows = TargetRows::new(targets, vocab, seq, &self.cfg)?;
+        let with_logit_sum = rows.label_smoothing != 0.0;
+        let mut probs = vocab_sized_buffer::<T>(logits.len());
+        let mut ce_columns = vec![T::ZERO; batch * seq * CE_COLUMNS];
+        let all_finite = AtomicBool::new(true);
+        probs
+            .par_chunks_mut(vocab)
+            .zip(logits.par_chunks(vocab))
+            .zip(ce_columns.par_chunks_mut(CE_COLUMNS))
+            .enumerate()
+            .for_each(|(row_index, ((p, row), ce))| {
+                let (max, finite) = row_max_checked(row);
+                if !finite {
+                    all_finite.store(false, Ordering::Relaxed);
+                    return;
+                }
+                let sum = row_exp_into(row, max, p);
+                let inv_sum = T::ONE / sum;
+                let mut logit_sum = T::ZERO;
+                for (pv, &x) in p.iter_mut().zip(row) {
+                    *pv *= inv_sum;
+                    if with_logit_sum {
+                        logit_sum += x;
+                    }
+                }
+                ce[0] = row_cross_entropy(row, &rows, row_index, (max, sum, logit_sum));
+                ce[1] = max;
+                ce[2] = sum;
+                ce[3] = T::from_f64(rows.weight(row_index));
+            });
+        if !all_finite.load(Ordering::Relaxed) {
+            return Err(non_finite_error("logits"));
+        }
+        let gathered = gather_rows(&probs, ids, seq, vocab, width);
+        let probs = Tensor::from_vec(probs, (batch, seq, vocab), &candle_core::Device::Cpu)?;
+        let self_match = probs.matmul(&probs.t()?)?.flatten_all()?;
+        let stride = seq + width + CE_COLUMNS;
+        let mut out = vec![T::ZERO; batch * seq * stride];
+        with_cpu_slice::<T, _>(&self_match, "self-match", |self_match| {
+            for row in 0..batch * seq {
+                let out_row = &mut out[row * stride..][..stride];
+                out_row[..seq].copy_from_slice(&self_match[row * seq..][..seq]);
+                out_row[seq..seq + width].copy_from_slice(&gathered[row * width..][..width]);
+                out_row[seq + width..]
+                    .copy_from_slice(&ce_columns[row * CE_COLUMNS..][..CE_COLUMNS]);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn backward<T: CeFloat>(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<Tensor> {
+        let (_, seq, vocab) = logits.dims3()?;
+        let width = ids.dim(1)?;
+        let stride = seq + width + CE_COLUMNS;
+        let eps = self.cfg.label_smoothing;
+        let out = out.contiguous()?;
+        let grad_out = grad_out.contiguous()?;
+        // P again, from the logits and each row's max and sum kept in the output.
+        let probs = with_cpu_slice::<T, _>(logits, "logits", |logits_data| {
+            with_cpu_slice::<T, _>(&out, "output", |out_data| {
+                let mut probs = vocab_sized_buffer::<T>(logits_data.len());
+                probs
+                    .par_chunks_mut(vocab)
+                    .zip(logits_data.par_chunks(vocab))
+                    .enumerate()
+                    .for_each(|(row_index, (p, row))| {
+                        let stats = &out_data[row_index * stride + seq + width..][..CE_COLUMNS];
+                        let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
+                        for (pv, &x) in p.iter_mut().zip(row) {
+                            *pv = T::exp_nonpositive(x - max) * inv_sum;
+                        }
+                    });
+                Ok(probs)
+            })
+        })?;
+        let probs = Tensor::from_vec(probs, logits.shape(), logits.device())?;
+        // Z = P Pᵀ: dP = (dZ + dZᵀ) P.
+        let grad_self = grad_out.narrow(2, 0, seq)?;
+        let grad_dense = grad_self
+            .add(&grad_self.t()?)?
+            .contiguous()?
+            .matmul(&probs)?;
+        let grad = with_cpu_slice::<T, _>(&probs, "probs", |p_data| {
+            with_cpu_slice::<T, _>(&grad_dense, "dense gradient", |dense_data| {
+                with_cpu_slice::<u32, _>(ids, "ids", |id_data| {
+                    with_cpu_slice::<u32, _>(targets, "targets", |target_data| {
+                        with_cpu_slice::<T, _>(&out, "output", |out_data| {
+                            with_cpu_slice::<T, _>(&grad_out, "gradient", |grad_data| {
+                                let mut grad = vocab_sized_buffer::<T>(p_data.len());
+                                grad.par_chunks_mut(vocab)
+                                    .zip(p_data.par_chunks(vocab).zip(dense_data.par_chunks(vocab)))
+                                    .enumerate()
+                                    .for_each(|(row_index, (g, (p, dense)))| {
+                                        let row_ids =
+                                            &id_data[(row_index / seq) * width..][..width];
+                                        let grads = &grad_data[row_index * stride..][..stride];
+                                        let stats = &out_data[row_index * stride..][..stride];
+                                        let sparse = &grads[seq..seq + width];
+                                        let ce_grad = grads[seq + width] * stats[seq + width + 3];
+                                        let mut dot_lanes = [T::ZERO; LANES];
+                                        let p_chunks = p.chunks_exact(LANES);
+                                        let d_chunks = dense.chunks_exact(LANES);
+                                        let (p_rest, d_rest) =
+                                            (p_chunks.remainder(), d_chunks.remainder());
+                                        for (pc, dc) in p_chunks.zip(d_chunks) {
+                                            for lane in 0..LANES {
+                                                dot_lanes[lane] += pc[lane] * dc[lane];
+                                            }
+                                        }
+                                        let mut dot = T::ZERO;
+                                        for lane in dot_lanes {
+                                            dot += lane;
+                                        }
+                                        for (&a, &b) in p_rest.iter().zip(d_rest) {
+                                            dot += a * b;
+                                        }
+                                        for (&id, &s) in row_ids.iter().zip(sparse) {
+                                            dot += p[id as usize] * s;
+                                        }
+                                        let shift = ce_grad - dot;
+                                        let offset =
+                                            T::ZERO - ce_grad * T::from_f64(eps / vocab as f64);
+                                        for ((o, &pv), &dv) in g.iter_mut().zip(p).zip(dense) {
+                                            *o = pv * (dv + shift) + offset;
+                                        }
+                                        let target = target_data[row_index];
+                                        if Some(target) != self.cfg.pad_id {
+                                            g[target as usize] +=
+                                                T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+                                        }
+                                        for (&id, &s) in row_ids.iter().zip(sparse) {
+                                            g[id as usize] += p[id as usize] * s;
+                                        }
+                                    });
+                                Ok(grad)
+                            })
+                        })
+                    })
+                })
+            })
+        })?;
+        Tensor::from_vec(grad, logits.shape(), logits.device())
+    }
+}
+
+impl CustomOp3 for SelfMatchCrossEntropyOp {
+    fn name(&self) -> &'static str {
+        "candle-bleu-softmax-self-match-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        logits: &CpuStorage,
+        logits_layout: &Layout,
+        ids: &CpuStorage,
+        ids_layout: &Layout,
+        targets: &CpuStorage,
+        targets_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, seq, vocab) = logits_layout.shape().dims3()?;
+        let (_, width) = ids_layout.shape().dims2()?;
+        let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
+        let targets = contiguous_slice::<u32>(targets, targets_layout, "targets")?;
+        let dims = (batch, seq, vocab, width);
+        let out = match logits.dtype() {
+            DType::F32 => CpuStorage::F32(self.forward(
+                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
+                ids,
+                targets,
+                dims,
+            )?),
+            DType::F64 => CpuStorage::F64(self.forward(
+                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
+                ids,
+                targets,
+                dims,
+            )?),
+            dtype => bail!("ce_bleu: logits must be f32 or f64, got {dtype:?}"),
+        };
+        Ok((out, Shape::from((batch, seq, seq + width + CE_COLUMNS))))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = match logits.dtype() {
+            DType::F32 => self.backward::<f32>(logits, ids, targets, out, grad_out)?,
+            DType::F64 => self.backward::<f64>(logits, ids, targets, out, grad_out)?,
+            dtype => bail!("ce_bleu backward: unsupported dtype {dtype:?}"),
+        };
+        Ok((Some(grad), None, None))
+    }
+}
+
+/// The token matches (and EOS probabilities) from the gathered columns `[X | eos]`.
+fn inputs_from_gathered(
+    gathered: &Tensor,
+    width: usize,
+    self_match: Option<Tensor>,
+    cfg: &BleuLossConfig,
+) -> Result<HypothesisInputs> {
+    Ok(HypothesisInputs {
+        token_match: gathered.narrow(2, 0, width)?,
+        eos_probs: cfg
+            .length
+            .eos_id()
+            .map(|_| gathered.narrow(2, width, 1)?.squeeze(2))
+            .transpose()?,
+        hyp_self_match: self_match,
+    })
+}
+
+/// Cross-entropy plus weighted BLEU loss of one training step, from the logits:
+/// `loss = cross_entropy + bleu_weight · bleu.loss`.
+///
+/// The parts equal [`cross_entropy_from_logits`]`(logits, targets, ce)` and
+/// [`bleu_loss_from_logits`]`(logits, hyp_lengths, refs, bleu)` computed apart, values and
+/// gradients. On the CPU, with id references, one custom op reads the logits once forward
+/// (every form and length model; the paired form's self-match `P Pᵀ` included) and its backward
+/// writes one logits gradient for both losses. With matrix references the BLEU side needs every
+/// probability: a fused softmax feeds it and the cross-entropy kernel reads the logits a second
+/// time. Off the CPU, composed candle ops.
+///
+/// # Arguments
+/// * `logits` - float `[B, S, V]`.
+/// * `hyp_lengths`, `refs`, `bleu` - as [`bleu_loss_from_logits`].
+/// * `targets`, `ce` - as [`cross_entropy_from_logits`] (u32 `[B, S]`).
+/// * `bleu_weight` - finite, `>= 0`.
+///
+/// Errors as the two functions do, and on a negative or non-finite `bleu_weight`.
+pub fn ce_bleu_from_logits(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    targets: &Tensor,
+    bleu_weight: f64,
+    ce: &CrossEntropyConfig,
+    bleu: &BleuLossConfig,
+) -> Result<TrainingLoss> {
+    if !(bleu_weight.is_finite() && bleu_weight >= 0.0) {
+        bail!("`bleu_weight` must be finite and >= 0, got {bleu_weight}");
+    }
+    check_cross_entropy_inputs(logits, targets, ce)?;
+    let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, bleu)?;
+    let logits = logits.to_dtype(compute_dtype)?.contiguous()?;
+    let combine = |cross_entropy: Tensor, bleu_out: BleuLossOutput| -> Result<TrainingLoss> {
+        let loss = (&cross_entropy + bleu_out.loss.affine(bleu_weight, 0.0)?)?;
+        Ok(TrainingLoss {
+            loss,
+            cross_entropy,
+            bleu: bleu_out,
+        })
+    };
+    if !logits.device().is_cpu() {
+        let cross_entropy = cross_entropy_from_logits(&logits, targets, ce)?;
+        let bleu_out = bleu_loss_from_logits(&logits, hyp_lengths, refs, bleu)?;
+        return combine(cross_entropy, bleu_out);
+    }
+    let side = refs.side(bleu.max_order, bleu.length.eos_id(), compute_dtype)?;
+    let targets = targets.contiguous()?;
+    let (inputs, cross_entropy) = match (&side.tokens, bleu.form) {
+        (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
+            let width = ids.dim(1)?;
+            let gather_ids = with_eos_column(ids, bleu)?.contiguous()?;
+            let gather_width = gather_ids.dim(1)?;
+            let out = logits.apply_op3(&gather_ids, &targets, GatherCrossEntropyOp { cfg: *ce })?;
+            let inputs = inputs_from_gathered(&out.narrow(2, 0, gather_width)?, width, None, bleu)?;
+            (inputs, out.narrow(2, gather_width, 1)?.sum_all()?)
+        }
+        (ReferenceTokens::Ids(ids), Form::Paired) => {
+            let (_, seq, _) = logits.dims3()?;
+            let width = ids.dim(1)?;
+            let gather_ids = with_eos_column(ids, bleu)?.contiguous()?;
+            let gather_width = gather_ids.dim(1)?;
+            let out =
+                logits.apply_op3(&gather_ids, &targets, SelfMatchCrossEntropyOp { cfg: *ce })?;
+            let self_match = out.narrow(2, 0, seq)?;
+            let gathered = out.narrow(2, seq, gather_width)?;
+            let inputs = inputs_from_gathered(&gathered, width, Some(self_match), bleu)?;
+            (inputs, out.narrow(2, seq + gather_width, 1)?.sum_all()?)
+        }
+        (ReferenceTokens::Matrices(_), _) => {
+            let probs = fused::softmax_last_dim(&logits)?;
+            let inputs = hypothesis_inputs_from_probs(&probs, &side, bleu)?;
+            (inputs, cross_entropy_from_logits(&logits, &targets, ce)?)
+        }
+    };
+    let bleu_out = finish(inputs, &side, hyp_lengths, bleu)?;
+    combine(cross_entropy, bleu_out)
+}
