@@ -199,15 +199,14 @@ where
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
         .margin(10)
-        .x_label_area_size(24)
+        .x_label_area_size(10)
         .y_label_area_size(56)
         .build_cartesian_2d(0f64..n as f64, 0f64..high)
         .map_err(plot_err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n.max(1))
-        .x_label_formatter(&|x| format!("{}", x.floor() as usize + 1))
+        .x_labels(0)
         .y_label_formatter(&|v| format!("{v:.2}"))
         .label_style(("sans-serif", 13))
         .draw()
