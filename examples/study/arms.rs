@@ -446,9 +446,12 @@ pub fn train(
             }
             let dev_hyps = translate(varmap, cfg, data.dev, data.tgt_vocab, device)?;
             let dev_bleu = eval::bleu_100(&dev_hyps, data.dev_refs)?;
-            progress.set_message(format!(
-                "ce {ce_mean:.3} -logBLEU {bleu_mean:.3} dev {dev_bleu:.2}"
-            ));
+            let message = format!("ce {ce_mean:.3} -logBLEU {bleu_mean:.3} dev {dev_bleu:.2}");
+            if progress.is_hidden() {
+                // No terminal (output redirected): one line per evaluation instead of a bar.
+                eprintln!("{name} seed {} step {}: {message}", stretch.seed, step + 1);
+            }
+            progress.set_message(message);
             log.push(LogRow {
                 step: step + 1,
                 ce_loss: ce_mean,
