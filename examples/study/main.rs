@@ -86,7 +86,7 @@ struct Args {
     /// Free-running steps beyond the batch's longest reference and its EOS.
     #[arg(long, default_value_t = 2)]
     free_running_margin: usize,
-    #[arg(long, default_value_t = 4000)]
+    #[arg(long, default_value_t = 2000)]
     train_pairs: usize,
     #[arg(long, default_value_t = 400)]
     dev_pairs: usize,

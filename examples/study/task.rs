@@ -15,7 +15,7 @@
 //!   postpositions replace prepositions, the prepositional phrase moves before the object;
 //! - **ambiguity**: some words have two valid translations drawn at random in every
 //!   reference, `a` is dropped 30% of the time, so no system reaches 100 BLEU;
-//! - **few training pairs**: the study trains on 4 000 pairs by default.
+//! - **few training pairs**: the study trains on 2 000 pairs by default.
 //!
 //! Everything is drawn from the data seed (independent of the model seeds). The yardstick is
 //! each test source translated by these rules with every word's most probable choice.
@@ -513,7 +513,8 @@ impl Sentence {
 
 /// The corpus: `train`, `dev`, `test` pairs drawn from `data_seed`, with the rule-based
 /// translation of every test source (most probable choices) as `test_oracle`. Dev and test
-/// sources never occur in the training set or in each other.
+/// sources never occur in the training set or in each other; the test and dev sets depend only
+/// on their own sizes and the seed, not on `train`.
 pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> Corpus {
     let mut rng = StdRng::seed_from_u64(data_seed);
     let lexicon = build_lexicon(&mut rng);
@@ -533,9 +534,10 @@ pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> Corpus {
         }
         (pairs, oracles)
     };
-    let (train, _) = take(train, &mut rng);
-    let (dev, _) = take(dev, &mut rng);
+    // Test and dev first, so that they do not change with the training set's size.
     let (test, test_oracle) = take(test, &mut rng);
+    let (dev, _) = take(dev, &mut rng);
+    let (train, _) = take(train, &mut rng);
     Corpus {
         train,
         dev,
