@@ -194,7 +194,7 @@ where
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max)
         .max(1e-9)
-        * 1.1;
+        * 1.15;
     let n = values.len();
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
@@ -231,6 +231,14 @@ where
                 vec![(x + 0.5, lo), (x + 0.5, hi)],
                 BLACK.stroke_width(2),
             ))
+            .map_err(plot_err)?;
+        // The objective's number (the key's) above its bar.
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{}", arm + 1),
+                (x + 0.4, hi.max(mean) + 0.07 * high),
+                ("sans-serif", 14),
+            )))
             .map_err(plot_err)?;
     }
     if let Some((value, label)) = reference {
