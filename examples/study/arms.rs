@@ -1,0 +1,490 @@
+//! The study's objectives ("arms") and the training of one run: a shared cross-entropy
+//! warm-up, then an equal number of steps of each arm's objective.
+
+use anyhow::{bail, Result};
+use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, References};
+use candle_core::{Device, Tensor, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Instant;
+
+use crate::data::{make_batch, Batch, Batches, Encoded, EOS, PAD};
+use crate::eval;
+use crate::model::{ModelConfig, Seq2Seq};
+use crate::soft_decode::{weights_of, Feedback, SoftDecoder};
+
+/// Where a run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Init {
+    /// The seed's cross-entropy warm-up checkpoint (shared by every warm arm of the seed).
+    Warm,
+    /// The seed's random initialisation, trained for warm-up + arm steps.
+    Scratch,
+}
+
+/// Which distributions the BLEU term scores.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decode {
+    /// The teacher-forced decoder's `softmax(logits)` at the reference positions.
+    TeacherForced,
+    /// The model's own soft free-running decode ([`Feedback::Expected`] or `Gumbel`).
+    FreeRunning(#[serde(skip)] Feedback),
+}
+
+/// One objective of the study.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arm {
+    pub name: &'static str,
+    pub init: Init,
+    /// Cross-entropy in the objective.
+    pub ce: bool,
+    /// The BLEU term's form and length model, if any.
+    pub bleu: Option<(Form, LengthModel)>,
+    pub decode: Decode,
+}
+
+impl Arm {
+    /// A file-name-safe form of the name.
+    pub fn slug(&self) -> String {
+        self.name.replace(['+', '/'], "_")
+    }
+}
+
+/// Every arm the study knows, the default ones first; `bleu_only_length` is the length model
+/// of the BLEU-only arms (without cross-entropy nothing else teaches the model to stop).
+pub fn all_arms(bleu_only_length: LengthModel) -> Vec<Arm> {
+    let eos_id = EOS;
+    let tf = Decode::TeacherForced;
+    let arm = |name, init, ce, bleu, decode| Arm {
+        name,
+        init,
+        ce,
+        bleu,
+        decode,
+    };
+    vec![
+        arm("ce", Init::Warm, true, None, tf),
+        arm(
+            "ce+expected",
+            Init::Warm,
+            true,
+            Some((Form::Expected, LengthModel::Given)),
+            tf,
+        ),
+        arm(
+            "ce+paired",
+            Init::Warm,
+            true,
+            Some((Form::Paired, LengthModel::Given)),
+            tf,
+        ),
+        arm(
+            "ce+lower-bound",
+            Init::Warm,
+            true,
+            Some((Form::LowerBound, LengthModel::Given)),
+            tf,
+        ),
+        arm(
+            "ce+expected/not-eos",
+            Init::Warm,
+            true,
+            Some((Form::Expected, LengthModel::NotEos { eos_id })),
+            tf,
+        ),
+        arm(
+            "ce+expected/soft-eos",
+            Init::Warm,
+            true,
+            Some((Form::Expected, LengthModel::SoftEos { eos_id })),
+            tf,
+        ),
+        arm(
+            "bleu-only/expected/scratch",
+            Init::Scratch,
+            false,
+            Some((Form::Expected, bleu_only_length)),
+            tf,
+        ),
+        arm(
+            "bleu-only/paired/scratch",
+            Init::Scratch,
+            false,
+            Some((Form::Paired, bleu_only_length)),
+            tf,
+        ),
+        arm(
+            "bleu-only/expected/warm",
+            Init::Warm,
+            false,
+            Some((Form::Expected, bleu_only_length)),
+            tf,
+        ),
+        arm(
+            "bleu-only/paired/warm",
+            Init::Warm,
+            false,
+            Some((Form::Paired, bleu_only_length)),
+            tf,
+        ),
+        arm(
+            "ce+expected/free-running",
+            Init::Warm,
+            true,
+            Some((Form::Expected, LengthModel::SoftEos { eos_id })),
+            Decode::FreeRunning(Feedback::Expected),
+        ),
+        // Not in the default list: a straight-through Gumbel-softmax feedback.
+        arm(
+            "ce+expected/free-running-gumbel",
+            Init::Warm,
+            true,
+            Some((Form::Expected, LengthModel::SoftEos { eos_id })),
+            Decode::FreeRunning(Feedback::Gumbel { tau: 1.0, seed: 0 }),
+        ),
+    ]
+}
+
+/// How many of [`all_arms`] run by default.
+pub const DEFAULT_ARMS: usize = 11;
+
+/// Settings shared by every run.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    /// Cross-entropy warm-up steps, shared by the warm arms of a seed.
+    pub warmup_steps: usize,
+    /// Steps of each arm after the warm-up (scratch arms: warm-up + these).
+    pub arm_steps: usize,
+    pub batch_size: usize,
+    /// Peak learning rate (linear warm-up, cosine decay to 10% over all steps).
+    pub lr: f64,
+    pub lr_warmup: usize,
+    /// Weight `λ` of the BLEU term next to cross-entropy.
+    pub lambda: f64,
+    /// Extra free-running steps beyond the batch's longest reference + EOS.
+    pub free_running_margin: usize,
+    pub eval_every: usize,
+    pub max_decode_len: usize,
+}
+
+impl TrainConfig {
+    pub fn total_steps(&self) -> usize {
+        self.warmup_steps + self.arm_steps
+    }
+}
+
+/// One CSV row: losses averaged since the previous row, dev BLEU at this step.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    pub step: usize,
+    pub ce_loss: f64,
+    /// Teacher-forced `-log BLEU` (expected form, `Given` lengths) of the training batches,
+    /// the same yardstick for every arm.
+    pub bleu_loss: f64,
+    pub dev_bleu: f64,
+}
+
+/// The data of a run.
+pub struct RunData<'a> {
+    pub train: &'a [Encoded],
+    pub dev: &'a [Encoded],
+    pub dev_refs: &'a [Vec<String>],
+    pub test: &'a [Encoded],
+    pub test_refs: &'a [Vec<String>],
+    pub tgt_vocab: &'a crate::data::Vocab,
+}
+
+/// CPU seconds used by this process so far (all threads), where the platform tells; `NaN`
+/// elsewhere. On a shared machine a step's CPU time is a steadier measure than its wall time.
+pub fn process_cpu_s() -> f64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0 {
+            return now.tv_sec as f64 + 1e-9 * now.tv_nsec as f64;
+        }
+    }
+    f64::NAN
+}
+
+/// Mean seconds of one training step (forward, backward, update; evaluation excluded).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTime {
+    pub wall_s: f64,
+    /// Process CPU time (all threads).
+    pub cpu_s: f64,
+}
+
+fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
+    if step < cfg.lr_warmup {
+        return cfg.lr * (step + 1) as f64 / cfg.lr_warmup as f64;
+    }
+    let total = cfg.total_steps();
+    let progress = (step - cfg.lr_warmup) as f64 / (total - cfg.lr_warmup).max(1) as f64;
+    cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+}
+
+/// Token-level cross-entropy over the real target positions (words and EOS); `count` is
+/// their number (known on the host, so no device-to-host copy).
+fn masked_cross_entropy(logits: &Tensor, batch: &Batch, count: usize) -> Result<Tensor> {
+    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let target = log_probs
+        .gather(&batch.dec_out.unsqueeze(2)?, 2)?
+        .squeeze(2)?;
+    Ok(((target * &batch.dec_mask)?.sum_all()?.neg()? / count as f64)?)
+}
+
+/// The teacher-forced BLEU loss of logits `[B, T+1, V]`: `Given` scores the `T` reference
+/// positions, `NotEos` also the position that should predict EOS, `SoftEos` every position.
+fn teacher_forced_bleu(
+    logits: &Tensor,
+    batch: &Batch,
+    examples: &[&Encoded],
+    cfg: &BleuLossConfig,
+) -> Result<Tensor> {
+    let refs = References::from_ids(&batch.refs, PAD)?;
+    let extra = match cfg.length {
+        LengthModel::Given => Some(0),
+        LengthModel::NotEos { .. } => Some(1),
+        LengthModel::SoftEos { .. } => None,
+    };
+    let lengths = extra
+        .map(|extra| {
+            let lengths: Vec<u32> = examples
+                .iter()
+                .map(|e| (e.tgt.len() + extra) as u32)
+                .collect();
+            Tensor::from_vec(lengths, examples.len(), logits.device())
+        })
+        .transpose()?;
+    Ok(bleu_loss_from_logits(logits, lengths.as_ref(), &refs, cfg)?.loss)
+}
+
+/// The seed's model at its random initialisation.
+pub fn init_model(cfg: &TrainConfig, seed: u64, device: &Device) -> Result<(VarMap, Seq2Seq)> {
+    let varmap = VarMap::new();
+    let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
+    Ok((varmap, model))
+}
+
+/// A seed's cross-entropy warm-up: the weights it ended with and its log.
+pub struct WarmStart {
+    pub snapshot: Vec<(String, Tensor)>,
+    pub log: Vec<LogRow>,
+}
+
+/// A copy of every variable's value.
+pub fn snapshot(varmap: &VarMap) -> Result<Vec<(String, Tensor)>> {
+    let data = varmap
+        .data()
+        .lock()
+        .expect("the VarMap lock is never poisoned");
+    data.iter()
+        .map(|(name, var)| Ok((name.clone(), var.as_tensor().copy()?)))
+        .collect()
+}
+
+/// Sets every variable to its value in `snapshot`.
+pub fn restore(varmap: &VarMap, snapshot: &[(String, Tensor)]) -> Result<()> {
+    let data = varmap
+        .data()
+        .lock()
+        .expect("the VarMap lock is never poisoned");
+    for (name, value) in snapshot {
+        match data.get(name) {
+            Some(var) => var.set(value)?,
+            None => bail!("restore: the model has no variable `{name}`"),
+        }
+    }
+    Ok(())
+}
+
+/// Greedy decodes of `examples` (key/value-cached decoder on detached weights), as tokens.
+pub fn translate(
+    varmap: &VarMap,
+    cfg: &TrainConfig,
+    examples: &[Encoded],
+    vocab: &crate::data::Vocab,
+    device: &Device,
+) -> Result<Vec<Vec<String>>> {
+    let decoder = SoftDecoder::new(&weights_of(varmap, true), cfg.model)?;
+    let mut out = Vec::with_capacity(examples.len());
+    for chunk in examples.chunks(250) {
+        let refs: Vec<&Encoded> = chunk.iter().collect();
+        let src = crate::data::source_tensor(&refs, device)?;
+        for ids in decoder.greedy(&src, cfg.max_decode_len)? {
+            out.push(vocab.decode(&ids));
+        }
+    }
+    Ok(out)
+}
+
+/// What a stretch of training optimises.
+pub struct Stretch<'a> {
+    /// `None`: cross-entropy alone (the warm-up).
+    pub arm: Option<&'a Arm>,
+    /// Global step numbers `first..last` (for the learning rate and the log).
+    pub first: usize,
+    pub last: usize,
+    /// Batch-order seed.
+    pub seed: u64,
+}
+
+/// Trains `model` for the stretch's steps with a fresh AdamW; logs every `eval_every` global
+/// steps and at the stretch's end.
+pub fn train(
+    varmap: &VarMap,
+    model: &Seq2Seq,
+    stretch: &Stretch,
+    cfg: &TrainConfig,
+    data: &RunData,
+    progress: &ProgressBar,
+    device: &Device,
+) -> Result<(Vec<LogRow>, StepTime)> {
+    let mut optimizer = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: cfg.lr,
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let name = stretch.arm.map_or("ce warm-up", |a| a.name);
+    let soft = match stretch.arm.map(|a| a.decode) {
+        Some(Decode::FreeRunning(_)) => {
+            Some(SoftDecoder::new(&weights_of(varmap, false), cfg.model)?)
+        }
+        _ => None,
+    };
+    let yardstick = BleuLossConfig::default();
+    let mut batches = Batches::new(
+        data.train.len(),
+        cfg.batch_size,
+        stretch.seed.wrapping_mul(1_000_003) ^ stretch.first as u64,
+    );
+    let mut log = Vec::new();
+    let zero = Tensor::zeros((), candle_core::DType::F32, device)?;
+    let (mut ce_sum, mut bleu_sum, mut window) = (zero.clone(), zero.clone(), 0usize);
+    let (mut step_wall, mut step_cpu) = (0.0, 0.0);
+    for step in stretch.first..stretch.last {
+        let started = Instant::now();
+        let cpu_started = process_cpu_s();
+        optimizer.set_learning_rate(learning_rate(cfg, step));
+        let examples: Vec<&Encoded> = batches
+            .next_indices()
+            .into_iter()
+            .map(|i| &data.train[i])
+            .collect();
+        let count: usize = examples.iter().map(|e| e.tgt.len() + 1).sum();
+        let batch = make_batch(&examples, device)?;
+        let memory = model.encode(&batch.src)?;
+        let logits = model.decode(&batch.dec_in, &memory)?;
+        let ce = masked_cross_entropy(&logits, &batch, count)?;
+        let monitored = teacher_forced_bleu(&logits.detach(), &batch, &examples, &yardstick)?;
+        let mut loss = match stretch.arm {
+            Some(arm) if !arm.ce => None,
+            _ => Some(ce.clone()),
+        };
+        if let Some(arm) = stretch.arm {
+            if let Some((form, length)) = arm.bleu {
+                let bleu_cfg = BleuLossConfig {
+                    form,
+                    length,
+                    ..BleuLossConfig::default()
+                };
+                let bleu = match arm.decode {
+                    Decode::TeacherForced => {
+                        teacher_forced_bleu(&logits, &batch, &examples, &bleu_cfg)?
+                    }
+                    Decode::FreeRunning(feedback) => {
+                        let decoder = soft.as_ref().expect("built for free-running arms");
+                        let longest = examples.iter().map(|e| e.tgt.len()).max().unwrap_or(1);
+                        let steps = (longest + 1 + cfg.free_running_margin).min(cfg.model.max_len);
+                        let feedback = match feedback {
+                            Feedback::Gumbel { tau, .. } => Feedback::Gumbel {
+                                tau,
+                                seed: stretch.seed.wrapping_mul(7919) + step as u64,
+                            },
+                            other => other,
+                        };
+                        let soft_memory = decoder.encode(&batch.src)?;
+                        let free_logits = decoder.unroll(&soft_memory, steps, feedback)?;
+                        let refs = References::from_ids(&batch.refs, PAD)?;
+                        bleu_loss_from_logits(&free_logits, None, &refs, &bleu_cfg)?.loss
+                    }
+                };
+                loss = Some(match loss {
+                    Some(ce) => (ce + (bleu * cfg.lambda)?)?,
+                    None => bleu,
+                });
+            }
+        }
+        let loss = loss.expect("every arm has cross-entropy or a BLEU term");
+        optimizer.backward_step(&loss)?;
+        ce_sum = (ce_sum + ce.detach())?;
+        bleu_sum = (bleu_sum + monitored)?;
+        window += 1;
+        step_wall += started.elapsed().as_secs_f64();
+        step_cpu += process_cpu_s() - cpu_started;
+        progress.inc(1);
+        if (step + 1) % cfg.eval_every == 0 || step + 1 == stretch.last {
+            let ce_mean = f64::from(ce_sum.to_scalar::<f32>()?) / window as f64;
+            let bleu_mean = f64::from(bleu_sum.to_scalar::<f32>()?) / window as f64;
+            if !ce_mean.is_finite() || !bleu_mean.is_finite() {
+                bail!(
+                    "{name} seed {}: non-finite loss before step {}",
+                    stretch.seed,
+                    step + 1
+                );
+            }
+            let dev_hyps = translate(varmap, cfg, data.dev, data.tgt_vocab, device)?;
+            let dev_bleu = eval::bleu_100(&dev_hyps, data.dev_refs)?;
+            let message = format!("ce {ce_mean:.3} -logBLEU {bleu_mean:.3} dev {dev_bleu:.2}");
+            if progress.is_hidden() {
+                // No terminal (output redirected): one line per evaluation instead of a bar.
+                eprintln!("{name} seed {} step {}: {message}", stretch.seed, step + 1);
+            }
+            progress.set_message(message);
+            log.push(LogRow {
+                step: step + 1,
+                ce_loss: ce_mean,
+                bleu_loss: bleu_mean,
+                dev_bleu,
+            });
+            (ce_sum, bleu_sum, window) = (zero.clone(), zero.clone(), 0);
+        }
+    }
+    let steps = (stretch.last - stretch.first).max(1) as f64;
+    Ok((
+        log,
+        StepTime {
+            wall_s: step_wall / steps,
+            cpu_s: step_cpu / steps,
+        },
+    ))
+}
+
+/// A progress bar for one run.
+pub fn bar(
+    bars: &indicatif::MultiProgress,
+    name: &str,
+    seed: u64,
+    len: usize,
+) -> Result<ProgressBar> {
+    let bar = bars.add(ProgressBar::new(len as u64));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>36} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("{name} seed {seed}"));
+    Ok(bar)
+}
