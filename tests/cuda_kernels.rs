@@ -67,7 +67,10 @@ fn gpu() -> Option<Device> {
             Some(device)
         }
         Err(error) => {
-            println!("SKIPPED (no CUDA device): {error}");
+            // The first line only: candle appends a backtrace when RUST_BACKTRACE is set.
+            let reason = error.to_string();
+            let reason = reason.lines().next().unwrap_or_default();
+            println!("SKIPPED (no CUDA device): {reason}");
             None
         }
     }
