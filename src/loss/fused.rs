@@ -481,6 +481,8 @@ impl CustomOp2 for SoftmaxGather {
 ///
 /// Returns `[B, S, K]` in the dtype of `logits`, differentiable with respect to `logits`.
 /// Errors if `logits` holds NaN or infinite values.
+/// With the opt-in CUDA kernels (`cuda` feature, `CANDLE_BLEU_CUDA_KERNELS=1`) f16 and bf16
+/// logits are accepted too and give f32, and a non-finite row gives NaN instead of an error.
 pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let (batch, seq, _) = logits.dims3()?;
     let width = ids.dim(1)?;
