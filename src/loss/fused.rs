@@ -9,7 +9,8 @@
 //!   has no backward and drops gradients silently; `candle_nn::ops::softmax` is correct but
 //!   allocates one `[B,S,V]` tensor per elementary op.
 //!
-//! On devices other than the CPU both fall back to composed candle ops with the same numbers.
+//! On devices other than the CPU both fall back to composed candle ops with the same numbers;
+//! with the `cuda` feature, CUDA kernels (the `cuda` submodule) replace them when opted in.
 //! f32 kernels use a vectorisable `exp` (Cephes' polynomial, about 1 ulp); f64 kernels use the
 //! standard library's `exp`, so f64 results agree with the composed path to rounding.
 
@@ -20,6 +21,22 @@ use candle_core::{
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+/// Whether the CUDA kernels of `cuda` run for tensors on `device`: only on CUDA, only with the
+/// `cuda` feature, and only when opted in with `CANDLE_BLEU_CUDA_KERNELS=1` until a GPU run has
+/// checked them (docs/gpu.md). Otherwise the composed candle ops run.
+#[cfg(feature = "cuda")]
+fn use_cuda_kernels(device: &candle_core::Device) -> bool {
+    device.is_cuda() && cuda::kernels_enabled()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn use_cuda_kernels(_device: &candle_core::Device) -> bool {
+    false
+}
 
 /// Columns the gather kernel appends to each row after the gathered probabilities: the row's
 /// maximum logit and its sum of `exp(logit - max)`, kept for the backward.
@@ -528,6 +545,17 @@ impl CustomOp2 for SoftmaxGather {
         Ok((out, Shape::from((batch, seq, width + ROW_STATS))))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        logits: &candle_core::CudaStorage,
+        logits_layout: &Layout,
+        ids: &candle_core::CudaStorage,
+        ids_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda::softmax_gather_forward(logits, logits_layout, ids, ids_layout)
+    }
+
     fn bwd(
         &self,
         logits: &Tensor,
@@ -535,6 +563,11 @@ impl CustomOp2 for SoftmaxGather {
         gathered: &Tensor,
         grad_gathered: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if logits.device().is_cuda() {
+            let grad = cuda::softmax_gather_backward(logits, ids, gathered, grad_gathered)?;
+            return Ok((Some(grad), None));
+        }
         if !logits.device().is_cpu() {
             bail!("softmax_gather backward: `logits` are not on the CPU")
         }
@@ -571,6 +604,9 @@ impl CustomOp2 for SoftmaxGather {
 /// assert!(softmax_gather(&logits, &Tensor::new(&[[4u32]], &Device::Cpu)?).is_err());
 /// # Ok::<(), candle_core::Error>(())
 /// ```
+///
+/// With the opt-in CUDA kernels (`cuda` feature, `CANDLE_BLEU_CUDA_KERNELS=1`) f16 and bf16
+/// logits are accepted too and give f32, and a non-finite row gives NaN instead of an error.
 pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let dims = check_logits_and_ids("softmax_gather", logits, ids)?;
     check_ids_in_vocab("softmax_gather", ids, dims)?;
@@ -581,7 +617,7 @@ pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
 pub(crate) fn softmax_gather_unchecked(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let (batch, seq, _) = logits.dims3()?;
     let width = ids.dim(1)?;
-    if logits.device().is_cpu() {
+    if logits.device().is_cpu() || use_cuda_kernels(logits.device()) {
         let logits = logits.contiguous()?;
         let ids = ids.contiguous()?;
         let out = logits.apply_op2(&ids, SoftmaxGather)?;
@@ -687,7 +723,20 @@ impl CustomOp1 for SoftmaxLastDim {
         Ok((out, layout.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda::softmax_forward(storage, layout)
+    }
+
     fn bwd(&self, _logits: &Tensor, probs: &Tensor, grad_probs: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if probs.device().is_cuda() {
+            return Ok(Some(cuda::softmax_backward(probs, grad_probs)?));
+        }
         if !probs.device().is_cpu() {
             bail!("softmax_last_dim backward: the probabilities are not on the CPU")
         }
@@ -728,7 +777,7 @@ pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
             logits.dims()
         );
     }
-    if logits.device().is_cpu() {
+    if logits.device().is_cpu() || use_cuda_kernels(logits.device()) {
         logits.contiguous()?.apply_op1(SoftmaxLastDim)
     } else {
         candle_nn::ops::softmax(logits, D::Minus1)
@@ -907,6 +956,17 @@ impl CustomOp2 for SoftmaxSelfMatch {
         Ok((out, Shape::from((batch, seq, seq + width))))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        logits: &candle_core::CudaStorage,
+        logits_layout: &Layout,
+        ids: &candle_core::CudaStorage,
+        ids_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda::softmax_self_match_forward(logits, logits_layout, ids, ids_layout)
+    }
+
     fn bwd(
         &self,
         logits: &Tensor,
@@ -914,6 +974,11 @@ impl CustomOp2 for SoftmaxSelfMatch {
         _out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if logits.device().is_cuda() {
+            let grad = cuda::softmax_self_match_backward(logits, ids, _out, grad_out)?;
+            return Ok((Some(grad), None));
+        }
         if !logits.device().is_cpu() {
             bail!("softmax_self_match_gather backward: `logits` are not on the CPU")
         }
@@ -960,7 +1025,7 @@ pub(crate) fn softmax_self_match_gather_unchecked(
 ) -> Result<(Tensor, Tensor)> {
     let (batch, seq, _) = logits.dims3()?;
     let width = ids.dim(1)?;
-    if logits.device().is_cpu() {
+    if logits.device().is_cpu() || use_cuda_kernels(logits.device()) {
         let out = logits
             .contiguous()?
             .apply_op2(&ids.contiguous()?, SoftmaxSelfMatch)?;
