@@ -2,8 +2,11 @@
 //! warm-up, then an equal number of steps of each arm's objective.
 
 use anyhow::{bail, Result};
-use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, References};
-use candle_core::{Device, Tensor, D};
+use candle_bleu::loss::{
+    bleu_loss_from_logits, cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
+    LengthModel, References,
+};
+use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Instant;
@@ -231,14 +234,14 @@ fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
     cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
 }
 
-/// Token-level cross-entropy over the real target positions (words and EOS); `count` is
-/// their number (known on the host, so no device-to-host copy).
-fn masked_cross_entropy(logits: &Tensor, batch: &Batch, count: usize) -> Result<Tensor> {
-    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-    let target = log_probs
-        .gather(&batch.dec_out.unsqueeze(2)?, 2)?
-        .squeeze(2)?;
-    Ok(((target * &batch.dec_mask)?.sum_all()?.neg()? / count as f64)?)
+/// Token-level cross-entropy over the real target positions (words and EOS; [`PAD`] is
+/// ignored): the crate's fused `cross_entropy_from_logits`.
+fn masked_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
+    let cfg = CrossEntropyConfig {
+        pad_id: Some(PAD),
+        label_smoothing: 0.0,
+    };
+    Ok(cross_entropy_from_logits(logits, &batch.dec_out, &cfg)?)
 }
 
 /// The teacher-forced BLEU loss of logits `[B, T+1, V]`: `Given` scores the `T` reference
@@ -382,11 +385,10 @@ pub fn train(
             .into_iter()
             .map(|i| &data.train[i])
             .collect();
-        let count: usize = examples.iter().map(|e| e.tgt.len() + 1).sum();
         let batch = make_batch(&examples, device)?;
         let memory = model.encode(&batch.src)?;
         let logits = model.decode(&batch.dec_in, &memory)?;
-        let ce = masked_cross_entropy(&logits, &batch, count)?;
+        let ce = masked_cross_entropy(&logits, &batch)?;
         let monitored = teacher_forced_bleu(&logits.detach(), &batch, &examples, &yardstick)?;
         let mut loss = match stretch.arm {
             Some(arm) if !arm.ce => None,
