@@ -40,6 +40,7 @@ use std::str::FromStr;
 
 mod intl;
 pub mod python;
+mod regexp;
 #[rustfmt::skip]
 mod tables;
 mod v13a;
@@ -152,7 +153,7 @@ pub struct TokenizeBuffer {
     lowered: String,
     unescaped: String,
     spans: Vec<(usize, usize)>,
-    passes: v13a::PassBuffers,
+    passes: regexp::PassBuffers,
     intl: intl::IntlBuffers,
 }
 
@@ -186,7 +187,7 @@ impl TokenizeBuffer {
             Tokenizer::Char => TokensInner::Chars { text: line, pos: 0 },
             Tokenizer::V13a => {
                 let line = v13a::unescape_13a(line, unescaped);
-                v13a::regexp_spans::<false>(line, true, spans, passes);
+                regexp::regexp_spans::<false>(line, true, spans, passes);
                 TokensInner::Spans {
                     text: line,
                     spans: spans.iter(),
@@ -216,7 +217,7 @@ pub fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<St
         text.to_owned()
     };
     let line = python_rstrip(&text);
-    let mut passes = v13a::PassBuffers::default();
+    let mut passes = regexp::PassBuffers::default();
     let mut spaced = String::new();
     let out = match tok {
         Tokenizer::V13a => v13a::tokenize_13a_reference(line, &mut passes),
