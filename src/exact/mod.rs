@@ -45,14 +45,13 @@
 use std::hash::Hash;
 
 pub mod bootstrap;
-pub mod lines;
 mod nltk;
 mod sacre;
 mod stats;
 pub mod tokenize;
 
 pub use nltk::NltkStats;
-pub use stats::{closest_ref_len, segment_stats, StatsCounter};
+pub use stats::{closest_ref_len, segment_stats, InternedStatsCounter, StatsCounter};
 pub use tokenize::{tokenize, Tokenizer};
 
 /// Errors of the exact BLEU: each names the offending argument and its value.
@@ -77,7 +76,34 @@ impl std::fmt::Display for BleuError {
 
 impl std::error::Error for BleuError {}
 
-fn invalid(argument: &'static str, message: impl Into<String>) -> BleuError {
+impl From<crate::ngram::NgramError> for BleuError {
+    fn from(e: crate::ngram::NgramError) -> Self {
+        BleuError::InvalidArgument {
+            argument: e.argument,
+            message: e.message,
+        }
+    }
+}
+
+/// The largest n-gram order accepted (`max_order` and [`BleuConfig::max_order`]).
+///
+/// BLEU uses 4; an order beyond the longest hypothesis only adds zero totals. The bound keeps
+/// every per-order vector small, and lies past the order where NLTK's smoothing method 4
+/// stops being computable (it raises `OverflowError` from its 1022nd order without a match).
+pub const MAX_ORDER: usize = 1024;
+
+/// Checks `1 <= max_order <= MAX_ORDER`, naming `argument` in the error.
+fn check_max_order(argument: &'static str, max_order: usize) -> Result<(), BleuError> {
+    if !(1..=MAX_ORDER).contains(&max_order) {
+        return Err(invalid(
+            argument,
+            format!("must be in 1..={MAX_ORDER}, got {max_order}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> BleuError {
     BleuError::InvalidArgument {
         argument,
         message: message.into(),
@@ -148,9 +174,7 @@ impl BleuConfig {
 
     /// Checks `max_order`, `weights` and the smoothing parameters.
     pub fn validate(&self) -> Result<(), BleuError> {
-        if self.max_order == 0 {
-            return Err(invalid("cfg.max_order", "must be >= 1, got 0"));
-        }
+        check_max_order("cfg.max_order", self.max_order)?;
         if let Some(w) = &self.weights {
             if w.len() != self.max_order {
                 return Err(invalid(
@@ -251,9 +275,7 @@ fn validate_corpus<T>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<(), BleuError> {
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
+    check_max_order("max_order", max_order)?;
     if hyps.len() != refs.len() {
         return Err(invalid(
             "refs",
@@ -284,7 +306,7 @@ pub fn corpus_stats<T: Eq + Hash>(
     max_order: usize,
 ) -> Result<Vec<BleuStats>, BleuError> {
     validate_corpus(hyps, refs, max_order)?;
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     Ok(hyps
         .iter()
         .zip(refs)
@@ -309,7 +331,7 @@ fn sum_segment_stats<T: Eq + Hash>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> BleuStats {
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     let mut total = BleuStats::zeros(max_order);
     for (h, r) in hyps.iter().zip(refs) {
         counter.add_segment(h, r, &mut total);
@@ -344,7 +366,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
 ) -> Result<NltkStats, BleuError> {
     validate_corpus(hyps, refs, max_order)?;
     let mut stats = NltkStats::new(max_order);
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     let mut segment = BleuStats::zeros(max_order);
     let last = hyps.len().saturating_sub(1);
     for (i, (h, r)) in hyps.iter().zip(refs).enumerate() {
@@ -352,7 +374,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
             // NLTK's methods 5 and 7 read the last segment's 5-gram precision.
             // `push_segment` sums the first `max_order` orders and keeps order 5 as
             // `last_fivegram`.
-            stats.push_segment(&segment_stats(h, r, 5));
+            stats.push_segment(&StatsCounter::new_unchecked(5).segment(h, r));
         } else {
             segment.matches.fill(0);
             segment.totals.fill(0);
@@ -527,11 +549,11 @@ pub fn sentence_bleu<T: Eq + Hash>(
             "the sentence has no reference (refs is empty)",
         ));
     }
-    let mut counter = StatsCounter::new(cfg.max_order);
+    let mut counter = StatsCounter::new_unchecked(cfg.max_order);
     match cfg.smoothing {
         Smoothing::Nltk(_) => {
             let seg = if cfg.max_order < 5 {
-                segment_stats(hyp, refs, 5)
+                StatsCounter::new_unchecked(5).segment(hyp, refs)
             } else {
                 counter.segment(hyp, refs)
             };
