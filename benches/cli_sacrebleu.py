@@ -42,7 +42,7 @@ def compare(name, binary, ref_paths, hyp_path, tok, runs):
     expected = metric.corpus_score(hyps, refs)
     cmd = [binary, *ref_paths, "-i", hyp_path, "-tok", tok, "-f", "text"]
     out = subprocess.run(cmd, capture_output=True, check=True, text=True).stdout.strip()
-    assert out.split(" = ", 1)[1] == expected.format().split(" = ", 1)[1], (out, expected)
+    assert out.split(" = ", 1)[1] == expected.format(width=1).split(" = ", 1)[1], (out, expected)
     py_times, rs_times = [], []
     for _ in range(runs):
         start = time.perf_counter()
@@ -54,7 +54,7 @@ def compare(name, binary, ref_paths, hyp_path, tok, runs):
             rs_times.append(time.perf_counter() - start)
     py, rs = statistics.median(py_times), statistics.median(rs_times)
     print(f"{name:<28} tok {tok:<4}  sacrebleu {1e3 * py:7.1f} ms   candle-bleu {1e3 * rs:6.2f} ms"
-          f"   ratio {py / rs:5.1f}x   ({expected.format().split(' = ', 1)[1].split()[0]})")
+          f"   ratio {py / rs:5.1f}x   ({expected.format(width=1).split(' = ', 1)[1].split()[0]})")
     return py / rs
 
 

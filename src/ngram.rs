@@ -122,7 +122,7 @@ pub fn add_clipped_matches<T: Hash + Eq>(
     Ok(())
 }
 
-/// The reference-side statistics of one order for references laid end to end (SPEC §2).
+/// The reference-side statistics of one order for references laid end to end (docs/loss.md, the first-occurrence masks).
 ///
 /// Positions run over the concatenation of the references, reference `r` on its own
 /// `lengths[r]` positions. For the n-gram starting at position `j`:
@@ -133,8 +133,11 @@ pub fn add_clipped_matches<T: Hash + Eq>(
 ///   reference; 0 elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReferenceNgramMasks {
+    /// `e_j`: the n-gram starting at `j` lies inside its reference.
     pub inside: Vec<bool>,
+    /// `ν_j`: it does, and is the first occurrence of its n-gram over all references.
     pub first: Vec<bool>,
+    /// `κ_j`: at first occurrences, the n-gram's largest count in any one reference; else 0.
     pub clip: Vec<u32>,
 }
 

@@ -500,6 +500,24 @@ pub fn resample_scores(
 ///
 /// sacrebleu only estimates the interval for `n_samples > 1`, and prints it only when the mean
 /// is positive. Errors as [`resample_scores`].
+///
+/// ```
+/// use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap, SACREBLEU_SEED};
+/// use candle_bleu::exact::{corpus_stats, BleuConfig};
+/// let refs: Vec<Vec<Vec<u32>>> = (0..50u32).map(|i| vec![(i..i + 12).collect()]).collect();
+/// // A baseline with one wrong token per segment, a system with two.
+/// let baseline: Vec<Vec<u32>> = refs.iter().map(|r| { let mut h = r[0].clone(); h[5] = 999; h }).collect();
+/// let system: Vec<Vec<u32>> = baseline.iter().map(|h| { let mut h = h.clone(); h[9] = 999; h }).collect();
+/// let cfg = BleuConfig::default();
+/// let base_stats = corpus_stats(&baseline, &refs, 4)?;
+/// let sys_stats = corpus_stats(&system, &refs, 4)?;
+/// let ci = bootstrap_confidence(&base_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// // Every segment alike: every resample scores (up to float32 rounding) the corpus score.
+/// assert!((ci.mean - ci.score).abs() < 1e-3 && ci.ci < 1e-3);
+/// let (_, result) = paired_bootstrap(&base_stats, &sys_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// assert!(result.score < ci.score && result.p_value < 0.05);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn bootstrap_confidence(
     stats: &[BleuStats],
     cfg: &BleuConfig,

@@ -59,7 +59,9 @@ pub use tokenize::{tokenize, Tokenizer};
 pub enum BleuError {
     /// A malformed argument: which one, and what is wrong with it.
     InvalidArgument {
+        /// The argument's name as in the signature (`"refs"`, `"cfg.max_order"`, ...).
         argument: &'static str,
+        /// What is wrong with it, with the offending value, length or index.
         message: String,
     },
 }
@@ -135,6 +137,8 @@ pub struct BleuConfig {
     pub max_order: usize,
     /// Per-order weights, `max_order` of them, finite and >= 0; `None` = uniform `1/N`.
     pub weights: Option<Vec<f64>>,
+    /// How zero precisions are smoothed, and with it whose semantics apply (sacrebleu's or
+    /// NLTK's).
     pub smoothing: Smoothing,
     /// sacrebleu's `effective_order`: average only over the orders before the first one with
     /// zero total. Ignored under [`Smoothing::Nltk`].
@@ -254,7 +258,9 @@ pub struct BleuScore {
     pub bp: f64,
     /// `hyp_len / ref_len`, 0 when `ref_len == 0`.
     pub ratio: f64,
+    /// Hypothesis length `c`, summed over the corpus.
     pub hyp_len: u64,
+    /// Effective reference length `r` (closest per segment), summed over the corpus.
     pub ref_len: u64,
     /// Matches per order as the reference implementation reports them: sacrebleu's
     /// `counts` (add-k adds `k` to orders >= 2 up to the last order it reached, as sacrebleu
@@ -446,8 +452,24 @@ pub fn score_from_stats(stats: &BleuStats, cfg: &BleuConfig) -> Result<BleuScore
 /// `bleu = BP · exp(fsum(w_n ln p_n for p_n > 0))`, with NLTK's BP (`1` if `c > r`, `0` if
 /// `c == 0`, else `exp(1 - r/c)`). Rationals are exact (big integers) as in Python.
 ///
-/// Errors: invalid `cfg`, a non-NLTK smoothing, stats without `cfg.max_order` orders,
-/// method6 with `max_order < 3` or no trigram match, methods 5/7 without `last_fivegram`.
+/// Errors: invalid `cfg`, a non-NLTK smoothing, stats without `cfg.max_order` orders or with
+/// a zero denominator (no segment), method6 with `max_order < 3` or no trigram match, methods
+/// 5/7 without a valid `last_fivegram`, method 4/7 past NLTK's float overflow (1022 orders
+/// without a match; NLTK raises `OverflowError`).
+///
+/// ```
+/// use candle_bleu::exact::{nltk_corpus_stats, score_nltk_stats, BleuConfig};
+/// let hyps = [vec!["the", "cat", "sat", "on", "the", "mat"], vec!["a", "dog", "ran"]];
+/// let refs = [
+///     vec![vec!["the", "cat", "is", "on", "the", "mat"]],
+///     vec![vec!["a", "dog", "runs"]],
+/// ];
+/// let stats = nltk_corpus_stats(&hyps, &refs, 4)?;
+/// assert_eq!(stats.denominators, [9, 7, 5, 4]); // Σ max(1, t_n) per segment
+/// let score = score_nltk_stats(&stats, &BleuConfig::nltk(4))?;
+/// assert_eq!(score.bleu, 0.2643415812880757); // NLTK's corpus_bleu, method4
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore, BleuError> {
     cfg.validate()?;
     let Smoothing::Nltk(method) = cfg.smoothing else {
@@ -476,6 +498,22 @@ pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore
 /// Speed: corpora of [`PARALLEL_MIN_SEGMENTS`] segments or more are counted on rayon's
 /// thread pool ([`corpus_stats_sum_par`]; integer sums, so the result is identical), which is
 /// why `T` must be `Sync` (every token type in practice: ids, `String`, `&str`).
+///
+/// ```
+/// use candle_bleu::exact::{corpus_bleu, BleuConfig};
+/// let hyps = [vec!["the", "cat", "sat", "on", "the", "mat"], vec!["a", "dog", "ran"]];
+/// let refs = [
+///     vec![vec!["the", "cat", "is", "on", "the", "mat"]],
+///     vec![vec!["a", "dog", "runs"]],
+/// ];
+/// // sacrebleu: BLEU().corpus_score(hyps, [refs]).score on the same tokens.
+/// let sacre = corpus_bleu(&hyps, &refs, &BleuConfig::default())?;
+/// assert_eq!(sacre.score, 34.88783797973686);
+/// // NLTK: corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method4).
+/// let nltk = corpus_bleu(&hyps, &refs, &BleuConfig::nltk(4))?;
+/// assert_eq!(nltk.bleu, 0.2643415812880757);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn corpus_bleu<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
@@ -537,6 +575,18 @@ pub fn corpus_bleu_par<T: Eq + Hash + Sync>(
 /// while `BleuConfig::default()` does not.
 ///
 /// Errors: as [`corpus_bleu`]; `refs` empty.
+///
+/// ```
+/// use candle_bleu::exact::{sentence_bleu, BleuConfig};
+/// let hyp = ["the", "cat", "sat", "on", "the", "mat"];
+/// let refs = [vec!["the", "cat", "is", "on", "the", "mat"]];
+/// // sacrebleu.sentence_bleu (effective order) and NLTK's sentence_bleu with method1.
+/// let sacre = sentence_bleu(&hyp, &refs, &BleuConfig::sacrebleu_sentence())?;
+/// assert_eq!(sacre.score, 37.99178428257963);
+/// let nltk = sentence_bleu(&hyp, &refs, &BleuConfig::nltk(1))?;
+/// assert_eq!(nltk.bleu, 0.25406637407730737);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn sentence_bleu<T: Eq + Hash>(
     hyp: &[T],
     refs: &[Vec<T>],

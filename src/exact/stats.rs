@@ -266,7 +266,7 @@ impl InternedStatsCounter {
 /// ```
 /// use candle_bleu::exact::segment_stats;
 /// let stats = segment_stats(&[1u32, 2, 3, 1], &[vec![1u32, 2, 1], vec![3u32]], 2)?;
-/// assert_eq!(stats.matches, [3, 1]); // 1 twice, 2, 3; the bigram (1, 2)
+/// assert_eq!(stats.matches, [4, 1]); // 1 twice, 2, 3; the bigram (1, 2)
 /// assert_eq!(stats.totals, [4, 3]);
 /// assert_eq!((stats.hyp_len, stats.ref_len), (4, 3));
 /// # Ok::<(), candle_bleu::exact::BleuError>(())

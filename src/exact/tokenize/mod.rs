@@ -133,6 +133,18 @@ impl FromStr for Tokenizer {
 /// `(text.lower() if lowercase else text)`, then `tokenizer(line.rstrip())`, then `.split()`.
 /// Every token is non-empty and free of Python whitespace; `""` and whitespace-only text give no
 /// token. For many lines, reuse a [`TokenizeBuffer`] instead.
+///
+/// ```
+/// use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+/// let line = "Hello, world: 1,000.5 &amp; \"more\"!";
+/// assert_eq!(
+///     tokenize(line, Tokenizer::V13a, false),
+///     ["Hello", ",", "world", ":", "1,000.5", "&", "\"", "more", "\"", "!"]
+/// );
+/// assert_eq!(tokenize(line, Tokenizer::None, true)[0], "hello,");
+/// assert_eq!(tokenize("中文abc", Tokenizer::Zh, false), ["中", "文", "abc"]);
+/// assert_eq!(tokenize("a b", Tokenizer::Char, false), ["a", "b"]);
+/// ```
 pub fn tokenize(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
     TokenizeBuffer::default()
         .tokenize(text, tok, lowercase)
