@@ -1,12 +1,20 @@
-//! Whole-process speed of the `candle-bleu` binary (issue 2, item 4): corpus BLEU with 13a on
-//! 3000 generated English-like segments (~26 tokens each), one reference, timed from spawn to
-//! exit, against sacrebleu's in-process `corpus_bleu` on the same files
-//! (benches/cli_sacrebleu.py).
+//! Whole-process speed of the `candle-bleu` binary, timed from spawn to exit, on two generated
+//! corpora, against sacrebleu's in-process `corpus_score` on the same files
+//! (benches/cli_sacrebleu.py):
 //!
-//!     cargo bench --features cli --bench cli   # writes target/cli_bench/{ref,hyp,sys2}.txt
-//!     python3 benches/cli_sacrebleu.py   # sacrebleu in-process, and the binary, back to back
+//! - english-like: 3000 segments (~26 tokens each) from a 3000-word
+//!   vocabulary of syllable words, one reference;
+//! - zipf (a held-out corpus of another shape): 3000 segments of ~180 bytes from a
+//!   5000-word vocabulary with Zipf frequencies, two references (module [`zipf`]).
 //!
-//! The corpus comes from a fixed splitmix64 stream, so every run scores the same text.
+//! ```text
+//! cargo bench --features cli --bench cli  # writes target/cli_bench/{ref,hyp,sys2}.txt and
+//!                                          # target/cli_bench/zipf/{hyp,sys2,ref1,ref2}.txt
+//! python3 benches/cli_sacrebleu.py  # sacrebleu in-process, and the binary, alternating
+//! ```
+//!
+//! Both corpora come from fixed splitmix64 streams, so every run scores the same text.
+//! `CLI_BENCH_RUNS` sets the number of runs, `CLI_BENCH_ONLY=zipf|english` one corpus.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -143,6 +151,113 @@ fn write_corpus(dir: &Path) -> [PathBuf; 3] {
     paths
 }
 
+/// A held-out corpus of another shape: 3000 segments of ~180 bytes, a
+/// 5000-word vocabulary of random letter strings drawn with Zipf frequencies (`P(rank k) ∝
+/// 1/k`), and two references per segment. Each reference and the hypothesis are independent
+/// perturbations of one hidden sentence, so the references disagree with each other as well.
+pub mod zipf {
+    use super::SplitMix64;
+    use std::path::{Path, PathBuf};
+
+    pub const SEGMENTS: usize = 3000;
+    pub const VOCABULARY: usize = 5000;
+    const SEED: u64 = 0x5EED_2026;
+
+    /// `VOCABULARY` distinct lowercase words of 2..=9 letters (a letter-frequency-like draw).
+    fn vocabulary(rng: &mut SplitMix64) -> Vec<String> {
+        const LETTERS: &[u8] = b"eeeeeeeetttttaaaaoooiiinnnsssrrhhlldcumfpgwybvkxjqz";
+        let mut seen = std::collections::HashSet::new();
+        let mut words = Vec::with_capacity(VOCABULARY);
+        while words.len() < VOCABULARY {
+            let len = 2 + rng.below(8);
+            let w: String = (0..len)
+                .map(|_| LETTERS[rng.below(LETTERS.len())] as char)
+                .collect();
+            if seen.insert(w.clone()) {
+                words.push(w);
+            }
+        }
+        words
+    }
+
+    /// Cumulative Zipf weights `Σ_{j<=k} 1/j`, for inverse-CDF draws.
+    fn zipf_cdf() -> Vec<f64> {
+        let mut acc = 0.0;
+        (1..=VOCABULARY)
+            .map(|k| {
+                acc += 1.0 / k as f64;
+                acc
+            })
+            .collect()
+    }
+
+    fn draw<'a>(rng: &mut SplitMix64, cdf: &[f64], vocab: &'a [String]) -> &'a str {
+        let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * cdf[cdf.len() - 1];
+        &vocab[cdf.partition_point(|&c| c < u).min(vocab.len() - 1)]
+    }
+
+    /// A hidden sentence of about 180 bytes: Zipf words, a comma now and then, a capital first
+    /// letter and final punctuation.
+    fn sentence(rng: &mut SplitMix64, cdf: &[f64], vocab: &[String]) -> Vec<String> {
+        let target = 150 + rng.below(61);
+        let mut words: Vec<String> = Vec::new();
+        let mut bytes = 0;
+        while bytes < target {
+            let mut w = draw(rng, cdf, vocab).to_owned();
+            if rng.below(15) == 0 {
+                w.push(',');
+            }
+            bytes += w.len() + 1;
+            words.push(w);
+        }
+        words[0] = words[0][..1].to_uppercase() + &words[0][1..];
+        words
+            .last_mut()
+            .unwrap()
+            .push(['.', '.', '?', '!'][rng.below(4)]);
+        words
+    }
+
+    /// Each word kept (80%), replaced by a Zipf draw (10%), dropped (5%) or followed by an
+    /// inserted one (5%).
+    fn perturb(rng: &mut SplitMix64, words: &[String], cdf: &[f64], vocab: &[String]) -> String {
+        let mut out: Vec<&str> = Vec::with_capacity(words.len() + 4);
+        for w in words {
+            match rng.below(20) {
+                0..=15 => out.push(w),
+                16 | 17 => out.push(draw(rng, cdf, vocab)),
+                18 => {}
+                _ => {
+                    out.push(w);
+                    out.push(draw(rng, cdf, vocab));
+                }
+            }
+        }
+        out.join(" ")
+    }
+
+    /// Writes hyp.txt, sys2.txt, ref1.txt and ref2.txt into `dir`; returns their paths.
+    pub fn write_corpus(dir: &Path) -> [PathBuf; 4] {
+        let mut rng = SplitMix64(SEED);
+        let vocab = vocabulary(&mut rng);
+        let cdf = zipf_cdf();
+        let mut texts = [String::new(), String::new(), String::new(), String::new()];
+        for _ in 0..SEGMENTS {
+            let s = sentence(&mut rng, &cdf, &vocab);
+            for text in texts.iter_mut() {
+                text.push_str(&perturb(&mut rng, &s, &cdf, &vocab));
+                text.push('\n');
+            }
+        }
+        std::fs::create_dir_all(dir).expect("create target/cli_bench/zipf");
+        let paths = ["hyp.txt", "sys2.txt", "ref1.txt", "ref2.txt"].map(|n| dir.join(n));
+        for (path, text) in paths.iter().zip(texts) {
+            std::fs::write(path, text).expect("write corpus");
+        }
+        paths
+    }
+}
+
 /// Median, minimum and 90th percentile of `runs` spawns of the binary with `args`.
 fn time_process(bin: &str, args: &[&str], runs: usize) -> (Duration, Duration, Duration, String) {
     let run = || {
@@ -173,23 +288,27 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// A timed case: its name, the binary's arguments, the number of runs.
+type Case<'a> = (&'a str, Vec<&'a str>, usize);
+
 fn main() {
     let bin = env!("CARGO_BIN_EXE_candle-bleu");
     // The CLI's exact BLEU is host code on strings: no tensors, so no GPU and `--cpu` is moot.
     println!("device: cpu (host code)");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cli_bench");
     let [r, h, s2] = write_corpus(&dir);
-    let (r, h, s2) = (
-        r.to_string_lossy().into_owned(),
-        h.to_string_lossy().into_owned(),
-        s2.to_string_lossy().into_owned(),
-    );
+    let [zh, zs2, zr1, zr2] = zipf::write_corpus(&dir.join("zipf"));
+    let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let (r, h, s2) = (path(&r), path(&h), path(&s2));
+    let (zh, zs2, zr1, zr2) = (path(&zh), path(&zs2), path(&zr1), path(&zr2));
     let runs: usize = std::env::var("CLI_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    println!("candle-bleu whole process, {SEGMENTS} segments, one reference ({runs} runs each)");
-    let cases: [(&str, Vec<&str>, usize); 6] = [
+    // `CLI_BENCH_ONLY=zipf` (or `english`) runs one corpus's cases.
+    let only = std::env::var("CLI_BENCH_ONLY").unwrap_or_default();
+    println!("candle-bleu whole process ({runs} runs each; median, min, p90)");
+    let english: [(&str, Vec<&str>, usize); 6] = [
         ("13a (default)", vec![&r, "-i", &h, "-f", "text"], runs),
         (
             "13a, RAYON_NUM_THREADS=1",
@@ -213,20 +332,65 @@ fn main() {
             runs / 4,
         ),
     ];
-    for (k, (name, args, n)) in cases.iter().enumerate() {
-        if k == 1 {
-            std::env::set_var("RAYON_NUM_THREADS", "1");
-        } else {
-            std::env::remove_var("RAYON_NUM_THREADS");
-        }
-        let (median, min, p90, out) = time_process(bin, args, (*n).max(5));
-        println!(
-            "  {name:<38} median {:7.2} ms  min {:7.2} ms  p90 {:7.2} ms",
-            ms(median),
-            ms(min),
-            ms(p90)
-        );
-        if k == 0 {
+    let zipf_cases: [(&str, Vec<&str>, usize); 5] = [
+        (
+            "zipf, 2 refs, -tok none",
+            vec![&zr1, &zr2, "-i", &zh, "-tok", "none", "-f", "text"],
+            runs,
+        ),
+        (
+            "zipf, 2 refs, 13a",
+            vec![&zr1, &zr2, "-i", &zh, "-f", "text"],
+            runs,
+        ),
+        (
+            "zipf, 1 ref, -tok none",
+            vec![&zr1, "-i", &zh, "-tok", "none", "-f", "text"],
+            runs,
+        ),
+        (
+            "zipf, 1 ref, 13a",
+            vec![&zr1, "-i", &zh, "-f", "text"],
+            runs,
+        ),
+        (
+            "zipf, 2 refs, 13a, 2 systems",
+            vec![&zr1, &zr2, "-i", &zh, &zs2, "-f", "text"],
+            runs,
+        ),
+    ];
+    let mut groups: Vec<(String, &[Case])> = Vec::new();
+    if only.is_empty() || only == "english" {
+        groups.push((
+            format!("english-like corpus: {SEGMENTS} segments, 3000 words, one reference"),
+            &english,
+        ));
+    }
+    if only.is_empty() || only == "zipf" {
+        groups.push((
+            format!(
+                "zipf corpus: {} segments of ~180 bytes, {}-word Zipf vocabulary, two references",
+                zipf::SEGMENTS,
+                zipf::VOCABULARY
+            ),
+            &zipf_cases,
+        ));
+    }
+    for (title, cases) in groups {
+        println!("{title}");
+        for (name, args, n) in cases {
+            if name.contains("RAYON_NUM_THREADS=1") {
+                std::env::set_var("RAYON_NUM_THREADS", "1");
+            } else {
+                std::env::remove_var("RAYON_NUM_THREADS");
+            }
+            let (median, min, p90, out) = time_process(bin, args, (*n).max(5));
+            println!(
+                "  {name:<38} median {:7.2} ms  min {:7.2} ms  p90 {:7.2} ms",
+                ms(median),
+                ms(min),
+                ms(p90)
+            );
             println!("    {}", out.trim_end());
         }
     }

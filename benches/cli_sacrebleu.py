@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""sacrebleu's side of benches/cli.rs: `sacrebleu.corpus_bleu` in-process on the files that
-`cargo bench --features cli --bench cli` writes (target/cli_bench/{ref,hyp}.txt), and the
-`candle-bleu` binary as a whole process on the same files, back to back, alternating.
+"""sacrebleu's side of benches/cli.rs: sacrebleu's in-process `BLEU(tokenize=...).corpus_score`
+and the `candle-bleu` binary as a whole process, on the files that `cargo bench --features cli --bench cli`
+writes, alternating run by run, for both corpora and both tokenizers (13a, none):
+
+- english-like: target/cli_bench/{ref,hyp}.txt (one reference);
+- zipf: target/cli_bench/zipf/{ref1,ref2,hyp}.txt (two references; also timed with ref1 only).
 
     pip install sacrebleu==2.6.0
     cargo build --release --features cli && cargo bench --features cli --bench cli
     python3 benches/cli_sacrebleu.py [--runs 15] [--bin target/release/candle-bleu]
 
-sacrebleu is timed on lines already in memory (`corpus_bleu(hyps, [refs])`, default 13a, exp
-smoothing): reading the files, the interpreter start and the imports are NOT counted for it,
-while everything is counted for candle-bleu (spawn, read, tokenize, score, print). Both must
-print the same score.
+sacrebleu is timed on lines already in memory (`BLEU(tokenize=tok).corpus_score(hyps, refs)`,
+exp smoothing): reading the files, the interpreter start and the imports are NOT counted for
+it, while everything is counted for candle-bleu (spawn from Python, read, tokenize, count, score,
+print, exit). Both must print the same score. Each round times sacrebleu once, then the binary
+five times; the ratio is median(sacrebleu) / median(candle-bleu).
 """
 import argparse
 import os
@@ -19,6 +23,7 @@ import subprocess
 import time
 
 import sacrebleu
+from sacrebleu.metrics import BLEU
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "target", "cli_bench")
@@ -30,41 +35,54 @@ def lines(path):
         return [line.rstrip() for line in f]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "candle-bleu"))
-    args = ap.parse_args()
-    ref_path, hyp_path = os.path.join(BENCH, "ref.txt"), os.path.join(BENCH, "hyp.txt")
-    if not os.path.exists(ref_path):
-        raise SystemExit("run `cargo bench --bench cli` first (it writes target/cli_bench/)")
-    refs, hyps = lines(ref_path), lines(hyp_path)
-    ntok = sum(len(h.split()) for h in hyps)
-    print(f"{len(hyps)} segments, {ntok} whitespace tokens in the hypotheses "
-          f"(sacrebleu {sacrebleu.__version__})")
-
-    expected = sacrebleu.corpus_bleu(hyps, [refs])
-    cmd = [args.bin, ref_path, "-i", hyp_path, "-f", "text"]
+def compare(name, binary, ref_paths, hyp_path, tok, runs):
+    refs = [lines(p) for p in ref_paths]
+    hyps = lines(hyp_path)
+    metric = BLEU(tokenize=tok)
+    expected = metric.corpus_score(hyps, refs)
+    cmd = [binary, *ref_paths, "-i", hyp_path, "-tok", tok, "-f", "text"]
     out = subprocess.run(cmd, capture_output=True, check=True, text=True).stdout.strip()
-    print("sacrebleu  :", expected)
-    print("candle-bleu:", out)
-    assert out.split(" = ", 1)[1] == expected.format(1).split(" = ", 1)[1], "scores differ"
-
+    assert out.split(" = ", 1)[1] == expected.format(width=1).split(" = ", 1)[1], (out, expected)
     py_times, rs_times = [], []
-    for _ in range(args.runs):
+    for _ in range(runs):
         start = time.perf_counter()
-        sacrebleu.corpus_bleu(hyps, [refs])
+        metric.corpus_score(hyps, refs)
         py_times.append(time.perf_counter() - start)
         for _ in range(5):
             start = time.perf_counter()
             subprocess.run(cmd, capture_output=True, check=True)
             rs_times.append(time.perf_counter() - start)
     py, rs = statistics.median(py_times), statistics.median(rs_times)
-    print(f"sacrebleu.corpus_bleu (in-process, 13a): median {1e3 * py:.1f} ms, "
-          f"min {1e3 * min(py_times):.1f} ms ({len(py_times)} runs)")
-    print(f"candle-bleu (whole process, 13a):        median {1e3 * rs:.2f} ms, "
-          f"min {1e3 * min(rs_times):.2f} ms ({len(rs_times)} runs)")
-    print(f"ratio (median sacrebleu / median candle-bleu): {py / rs:.1f}x")
+    print(f"{name:<28} tok {tok:<4}  sacrebleu {1e3 * py:7.1f} ms   candle-bleu {1e3 * rs:6.2f} ms"
+          f"   ratio {py / rs:5.1f}x   ({expected.format(width=1).split(' = ', 1)[1].split()[0]})")
+    return py / rs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "candle-bleu"))
+    ap.add_argument("--only", choices=["english", "zipf"], default=None)
+    args = ap.parse_args()
+    english = (os.path.join(BENCH, "ref.txt"),), os.path.join(BENCH, "hyp.txt")
+    zipf = os.path.join(BENCH, "zipf")
+    zipf2 = (os.path.join(zipf, "ref1.txt"), os.path.join(zipf, "ref2.txt")), \
+        os.path.join(zipf, "hyp.txt")
+    zipf1 = (os.path.join(zipf, "ref1.txt"),), os.path.join(zipf, "hyp.txt")
+    if not os.path.exists(english[1]) or not os.path.exists(zipf2[1]):
+        raise SystemExit("run `cargo bench --bench cli` first (it writes target/cli_bench/)")
+    print(f"sacrebleu {sacrebleu.__version__}, {args.runs} rounds (1 sacrebleu + 5 candle-bleu "
+          f"runs each), medians")
+    cases = []
+    if args.only in (None, "english"):
+        cases.append(("english-like, 1 ref", english))
+    if args.only in (None, "zipf"):
+        cases += [("zipf, 2 refs", zipf2), ("zipf, 1 ref", zipf1)]
+    ratios = []
+    for name, (refs, hyp) in cases:
+        for tok in ("13a", "none"):
+            ratios.append(compare(name, args.bin, list(refs), hyp, tok, args.runs))
+    print(f"smallest ratio: {min(ratios):.1f}x")
 
 
 if __name__ == "__main__":

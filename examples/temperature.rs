@@ -228,7 +228,7 @@ fn main() -> Result<()> {
         .iter()
         .zip(&refs)
         .map(|(hyp, element)| exact::segment_stats(hyp, element, 4))
-        .sum();
+        .sum::<Result<BleuStats, _>>()?;
     if stats.matches.contains(&0) {
         bail!("the data has an order without matches: {:?}", stats.matches);
     }

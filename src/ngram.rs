@@ -8,7 +8,41 @@
 //! order of a sequence.
 
 use rustc_hash::FxHashMap;
+use std::fmt;
 use std::hash::{Hash, Hasher};
+
+/// A malformed argument to an n-gram function: which argument, and what is wrong with it.
+///
+/// [`crate::exact::BleuError`] converts from it (`?` works in functions returning either).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NgramError {
+    /// The argument's name, as in the function's signature (`"matches"`, ...).
+    pub argument: &'static str,
+    /// What is wrong with it, with the offending value or length.
+    pub message: String,
+}
+
+impl fmt::Display for NgramError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.argument, self.message)
+    }
+}
+
+impl std::error::Error for NgramError {}
+
+/// Checks that `matches` has a slot for every order up to `max_order`.
+fn check_matches_len(matches: &[u64], max_order: usize) -> Result<(), NgramError> {
+    if matches.len() < max_order {
+        return Err(NgramError {
+            argument: "matches",
+            message: format!(
+                "needs one entry per order 1..={max_order}, got {} entries",
+                matches.len()
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// Counts of n-grams, keyed by the slice they cover. Orders share one map: the order of a
 /// key is `key.len()`.
@@ -57,20 +91,38 @@ pub fn merge_max_counts<'a, T: Hash + Eq>(
 
 /// Clipped matches per order: `matches[n-1] += Σ_{g of order n in hyp} min(count_hyp(g), max_ref(g))`.
 ///
-/// `matches` must have at least as many entries as the largest order in `hyp_counts`.
+/// `hyp_counts` come from [`count_ngrams`] and `max_ref_counts` from [`merge_max_counts`] (one
+/// call per reference). This is the plain, map-based form of the computation; scoring many
+/// segments is several times faster with [`ClippedMatcher`], which gives the same numbers.
+///
+/// Errors: `matches` shorter than the largest order in `hyp_counts` (nothing is added then).
+///
+/// ```
+/// use candle_bleu::ngram::{add_clipped_matches, count_ngrams, merge_max_counts, NgramCounts};
+/// let hyp = ["the", "the", "cat"];
+/// let (mut max_ref, mut scratch) = (NgramCounts::default(), NgramCounts::default());
+/// merge_max_counts(&["the", "cat"], 2, &mut scratch, &mut max_ref);
+/// let mut matches = [0u64; 2];
+/// add_clipped_matches(&count_ngrams(&hyp, 2), &max_ref, &mut matches)?;
+/// assert_eq!(matches, [2, 1]); // "the" clipped to 1, "cat"; the bigram "the cat"
+/// # Ok::<(), candle_bleu::ngram::NgramError>(())
+/// ```
 pub fn add_clipped_matches<T: Hash + Eq>(
     hyp_counts: &NgramCounts<'_, T>,
     max_ref_counts: &NgramCounts<'_, T>,
     matches: &mut [u64],
-) {
+) -> Result<(), NgramError> {
+    let largest = hyp_counts.keys().map(|g| g.len()).max().unwrap_or(0);
+    check_matches_len(matches, largest)?;
     for (ngram, &count) in hyp_counts.iter() {
         if let Some(&limit) = max_ref_counts.get(ngram) {
             matches[ngram.len() - 1] += u64::from(count.min(limit));
         }
     }
+    Ok(())
 }
 
-/// The reference-side statistics of one order for references laid end to end (SPEC §2).
+/// The reference-side statistics of one order for references laid end to end (docs/loss.md, the first-occurrence masks).
 ///
 /// Positions run over the concatenation of the references, reference `r` on its own
 /// `lengths[r]` positions. For the n-gram starting at position `j`:
@@ -81,23 +133,43 @@ pub fn add_clipped_matches<T: Hash + Eq>(
 ///   reference; 0 elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReferenceNgramMasks {
+    /// `e_j`: the n-gram starting at `j` lies inside its reference.
     pub inside: Vec<bool>,
+    /// `ν_j`: it does, and is the first occurrence of its n-gram over all references.
     pub first: Vec<bool>,
+    /// `κ_j`: at first occurrences, the n-gram's largest count in any one reference; else 0.
     pub clip: Vec<u32>,
 }
 
-/// Computes [`ReferenceNgramMasks`] of order `order` (>= 1) for `references`.
+/// Computes [`ReferenceNgramMasks`] of order `order` for `references`.
+///
+/// Order 0 has no n-gram, as in every counter of this module (orders run from 1): its masks
+/// are all `false` and its clipping counts 0 (one entry per position all the same).
+///
+/// ```
+/// use candle_bleu::ngram::reference_ngram_masks;
+/// let (a, b) = ([5u32, 6, 5, 6], [5u32, 6]);
+/// let masks = reference_ngram_masks(&[&a[..], &b[..]], 2);
+/// // Bigrams start at positions 0, 1, 2 (reference a) and 4 (reference b).
+/// assert_eq!(masks.inside, [true, true, true, false, true, false]);
+/// // (5, 6) first occurs at 0, (6, 5) at 1; the (5, 6) at 2 and 4 are repeats.
+/// assert_eq!(masks.first, [true, true, false, false, false, false]);
+/// // (5, 6) occurs twice in a, once in b: it may be matched twice.
+/// assert_eq!(masks.clip, [2, 1, 0, 0, 0, 0]);
+/// ```
 pub fn reference_ngram_masks<T: Hash + Eq>(
     references: &[&[T]],
     order: usize,
 ) -> ReferenceNgramMasks {
-    assert!(order >= 1, "reference_ngram_masks: order must be >= 1");
     let total: usize = references.iter().map(|r| r.len()).sum();
     let mut masks = ReferenceNgramMasks {
         inside: vec![false; total],
         first: vec![false; total],
         clip: vec![0; total],
     };
+    if order == 0 {
+        return masks;
+    }
     let mut max_counts: FxHashMap<&[T], u32> = FxHashMap::default();
     let mut per_reference: FxHashMap<&[T], u32> = FxHashMap::default();
     for reference in references {
@@ -195,6 +267,85 @@ impl IdTable {
     }
 }
 
+/// The map from `(id of an (n-1)-gram prefix, id of a last token)` to the id of an n-gram of
+/// the hypothesis, for one order of one segment (see [`IdMatcher`]).
+trait NgramTable {
+    /// Empties the table for prefixes `0..rows`, last tokens `0..cols` and at most `entries`
+    /// n-grams.
+    fn begin(&mut self, rows: usize, cols: usize, entries: usize);
+    /// The id of `(prefix, last)`, 0 if absent (always for a prefix or last token 0).
+    fn get(&self, prefix: u32, last: u32) -> u32;
+    /// The id of `(prefix, last)`, `*next` (then incremented) if it is new.
+    fn get_or_insert(&mut self, prefix: u32, last: u32, next: &mut u32) -> u32;
+}
+
+impl NgramTable for IdTable {
+    fn begin(&mut self, _rows: usize, _cols: usize, entries: usize) {
+        self.reset(entries);
+    }
+
+    #[inline]
+    fn get(&self, prefix: u32, last: u32) -> u32 {
+        IdTable::get(self, (u64::from(prefix) << 32) | u64::from(last))
+    }
+
+    #[inline]
+    fn get_or_insert(&mut self, prefix: u32, last: u32, next: &mut u32) -> u32 {
+        IdTable::get_or_insert(self, (u64::from(prefix) << 32) | u64::from(last), || {
+            *next += 1;
+            *next - 1
+        })
+    }
+}
+
+/// [`NgramTable`] as a `rows × cols` array of `(stamp, id)`, for segments short enough that
+/// the array stays small (see [`DIRECT_MAX_ENTRIES`]): one load per lookup, no hashing, no
+/// probing, no branch. Cleared in O(1) by bumping the stamp.
+#[derive(Default)]
+struct DirectTable {
+    entries: Vec<(u32, u32)>,
+    stamp: u32,
+    cols: usize,
+}
+
+/// The largest `rows × cols` served by a [`DirectTable`] (128 KiB); a segment needing more (a
+/// hypothesis of more than ~127 tokens) uses the hashed [`IdTable`].
+const DIRECT_MAX_ENTRIES: usize = 1 << 14;
+
+impl NgramTable for DirectTable {
+    fn begin(&mut self, rows: usize, cols: usize, _entries: usize) {
+        let need = rows * cols;
+        if need > self.entries.len() {
+            self.entries.resize(need, (0, 0));
+        }
+        self.cols = cols;
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.entries.fill((0, 0));
+            self.stamp = 1;
+        }
+    }
+
+    #[inline]
+    fn get(&self, prefix: u32, last: u32) -> u32 {
+        let (stamp, id) = self.entries[prefix as usize * self.cols + last as usize];
+        // Arithmetic, not a branch (whether a reference n-gram is in the hypothesis is a coin
+        // toss that a branch predictor loses): all ones iff the stamps agree.
+        let keep = (u64::from(stamp ^ self.stamp).wrapping_sub(1) >> 32) as u32;
+        id & keep
+    }
+
+    #[inline]
+    fn get_or_insert(&mut self, prefix: u32, last: u32, next: &mut u32) -> u32 {
+        let entry = &mut self.entries[prefix as usize * self.cols + last as usize];
+        let hit = entry.0 == self.stamp;
+        let id = if hit { entry.1 } else { *next };
+        *next += u32::from(!hit);
+        *entry = (self.stamp, id);
+        id
+    }
+}
+
 /// A map `token -> u32` for [`ClippedMatcher`], like [`IdTable`]: each token is hashed once
 /// (FxHash), probed linearly, and compared with `==` only when the full 64-bit hashes agree.
 struct TokenTable<'a, T> {
@@ -284,140 +435,252 @@ impl<'a, T: Hash + Eq> TokenTable<'a, T> {
     }
 }
 
+/// The token-independent core of [`ClippedMatcher`] and [`InternedMatcher`]: clipped matches
+/// of one segment whose tokens are already segment-local ids (hypothesis tokens `1..=vocab`,
+/// reference tokens the id of the equal hypothesis token or 0).
+///
+/// Order by order, every n-gram of the HYPOTHESIS gets a dense id `1..=m_n` from a table keyed
+/// by `(id of its (n-1)-gram prefix, id of its last token)`, so ids are exact (no hash
+/// collision can merge two n-grams). A reference n-gram is only looked up: it has an id iff
+/// the hypothesis holds it (its prefix must then have one too, so a reference position whose
+/// prefix has none is 0 without a lookup). Then, with `h_g` the hypothesis count and `c_g^r`
+/// the count in reference `r`, the order adds `Σ_{g=1..=m_n} min(h_g, max_r c_g^r)`. Id 0
+/// absorbs everything that is not in the hypothesis. Once an order has no match, no longer
+/// n-gram can match, and the counting stops.
+#[derive(Default)]
+struct IdMatcher {
+    direct: DirectTable,
+    hashed: IdTable,
+    /// Per hypothesis start: the id of the n-gram of the previous / current order.
+    hyp_prev: Vec<u32>,
+    hyp_cur: Vec<u32>,
+    /// The references' unigram ids laid end to end, and each one's `(offset, len)`.
+    ref_uni: Vec<u32>,
+    ref_bounds: Vec<(usize, usize)>,
+    /// Per reference position: the id of the n-gram of the previous / current order starting
+    /// there (0 if the hypothesis does not hold it or it runs past its reference).
+    ref_prev: Vec<u32>,
+    ref_cur: Vec<u32>,
+    /// Per id of the current order: count in the hypothesis, clipping limit, count in the
+    /// current reference.
+    hyp_count: Vec<u32>,
+    limit: Vec<u32>,
+    count: Vec<u32>,
+}
+
+impl IdMatcher {
+    /// Starts a segment: no reference yet.
+    fn clear_refs(&mut self) {
+        self.ref_uni.clear();
+        self.ref_bounds.clear();
+    }
+
+    /// Adds a reference as unigram ids (`0..=vocab`).
+    fn push_ref(&mut self, ids: impl IntoIterator<Item = u32>) {
+        let offset = self.ref_uni.len();
+        self.ref_uni.extend(ids);
+        self.ref_bounds.push((offset, self.ref_uni.len() - offset));
+    }
+
+    /// Adds the clipped matches of `hyp_uni` (ids `1..=vocab`) against the references pushed
+    /// since [`IdMatcher::clear_refs`] to `matches[n-1]`, orders `1..=max_order`
+    /// (`matches.len() >= max_order`).
+    fn matches(&mut self, hyp_uni: &[u32], vocab: usize, max_order: usize, matches: &mut [u64]) {
+        if max_order == 0 || hyp_uni.is_empty() {
+            return;
+        }
+        self.hyp_count.clear();
+        self.hyp_count.resize(vocab + 1, 0);
+        for &id in hyp_uni {
+            self.hyp_count[id as usize] += 1;
+        }
+        matches[0] += clipped_sum(
+            &self.ref_uni,
+            &self.ref_bounds,
+            &self.hyp_count,
+            &mut self.limit,
+            &mut self.count,
+        );
+        if matches[0] == 0 {
+            return;
+        }
+        self.hyp_prev.clear();
+        self.hyp_prev.extend_from_slice(hyp_uni);
+        self.ref_prev.clear();
+        self.ref_prev.extend_from_slice(&self.ref_uni);
+        // Distinct ids of the previous order (the unigrams: at most `vocab`).
+        let mut distinct = vocab;
+        for order in 2..=max_order.min(hyp_uni.len()) {
+            let rows = distinct + 1;
+            let cols = vocab + 1;
+            let added = if rows * cols <= DIRECT_MAX_ENTRIES {
+                let mut table = std::mem::take(&mut self.direct);
+                let added = self.order_pass(&mut table, hyp_uni, order, rows, cols);
+                self.direct = table;
+                added
+            } else {
+                let mut table = std::mem::take(&mut self.hashed);
+                let added = self.order_pass(&mut table, hyp_uni, order, rows, cols);
+                self.hashed = table;
+                added
+            };
+            let (m, order_matches) = added;
+            matches[order - 1] += order_matches;
+            if order_matches == 0 {
+                break;
+            }
+            distinct = m;
+            std::mem::swap(&mut self.hyp_prev, &mut self.hyp_cur);
+            std::mem::swap(&mut self.ref_prev, &mut self.ref_cur);
+        }
+    }
+
+    /// One order `n >= 2`: ids of the hypothesis n-grams (from `hyp_prev`), reference n-grams
+    /// looked up (from `ref_prev`), and the clipped sum. Returns `(m_n, matches)`.
+    fn order_pass<Tb: NgramTable>(
+        &mut self,
+        table: &mut Tb,
+        hyp_uni: &[u32],
+        order: usize,
+        rows: usize,
+        cols: usize,
+    ) -> (usize, u64) {
+        let starts = hyp_uni.len() + 1 - order;
+        table.begin(rows, cols, starts);
+        let mut next = 1u32;
+        self.hyp_cur.clear();
+        for start in 0..starts {
+            let id =
+                table.get_or_insert(self.hyp_prev[start], hyp_uni[start + order - 1], &mut next);
+            self.hyp_cur.push(id);
+        }
+        let m = (next - 1) as usize;
+        self.hyp_count.clear();
+        self.hyp_count.resize(m + 1, 0);
+        for &id in &self.hyp_cur {
+            self.hyp_count[id as usize] += 1;
+        }
+        self.ref_cur.clear();
+        self.ref_cur.resize(self.ref_uni.len(), 0);
+        for &(offset, len) in &self.ref_bounds {
+            let ref_starts = (len + 1).saturating_sub(order);
+            for p in offset..offset + ref_starts {
+                self.ref_cur[p] = table.get(self.ref_prev[p], self.ref_uni[p + order - 1]);
+            }
+        }
+        let sum = clipped_sum(
+            &self.ref_cur,
+            &self.ref_bounds,
+            &self.hyp_count,
+            &mut self.limit,
+            &mut self.count,
+        );
+        (m, sum)
+    }
+}
+
+/// `Σ_{g >= 1} min(hyp_count[g], max_r count of g in reference r)`, the references' ids being
+/// `ref_ids` split by `bounds` (ids below `hyp_count.len()`; id 0 is ignored).
+fn clipped_sum(
+    ref_ids: &[u32],
+    bounds: &[(usize, usize)],
+    hyp_count: &[u32],
+    limit: &mut Vec<u32>,
+    count: &mut Vec<u32>,
+) -> u64 {
+    let ids = hyp_count.len();
+    limit.clear();
+    limit.resize(ids, 0);
+    if bounds.len() == 1 {
+        for &id in ref_ids {
+            limit[id as usize] += 1;
+        }
+    } else {
+        count.clear();
+        count.resize(ids, 0);
+        for &(offset, len) in bounds {
+            for &id in &ref_ids[offset..offset + len] {
+                count[id as usize] += 1;
+            }
+            for (l, c) in limit.iter_mut().zip(count.iter_mut()) {
+                *l = (*l).max(*c);
+                *c = 0;
+            }
+        }
+    }
+    hyp_count
+        .iter()
+        .zip(limit.iter())
+        .skip(1)
+        .map(|(&h, &l)| u64::from(h.min(l)))
+        .sum()
+}
+
 /// Clipped matches of one segment, computed without hashing any n-gram longer than one token:
 /// the same numbers as [`count_ngrams_into`] + [`merge_max_counts`] + [`add_clipped_matches`]
 /// (a test checks it), several times faster, for scoring large corpora.
 ///
-/// Every hypothesis token gets a dense id from a map of tokens; an n-gram gets an id from a map
-/// keyed by `(id of its (n-1)-gram prefix, id of its last token)`, two `u32`s packed in a
-/// `u64`, so ids are exact (no hash collision can merge two n-grams). Only reference n-grams
-/// made of hypothesis tokens are stored, and a hypothesis n-gram whose prefix occurs in no
-/// reference is skipped without a lookup. Each hypothesis occurrence of an n-gram consumes one
-/// unit of `max_r count_{ρ^r}(g)`, so the matches of `g` add up to
-/// `min(count_hyp(g), max_r count_{ρ^r}(g))`.
+/// Every hypothesis token gets a dense id from a map of tokens (each token hashed once); the
+/// reference tokens are looked up in it; the n-grams are then counted on ids as
+/// [`InternedMatcher`] counts them.
 ///
 /// The maps are cleared, never reallocated, between segments. They borrow the tokens, so every
 /// segment given to one matcher must outlive it.
 pub struct ClippedMatcher<'a, T> {
     /// Hypothesis token -> unigram id (ids start at 1; 0 means "not in the hypothesis").
     unigram_ids: TokenTable<'a, T>,
-    /// (prefix id << 32 | last-token id) -> id of a reference n-gram (0 = absent).
-    extension_ids: IdTable,
-    /// Per id: clipping limit `max_r count`, consumed by the hypothesis.
-    limit: Vec<u32>,
-    /// Per id: count in the current reference (multi-reference segments only).
-    count: Vec<u32>,
-    /// Ids counted in the current reference, to reset `count`.
-    touched: Vec<u32>,
     /// Per position of the hypothesis: the unigram id of its token.
     hyp_token_ids: Vec<u32>,
-    /// Per position of the current reference: the unigram id of its token (0 if not in the
-    /// hypothesis).
-    token_ids: Vec<u32>,
-    /// Per start position: the id of the n-gram of the current order starting there.
-    ngram_ids: Vec<u32>,
+    core: IdMatcher,
 }
 
 impl<T> Default for ClippedMatcher<'_, T> {
     fn default() -> Self {
         Self {
             unigram_ids: TokenTable::default(),
-            extension_ids: IdTable::default(),
-            limit: Vec::new(),
-            count: Vec::new(),
-            touched: Vec::new(),
             hyp_token_ids: Vec::new(),
-            token_ids: Vec::new(),
-            ngram_ids: Vec::new(),
+            core: IdMatcher::default(),
         }
     }
 }
 
 impl<'a, T: Hash + Eq> ClippedMatcher<'a, T> {
+    /// An empty matcher; its maps grow to the largest segment it is given.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Counts the n-grams of `reference` made of hypothesis tokens into `limit` (one
-    /// reference) or `count` (several; merged into `limit` by max afterwards).
-    fn add_reference(&mut self, reference: &'a [T], max_order: usize, single: bool) {
-        self.token_ids.clear();
-        self.token_ids
-            .extend(reference.iter().map(|t| self.unigram_ids.get(t)));
-        if max_order == 0 {
-            return;
-        }
-        // Unigrams, branch-free for one reference: id 0 (not in the hypothesis) absorbs the
-        // counts of the other tokens and is reset to 0 by the caller.
-        if single {
-            for &id in &self.token_ids {
-                self.limit[id as usize] += 1;
-            }
-        } else {
-            for &id in &self.token_ids {
-                if id != 0 {
-                    if self.count[id as usize] == 0 {
-                        self.touched.push(id);
-                    }
-                    self.count[id as usize] += 1;
-                }
-            }
-        }
-        self.ngram_ids.clear();
-        self.ngram_ids.extend_from_slice(&self.token_ids);
-        for order in 2..=max_order.min(reference.len()) {
-            let starts = reference.len() - order + 1;
-            let mut alive = false;
-            for start in 0..starts {
-                let prefix = self.ngram_ids[start];
-                if prefix == 0 {
-                    continue;
-                }
-                let last = self.token_ids[start + order - 1];
-                let id = if last == 0 {
-                    0
-                } else {
-                    let key = (u64::from(prefix) << 32) | u64::from(last);
-                    let (limit, count) = (&mut self.limit, &mut self.count);
-                    self.extension_ids.get_or_insert(key, || {
-                        limit.push(0);
-                        count.push(0);
-                        (limit.len() - 1) as u32
-                    })
-                };
-                self.ngram_ids[start] = id;
-                if id == 0 {
-                    continue;
-                }
-                alive = true;
-                if single {
-                    self.limit[id as usize] += 1;
-                } else {
-                    if self.count[id as usize] == 0 {
-                        self.touched.push(id);
-                    }
-                    self.count[id as usize] += 1;
-                }
-            }
-            if !alive {
-                break;
-            }
-            // Positions past the last start of this order cannot start a longer n-gram.
-            self.ngram_ids[starts..].fill(0);
-        }
-        if !single {
-            for &id in &self.touched {
-                let id = id as usize;
-                self.limit[id] = self.limit[id].max(self.count[id]);
-                self.count[id] = 0;
-            }
-            self.touched.clear();
-        }
+    /// Adds the clipped matches of `hyp` against `refs` to `matches[n-1]`, orders
+    /// `1..=max_order`: `Σ_g min(count_hyp(g), max_r count_{refs[r]}(g))` per order.
+    ///
+    /// Errors: `matches.len() < max_order` (nothing is added then).
+    ///
+    /// ```
+    /// use candle_bleu::ngram::ClippedMatcher;
+    /// let hyp = [1u32, 1, 1, 2];
+    /// let refs = [vec![1u32, 2], vec![1, 1, 3]];
+    /// let mut matcher = ClippedMatcher::new();
+    /// let mut matches = [0u64; 2];
+    /// matcher.add_clipped_matches(&hyp, &refs, 2, &mut matches)?;
+    /// // 1: min(3, max(1, 2)) = 2, 2: 1; (1, 1): 1, (1, 2): 1.
+    /// assert_eq!(matches, [3, 2]);
+    /// # Ok::<(), candle_bleu::ngram::NgramError>(())
+    /// ```
+    pub fn add_clipped_matches<R: AsRef<[T]>>(
+        &mut self,
+        hyp: &'a [T],
+        refs: &'a [R],
+        max_order: usize,
+        matches: &mut [u64],
+    ) -> Result<(), NgramError> {
+        check_matches_len(matches, max_order)?;
+        self.add_clipped_matches_unchecked(hyp, refs, max_order, matches);
+        Ok(())
     }
 
-    /// Adds the clipped matches of `hyp` against `refs` to `matches[n-1]`, orders
-    /// `1..=max_order` (`matches.len() >= max_order`).
-    pub fn add_clipped_matches<R: AsRef<[T]>>(
+    /// [`ClippedMatcher::add_clipped_matches`] for callers that sized `matches` themselves
+    /// (`matches.len() >= max_order`, else it panics on the index).
+    pub(crate) fn add_clipped_matches_unchecked<R: AsRef<[T]>>(
         &mut self,
         hyp: &'a [T],
         refs: &'a [R],
@@ -425,85 +688,112 @@ impl<'a, T: Hash + Eq> ClippedMatcher<'a, T> {
         matches: &mut [u64],
     ) {
         self.unigram_ids.reset(hyp.len());
-        self.limit.clear();
-        self.count.clear();
-        self.limit.push(0); // id 0: "absent"
-        self.count.push(0);
         self.hyp_token_ids.clear();
+        let mut vocab = 0u32;
         for token in hyp {
-            let (limit, count) = (&mut self.limit, &mut self.count);
             let id = self.unigram_ids.get_or_insert(token, || {
-                limit.push(0);
-                count.push(0);
-                (limit.len() - 1) as u32
+                vocab += 1;
+                vocab
             });
             self.hyp_token_ids.push(id);
         }
-        let ref_ngrams: usize = refs
-            .iter()
-            .map(|r| {
-                let len = r.as_ref().len();
-                (2..=max_order.min(len)).map(|n| len - n + 1).sum::<usize>()
-            })
-            .sum();
-        self.extension_ids.reset(ref_ngrams);
-        let single = refs.len() == 1;
+        self.core.clear_refs();
         for reference in refs {
-            self.add_reference(reference.as_ref(), max_order, single);
+            let table = &self.unigram_ids;
+            self.core
+                .push_ref(reference.as_ref().iter().map(|t| table.get(t)));
         }
-        self.limit[0] = 0;
+        self.core
+            .matches(&self.hyp_token_ids, vocab as usize, max_order, matches);
+    }
+}
 
-        if max_order == 0 {
-            return;
+/// Clipped matches of one segment whose tokens the caller has already interned into
+/// segment-local ids: the hypothesis tokens are `1..=vocab` (equal ids for equal tokens), and
+/// each reference token is the id of the equal hypothesis token, or 0 when the hypothesis has
+/// no such token. This is [`ClippedMatcher`] without its token map, for callers that hash
+/// their tokens once themselves (the `candle-bleu` binary interns each line's `&str` tokens
+/// while it tokenizes them).
+///
+/// Its tables are cleared, never reallocated, between segments; it borrows nothing.
+#[derive(Default)]
+pub struct InternedMatcher {
+    core: IdMatcher,
+}
+
+impl InternedMatcher {
+    /// An empty matcher; its tables grow to the largest segment it is given.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the clipped matches of `hyp` against `refs` to `matches[n-1]`, orders
+    /// `1..=max_order` (the numbers [`ClippedMatcher::add_clipped_matches`] gives on the
+    /// tokens the ids stand for).
+    ///
+    /// Errors (nothing is added then): `matches.len() < max_order`, `vocab > hyp.len()`, a
+    /// hypothesis id outside `1..=vocab`, a reference id above `vocab`.
+    ///
+    /// ```
+    /// use candle_bleu::ngram::InternedMatcher;
+    /// // hypothesis "a a a b", references "a b" and "a a c": a = 1, b = 2, c is not in it (0).
+    /// let hyp = [1u32, 1, 1, 2];
+    /// let refs = [vec![1u32, 2], vec![1, 1, 0]];
+    /// let mut matches = [0u64; 2];
+    /// InternedMatcher::new().add_clipped_matches(&hyp, &refs, 2, 2, &mut matches)?;
+    /// assert_eq!(matches, [3, 2]);
+    /// # Ok::<(), candle_bleu::ngram::NgramError>(())
+    /// ```
+    pub fn add_clipped_matches<R: AsRef<[u32]>>(
+        &mut self,
+        hyp: &[u32],
+        refs: &[R],
+        vocab: u32,
+        max_order: usize,
+        matches: &mut [u64],
+    ) -> Result<(), NgramError> {
+        check_matches_len(matches, max_order)?;
+        if vocab as usize > hyp.len() {
+            return Err(NgramError {
+                argument: "vocab",
+                message: format!(
+                    "segment-local ids number at most one per hypothesis token: vocab must be \
+                     <= hyp.len() = {}, got {vocab}",
+                    hyp.len()
+                ),
+            });
         }
-        // Unigrams: a hypothesis token extends to longer n-grams only if some reference has it.
-        let limit = &mut self.limit;
-        self.ngram_ids.clear();
-        self.ngram_ids.extend(self.hyp_token_ids.iter().map(|&id| {
-            if limit[id as usize] > 0 {
-                id
-            } else {
-                0
-            }
-        }));
-        // Per position: its token's id if some reference has the token, else 0.
-        self.token_ids.clear();
-        self.token_ids.extend_from_slice(&self.ngram_ids);
-        for &id in &self.hyp_token_ids {
-            let limit = &mut limit[id as usize];
-            let take = u32::from(*limit > 0);
-            *limit -= take;
-            matches[0] += u64::from(take);
+        if let Some((i, id)) = hyp
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id == 0 || id > vocab)
+        {
+            return Err(NgramError {
+                argument: "hyp",
+                message: format!("ids must be in 1..=vocab = 1..={vocab}, got hyp[{i}] = {id}"),
+            });
         }
-        for order in 2..=max_order.min(hyp.len()) {
-            let starts = hyp.len() - order + 1;
-            let mut alive = false;
-            for start in 0..starts {
-                let prefix = self.ngram_ids[start];
-                if prefix == 0 {
-                    continue; // the (n-1)-gram prefix is in no reference: neither is the n-gram
-                }
-                let last = self.token_ids[start + order - 1];
-                let id = if last == 0 {
-                    0
-                } else {
-                    self.extension_ids
-                        .get((u64::from(prefix) << 32) | u64::from(last))
-                };
-                self.ngram_ids[start] = id;
-                // Only an n-gram present in some reference can extend to a longer match; id 0
-                // has limit 0, so it takes nothing.
-                alive |= id != 0;
-                let limit = &mut self.limit[id as usize];
-                let take = u32::from(*limit > 0);
-                *limit -= take;
-                matches[order - 1] += u64::from(take);
+        for (r, reference) in refs.iter().enumerate() {
+            if let Some((i, id)) = reference
+                .as_ref()
+                .iter()
+                .enumerate()
+                .find(|&(_, &id)| id > vocab)
+            {
+                return Err(NgramError {
+                    argument: "refs",
+                    message: format!(
+                        "ids must be in 0..=vocab = 0..={vocab}, got refs[{r}][{i}] = {id}"
+                    ),
+                });
             }
-            if !alive {
-                break;
-            }
-            self.ngram_ids[starts..].fill(0);
         }
+        self.core.clear_refs();
+        for reference in refs {
+            self.core.push_ref(reference.as_ref().iter().copied());
+        }
+        self.core.matches(hyp, vocab as usize, max_order, matches);
+        Ok(())
     }
 }
 
@@ -534,7 +824,7 @@ mod tests {
         merge_max_counts(&ref_a, 2, &mut scratch, &mut max_counts);
         merge_max_counts(&ref_b, 2, &mut scratch, &mut max_counts);
         let mut matches = [0u64; 2];
-        add_clipped_matches(&hyp_counts, &max_counts, &mut matches);
+        add_clipped_matches(&hyp_counts, &max_counts, &mut matches).unwrap();
         // "the": min(3, max(1, 2)) = 2, "cat": 1; bigrams "the the" 1, "the cat" 1.
         assert_eq!(matches, [3, 2]);
     }
@@ -557,6 +847,53 @@ mod tests {
         assert_eq!(masks.clip, vec![2, 1, 0, 0, 0, 1, 0]);
     }
 
+    /// Long segments with many distinct tokens: the n-gram ids come from the hashed table
+    /// (more than `DIRECT_MAX_ENTRIES` prefix × token pairs), and must agree with the map.
+    #[test]
+    fn long_segments_use_the_hashed_table_and_agree() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        let mut matcher = ClippedMatcher::new();
+        let mut segments = Vec::new();
+        for _ in 0..20 {
+            let vocab = 150 + next(200);
+            let hyp: Vec<u64> = (0..300 + next(300)).map(|_| next(vocab)).collect();
+            let refs: Vec<Vec<u64>> = (0..1 + next(3))
+                .map(|_| {
+                    // Copies of hypothesis stretches, so that long n-grams match.
+                    let mut r = Vec::new();
+                    while r.len() < 400 {
+                        let start = next(hyp.len() as u64 - 10) as usize;
+                        r.extend_from_slice(&hyp[start..start + 1 + next(9) as usize]);
+                        r.push(next(vocab));
+                    }
+                    r
+                })
+                .collect();
+            segments.push((hyp, refs));
+        }
+        for (hyp, refs) in &segments {
+            let distinct = hyp.iter().collect::<std::collections::HashSet<_>>().len();
+            assert!((distinct + 1) * (distinct + 1) > DIRECT_MAX_ENTRIES);
+            let mut max_counts = NgramCounts::default();
+            let mut scratch = NgramCounts::default();
+            for r in refs {
+                merge_max_counts(r, 6, &mut scratch, &mut max_counts);
+            }
+            let mut want = vec![0u64; 6];
+            add_clipped_matches(&count_ngrams(hyp, 6), &max_counts, &mut want).unwrap();
+            assert!(want[5] > 0, "the test must reach order 6: {want:?}");
+            let mut got = vec![0u64; 6];
+            matcher.add_clipped_matches(hyp, refs, 6, &mut got).unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
     #[test]
     fn clipped_matcher_equals_the_map_counter() {
         // Random segments with repeats, 1-4 references, empty sequences, orders 1-7.
@@ -568,6 +905,7 @@ mod tests {
             state % m
         };
         let mut matcher = ClippedMatcher::new();
+        let mut interned = InternedMatcher::new();
         let mut segments = Vec::new();
         for _ in 0..3000 {
             let vocab = 1 + next(8);
@@ -584,10 +922,48 @@ mod tests {
                 merge_max_counts(r, *max_order, &mut scratch, &mut max_counts);
             }
             let mut want = vec![0u64; *max_order];
-            add_clipped_matches(&count_ngrams(hyp, *max_order), &max_counts, &mut want);
+            add_clipped_matches(&count_ngrams(hyp, *max_order), &max_counts, &mut want).unwrap();
             let mut got = vec![0u64; *max_order];
-            matcher.add_clipped_matches(hyp, refs, *max_order, &mut got);
+            matcher
+                .add_clipped_matches(hyp, refs, *max_order, &mut got)
+                .unwrap();
             assert_eq!(got, want, "hyp {hyp:?} refs {refs:?} order {max_order}");
+            // The same segment interned by hand: first-occurrence ids, 0 for other tokens.
+            let mut local: Vec<u64> = Vec::new();
+            let hyp_ids: Vec<u32> = hyp
+                .iter()
+                .map(|t| match local.iter().position(|x| x == t) {
+                    Some(i) => i as u32 + 1,
+                    None => {
+                        local.push(*t);
+                        local.len() as u32
+                    }
+                })
+                .collect();
+            let ref_ids: Vec<Vec<u32>> = refs
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|t| {
+                            local
+                                .iter()
+                                .position(|x| x == t)
+                                .map_or(0, |i| i as u32 + 1)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut interned_got = vec![0u64; *max_order];
+            interned
+                .add_clipped_matches(
+                    &hyp_ids,
+                    &ref_ids,
+                    local.len() as u32,
+                    *max_order,
+                    &mut interned_got,
+                )
+                .unwrap();
+            assert_eq!(interned_got, want, "interned: hyp {hyp:?} refs {refs:?}");
         }
     }
 }

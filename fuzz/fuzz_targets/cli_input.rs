@@ -1,18 +1,23 @@
-//! Fuzzes the `candle-bleu` command line's input handling (`candle_bleu::exact::lines`) and
-//! scoring on arbitrary bytes: no panic on any input; errors only for what the module documents;
-//! the interned-id statistics equal those of `exact::corpus_stats_sum` on the tokens as
-//! strings; the parallel and per-segment sums agree; scores are finite and in 0..=100 (+1 ulp);
-//! bootstrap p-values are in (0, 1].
+//! Fuzzes the `candle-bleu` command line's input handling and counting (the binary's modules
+//! `src/bin/candle-bleu/input.rs` and `count.rs`, included below with `#[path]`: they belong to
+//! the binary, not to the library's API) on arbitrary bytes: no panic on any input; errors only
+//! for what `input` documents; the statistics counted on segment-local ids equal those of
+//! `exact::corpus_stats_sum` on the tokens as strings; the summed and per-segment statistics
+//! agree; scores are finite and in 0..=100 (+1 ulp); bootstrap p-values are in (0, 1].
 //!
 //! Input layout: byte 0 picks the options (tokenizer, lowercase, standard input or files,
 //! number of reference files, `--num-refs`, smoothing, max order); the rest is cut at the
 //! first two `0x00` bytes into the hypothesis input and one or two reference files.
 #![no_main]
 
+#[path = "../../src/bin/candle-bleu/count.rs"]
+mod count;
+#[path = "../../src/bin/candle-bleu/input.rs"]
+mod input;
+
 use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many};
-use candle_bleu::exact::lines::{
-    file_lines, read_corpus, universal_lines, HypInput, InputError, Source, TokenizedCorpus,
-};
+use count::Counting;
+use input::{file_lines, read_corpus, universal_lines, HypInput, InputError, Source};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
 use candle_bleu::exact::{corpus_stats_sum, score_from_stats, BleuConfig, BleuStats, Smoothing};
 use libfuzzer_sys::fuzz_target;
@@ -94,12 +99,16 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    assert!(!corpus.is_empty());
-    let n = corpus.len();
+    let n = corpus.refs.first().map_or(0, Vec::len);
+    assert!(n > 0);
     for (_, lines) in &corpus.systems {
         assert_eq!(lines.len(), n);
     }
-    let tokens = TokenizedCorpus::new(&corpus, tok, lowercase);
+    let counting = Counting {
+        tok,
+        lowercase,
+        max_order,
+    };
     let cfg = BleuConfig {
         max_order,
         weights: None,
@@ -109,8 +118,8 @@ fuzz_target!(|data: &[u8]| {
 
     let mut per_system = Vec::new();
     for s in 0..corpus.systems.len() {
-        let sum = tokens.stats_sum(s, max_order);
-        let segs = tokens.segment_stats(s, max_order);
+        let sum = counting.stats_sum(&corpus, s).expect("valid max_order");
+        let segs = counting.segment_stats(&corpus, s).expect("valid max_order");
         let seg_sum: BleuStats = segs.iter().sum();
         assert_eq!(sum, seg_sum);
 

@@ -7,8 +7,12 @@
 
 #[path = "candle-bleu/args.rs"]
 mod args;
+#[path = "candle-bleu/count.rs"]
+mod count;
 #[path = "candle-bleu/format.rs"]
 mod format;
+#[path = "candle-bleu/input.rs"]
+mod input;
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -17,12 +21,14 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use candle_bleu::exact::bootstrap::{
-    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, PairedResult,
-    SACREBLEU_SEED,
+    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, SACREBLEU_SEED,
 };
-use candle_bleu::exact::lines::{read_corpus, HypInput, Source, TokenizedCorpus};
 use candle_bleu::exact::tokenize::Tokenizer;
-use candle_bleu::exact::{score_from_stats, BleuConfig, BleuScore, BleuStats, Smoothing};
+use candle_bleu::exact::{
+    score_from_stats, BleuConfig, BleuError, BleuScore, BleuStats, Smoothing, MAX_ORDER,
+};
+use count::Counting;
+use input::{read_corpus, Corpus, HypInput, Source};
 
 use args::{Args, Format, SmoothMethod};
 use format::{fancy_grid, latex_booktabs, score_format, Align, Ci, Json, Signature};
@@ -152,7 +158,22 @@ fn dedup_inputs<'a>(
     Ok(sources)
 }
 
-fn run(args: &Args) -> Result<String, Failure> {
+/// Everything the command line asks for, validated before any file is read.
+struct Options {
+    format: Format,
+    tok: Tokenizer,
+    cfg: BleuConfig,
+    /// The signature's `smooth:` text (`exp`, `floor[0.10]`, ...).
+    smooth_text: String,
+    width: usize,
+    num_refs: usize,
+    /// `--paired-bs` or `--paired-ar`.
+    paired: bool,
+}
+
+/// Checks the options in sacrebleu's order of complaints (format, unsupported options,
+/// metric, encoding, tokenizer, smoothing, numbers) and gathers them.
+fn options(args: &Args) -> Result<Options, Failure> {
     let mut format = args.format;
     if let Ok(env) = std::env::var("SACREBLEU_FORMAT") {
         match env.to_lowercase().as_str() {
@@ -178,15 +199,15 @@ fn run(args: &Args) -> Result<String, Failure> {
         ));
     }
     let tok = tokenizer(args)?;
-    let (smooth, smooth_text) = smoothing(args)?;
+    let (smoothing, smooth_text) = smoothing(args)?;
     let width = usize::try_from(args.width)
         .map_err(|_| format!("--width: must be >= 0, got {}", args.width))?;
     let max_order = usize::try_from(args.max_ngram_order)
         .ok()
-        .filter(|&n| (1..=1000).contains(&n))
+        .filter(|&n| (1..=MAX_ORDER).contains(&n))
         .ok_or_else(|| {
             format!(
-                "--max-ngram-order: must be in 1..=1000, got {}",
+                "--max-ngram-order: must be in 1..={MAX_ORDER}, got {}",
                 args.max_ngram_order
             )
         })?;
@@ -206,7 +227,6 @@ fn run(args: &Args) -> Result<String, Failure> {
             args.refs.len()
         ));
     }
-    let paired = args.paired_bs || args.paired_ar;
     for (option, n) in [
         ("--confidence-n", args.confidence_n),
         ("--paired-bs-n", args.paired_bs_n),
@@ -216,19 +236,38 @@ fn run(args: &Args) -> Result<String, Failure> {
             return Err(format!("{option}: at most {MAX_SAMPLES}, got {n}"));
         }
     }
+    Ok(Options {
+        format,
+        tok,
+        cfg: BleuConfig {
+            max_order,
+            weights: None,
+            smoothing,
+            effective_order: args.sentence_level,
+        },
+        smooth_text,
+        width,
+        num_refs,
+        paired: args.paired_bs || args.paired_ar,
+    })
+}
 
-    // Read everything: one read per file.
-    let ref_files: Vec<(String, Vec<u8>)> = args
+/// The bytes of every input: reference files, hypothesis files, standard input.
+struct Inputs {
+    refs: Vec<(String, Vec<u8>)>,
+    hyps: Vec<(String, Vec<u8>)>,
+    stdin: Vec<u8>,
+}
+
+/// Reads every input in one read each: the references, then the `-i` files or standard input.
+fn read_inputs(args: &Args) -> Result<Inputs, Failure> {
+    let refs = args
         .refs
         .iter()
         .map(|p| Ok((p.display().to_string(), read_file(p, "reference")?)))
         .collect::<Result<_, Failure>>()?;
-    let ref_sources: Vec<Source> = ref_files
-        .iter()
-        .map(|(name, bytes)| Source { name, bytes })
-        .collect();
-    let mut stdin_bytes = Vec::new();
-    let hyp_files: Vec<(String, Vec<u8>)> = match &args.input {
+    let mut stdin = Vec::new();
+    let hyps = match &args.input {
         Some(paths) => paths
             .iter()
             .map(|p| Ok((p.display().to_string(), read_file(p, "hypothesis")?)))
@@ -236,26 +275,42 @@ fn run(args: &Args) -> Result<String, Failure> {
         None => {
             std::io::stdin()
                 .lock()
-                .read_to_end(&mut stdin_bytes)
+                .read_to_end(&mut stdin)
                 .map_err(|e| format!("cannot read standard input: {e}"))?;
             Vec::new()
         }
     };
-    let hyp_sources = dedup_inputs(&hyp_files, paired, args.quiet)?;
+    Ok(Inputs { refs, hyps, stdin })
+}
+
+/// Parses the inputs into a corpus (sacrebleu's line handling, `input::read_corpus`), checks
+/// the number of systems against the options and warns about tokenized-looking input.
+/// Returns the corpus and the systems' display names.
+fn parse_corpus<'a>(
+    args: &Args,
+    opts: &Options,
+    inputs: &'a Inputs,
+) -> Result<(Corpus<'a>, Vec<String>), Failure> {
+    let ref_sources: Vec<Source> = inputs
+        .refs
+        .iter()
+        .map(|(name, bytes)| Source { name, bytes })
+        .collect();
+    let hyp_sources = dedup_inputs(&inputs.hyps, opts.paired, args.quiet)?;
     let hyps = match &args.input {
         Some(_) => HypInput::Files(&hyp_sources),
-        None => HypInput::Stdin(&stdin_bytes),
+        None => HypInput::Stdin(&inputs.stdin),
     };
-    let corpus = read_corpus(&ref_sources, hyps, num_refs).map_err(|e| e.to_string())?;
+    let corpus = read_corpus(&ref_sources, hyps, opts.num_refs).map_err(|e| e.to_string())?;
     let num_sys = corpus.systems.len();
-    let mut sys_names: Vec<String> = corpus.systems.iter().map(|(n, _)| n.clone()).collect();
-    if paired {
+    let mut names: Vec<String> = corpus.systems.iter().map(|(n, _)| n.clone()).collect();
+    if opts.paired {
         if args.input.is_none() {
-            sys_names = std::iter::once("Baseline".to_owned())
+            names = std::iter::once("Baseline".to_owned())
                 .chain((1..num_sys).map(|i| format!("System {i}")))
                 .collect();
         } else {
-            sys_names[0] = format!("Baseline: {}", sys_names[0]);
+            names[0] = format!("Baseline: {}", names[0]);
         }
     }
     if args.sentence_level {
@@ -264,7 +319,7 @@ fn run(args: &Args) -> Result<String, Failure> {
                 "--sentence-level: only one system can be scored, got {num_sys}"
             ));
         }
-        if args.confidence || paired {
+        if args.confidence || opts.paired {
             return Err(
                 "--sentence-level: statistical tests (--confidence, --paired-*) are \
                  unavailable at sentence level"
@@ -272,7 +327,7 @@ fn run(args: &Args) -> Result<String, Failure> {
             );
         }
     }
-    if paired && num_sys == 1 {
+    if opts.paired && num_sys == 1 {
         return Err(
             "--paired-bs/--paired-ar: paired tests need several systems (-i BASELINE SYSTEM ...)"
                 .into(),
@@ -294,194 +349,267 @@ fn run(args: &Args) -> Result<String, Failure> {
             }
         }
     }
+    Ok((corpus, names))
+}
 
-    let cfg = BleuConfig {
-        max_order,
-        weights: None,
-        smoothing: smooth,
-        effective_order: args.sentence_level,
-    };
-    let tokens = TokenizedCorpus::new(&corpus, tok, args.lowercase);
-    let mut signature = Signature {
-        nrefs: corpus.refs.len(),
-        bs: None,
-        ar: None,
-        seed: None,
+/// What was computed, ready to render.
+enum Scores {
+    /// `--sentence-level`: one score per segment.
+    Sentences(Vec<BleuScore>),
+    /// One system: its corpus score, and the bootstrap estimate with `-ci`.
+    Corpus { score: BleuScore, ci: Option<Ci> },
+    /// Several systems: one table row each, in order (the baseline first in a paired test).
+    Table(Vec<Row>),
+}
+
+/// One system's row of the several-systems table.
+struct Row {
+    score: f64,
+    /// Paired tests, systems after the baseline.
+    p_value: Option<f64>,
+    /// Paired bootstrap: the bootstrap mean and the 95% half-width.
+    mean_ci: Option<(f64, f64)>,
+}
+
+fn bleu_error(e: BleuError) -> Failure {
+    e.to_string()
+}
+
+/// Tokenizes and counts the corpus, then scores it as the options ask: sentence by sentence,
+/// one corpus (with `-ci`, its bootstrap estimate), or several systems (with `-pbs`/`-par`,
+/// paired tests against the first). Records the resample count and seed in `signature`.
+fn score(
+    args: &Args,
+    opts: &Options,
+    corpus: &Corpus<'_>,
+    signature: &mut Signature,
+) -> Result<Scores, Failure> {
+    let cfg = &opts.cfg;
+    let counting = Counting {
+        tok: opts.tok,
         lowercase: args.lowercase,
-        effective_order: args.sentence_level,
-        tok: tok.name(),
-        smooth: smooth_text,
-        max_order,
+        max_order: cfg.max_order,
     };
-    let score = |stats: &BleuStats| -> Result<BleuScore, Failure> {
-        score_from_stats(stats, &cfg).map_err(|e| e.to_string())
-    };
-
+    let score = |stats: &BleuStats| score_from_stats(stats, cfg).map_err(bleu_error);
+    let num_sys = corpus.systems.len();
     if args.sentence_level {
-        let sig = signature.format(args.short);
-        let mut out = String::new();
-        for seg in tokens.segment_stats(0, max_order) {
-            out.push_str(&score_format(
-                &score(&seg)?,
-                width,
-                args.score_only,
-                &sig,
-                false,
-                None,
-            ));
-            out.push('\n');
-        }
-        return Ok(out);
+        return counting
+            .segment_stats(corpus, 0)
+            .map_err(bleu_error)?
+            .iter()
+            .map(score)
+            .collect::<Result<_, _>>()
+            .map(Scores::Sentences);
     }
-
     if num_sys == 1 {
-        let is_json = format == Format::Json;
         let n_bootstrap = if args.confidence {
             args.confidence_n
         } else {
             1
         };
-        let mut ci = None;
-        let result = if n_bootstrap > 1 {
-            let n = n_bootstrap as usize;
-            let (seed, seed_text) = seed_from_env()?;
-            let stats = tokens.segment_stats(0, max_order);
-            let conf = bootstrap_confidence(&stats, &cfg, n, seed).map_err(|e| e.to_string())?;
-            ci = Some(Ci {
+        if n_bootstrap <= 1 {
+            let stats = counting.stats_sum(corpus, 0).map_err(bleu_error)?;
+            return Ok(Scores::Corpus {
+                score: score(&stats)?,
+                ci: None,
+            });
+        }
+        let n = n_bootstrap as usize;
+        let (seed, seed_text) = seed_from_env()?;
+        let stats = counting.segment_stats(corpus, 0).map_err(bleu_error)?;
+        let conf = bootstrap_confidence(&stats, cfg, n, seed).map_err(bleu_error)?;
+        signature.bs = Some(n);
+        signature.seed = Some(seed_text);
+        return Ok(Scores::Corpus {
+            score: score(&stats.iter().sum())?,
+            ci: Some(Ci {
                 mean: conf.mean,
                 ci: conf.ci,
-            });
-            signature.bs = Some(n);
-            signature.seed = Some(seed_text);
-            score(&stats.iter().sum())?
-        } else {
-            score(&tokens.stats_sum(0, max_order))?
-        };
-        let sig = signature.format(args.short && !is_json);
-        let mut out = score_format(&result, width, args.score_only, &sig, is_json, ci);
-        out.push('\n');
-        return Ok(out);
+            }),
+        });
     }
-
-    // Several systems.
-    let metric = "BLEU".to_owned();
-    let mut cells: Vec<String> = Vec::with_capacity(num_sys);
-    let mut json_values: Vec<Json> = Vec::with_capacity(num_sys);
-    let mut is_bootstrap = false;
-    if !paired {
-        for s in 0..num_sys {
-            let sc = format::fixed(score(&tokens.stats_sum(s, max_order))?.score, width);
-            json_values.push(Json::Str(sc.clone()));
-            cells.push(sc);
-        }
-    } else {
-        let (seed, _) = seed_from_env()?;
-        let seed_text = if std::env::var("SACREBLEU_SEED")
-            .is_ok_and(|s| s.trim().eq_ignore_ascii_case("none"))
-        {
+    if !opts.paired {
+        return (0..num_sys)
+            .map(|s| {
+                let stats = counting.stats_sum(corpus, s).map_err(bleu_error)?;
+                Ok(Row {
+                    score: score(&stats)?.score,
+                    p_value: None,
+                    mean_ci: None,
+                })
+            })
+            .collect::<Result<_, Failure>>()
+            .map(Scores::Table);
+    }
+    let (seed, _) = seed_from_env()?;
+    signature.seed = Some(
+        if std::env::var("SACREBLEU_SEED").is_ok_and(|s| s.trim().eq_ignore_ascii_case("none")) {
             "none".to_owned()
         } else {
             seed.to_string()
-        };
-        let stats: Vec<Vec<BleuStats>> = (0..num_sys)
-            .map(|s| tokens.segment_stats(s, max_order))
-            .collect();
-        let multiline = format != Format::Latex;
-        let p_text = |p: f64| {
-            let mut t = format!("(p = {p:.4})");
-            if p <= 0.05 {
-                t.push('*');
-            }
-            t
-        };
-        let mut push = |score: f64, r: Option<&PairedResult>, mean_ci: Option<(f64, f64)>| {
-            let mut cell = format::fixed(score, width);
-            if let Some((mean, ci)) = mean_ci {
-                is_bootstrap = true;
-                cell.push_str(&format!(
-                    " ({} ± {})",
-                    format::fixed(mean, width),
-                    format::fixed(ci, width)
-                ));
-            }
-            if let Some(r) = r {
-                cell.push(if multiline { '\n' } else { ' ' });
-                cell.push_str(&p_text(r.p_value));
-            }
-            cells.push(cell);
-            let opt = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
-            json_values.push(Json::Object(vec![
-                ("score".into(), Json::Float(score)),
-                ("p_value".into(), opt(r.map(|r| r.p_value))),
-                ("mean".into(), opt(mean_ci.map(|m| m.0))),
-                ("ci".into(), opt(mean_ci.map(|m| m.1))),
-            ]));
-        };
-        let others: Vec<&[BleuStats]> = stats[1..].iter().map(Vec::as_slice).collect();
-        if args.paired_bs {
-            let n = if args.paired_bs_n > 0 {
-                args.paired_bs_n as usize
-            } else {
-                1000
-            };
-            signature.bs = Some(n);
-            let (bl, results) = paired_bootstrap_many(&stats[0], &others, &cfg, n, seed)
-                .map_err(|e| e.to_string())?;
-            push(bl.score, None, Some((bl.mean, bl.ci)));
-            for r in &results {
-                let c = r.confidence.as_ref().map(|c| (c.mean, c.ci));
-                push(r.score, Some(r), c);
-            }
+        },
+    );
+    let stats: Vec<Vec<BleuStats>> = (0..num_sys)
+        .map(|s| counting.segment_stats(corpus, s))
+        .collect::<Result<_, _>>()
+        .map_err(bleu_error)?;
+    let others: Vec<&[BleuStats]> = stats[1..].iter().map(Vec::as_slice).collect();
+    let mut rows = Vec::with_capacity(num_sys);
+    if args.paired_bs {
+        let n = if args.paired_bs_n > 0 {
+            args.paired_bs_n as usize
         } else {
-            let n = if args.paired_ar_n > 0 {
-                args.paired_ar_n as usize
-            } else {
-                10000
-            };
-            signature.ar = Some(n);
-            push(score(&stats[0].iter().sum())?.score, None, None);
-            for other in &others {
-                let r = paired_approximate_randomization(&stats[0], other, &cfg, n, seed)
-                    .map_err(|e| e.to_string())?;
-                push(r.score, Some(&r), None);
-            }
+            1000
+        };
+        signature.bs = Some(n);
+        let (baseline, results) =
+            paired_bootstrap_many(&stats[0], &others, cfg, n, seed).map_err(bleu_error)?;
+        rows.push(Row {
+            score: baseline.score,
+            p_value: None,
+            mean_ci: Some((baseline.mean, baseline.ci)),
+        });
+        rows.extend(results.iter().map(|r| Row {
+            score: r.score,
+            p_value: Some(r.p_value),
+            mean_ci: r.confidence.as_ref().map(|c| (c.mean, c.ci)),
+        }));
+    } else {
+        let n = if args.paired_ar_n > 0 {
+            args.paired_ar_n as usize
+        } else {
+            10000
+        };
+        signature.ar = Some(n);
+        rows.push(Row {
+            score: score(&stats[0].iter().sum())?.score,
+            p_value: None,
+            mean_ci: None,
+        });
+        for other in &others {
+            let r = paired_approximate_randomization(&stats[0], other, cfg, n, seed)
+                .map_err(bleu_error)?;
+            rows.push(Row {
+                score: r.score,
+                p_value: Some(r.p_value),
+                mean_ci: None,
+            });
         }
-        signature.seed = Some(seed_text);
     }
+    Ok(Scores::Table(rows))
+}
 
-    if format == Format::Json {
-        let list: Vec<Json> = sys_names
+/// Prints the scores as sacrebleu does: one line per sentence, one score (JSON or text), or
+/// the several-systems table (JSON list, `fancy_grid` text or LaTeX) with its notes.
+fn render(
+    args: &Args,
+    opts: &Options,
+    names: &[String],
+    signature: &Signature,
+    scores: &Scores,
+) -> String {
+    match scores {
+        Scores::Sentences(sentences) => {
+            let sig = signature.format(args.short);
+            let mut out = String::new();
+            for s in sentences {
+                out.push_str(&score_format(
+                    s,
+                    opts.width,
+                    args.score_only,
+                    &sig,
+                    false,
+                    None,
+                ));
+                out.push('\n');
+            }
+            out
+        }
+        Scores::Corpus { score, ci } => {
+            let is_json = opts.format == Format::Json;
+            let sig = signature.format(args.short && !is_json);
+            let mut out = score_format(score, opts.width, args.score_only, &sig, is_json, *ci);
+            out.push('\n');
+            out
+        }
+        Scores::Table(rows) => render_table(args, opts, names, signature, rows),
+    }
+}
+
+/// The several-systems output: a JSON list, or a table with the paired-test notes and the
+/// signature.
+fn render_table(
+    args: &Args,
+    opts: &Options,
+    names: &[String],
+    signature: &Signature,
+    rows: &[Row],
+) -> String {
+    let metric = "BLEU";
+    let width = opts.width;
+    if opts.format == Format::Json {
+        let opt = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
+        let list: Vec<Json> = names
             .iter()
-            .zip(json_values)
-            .map(|(name, value)| {
+            .zip(rows)
+            .map(|(name, row)| {
+                let value = if opts.paired {
+                    Json::Object(vec![
+                        ("score".into(), Json::Float(row.score)),
+                        ("p_value".into(), opt(row.p_value)),
+                        ("mean".into(), opt(row.mean_ci.map(|m| m.0))),
+                        ("ci".into(), opt(row.mean_ci.map(|m| m.1))),
+                    ])
+                } else {
+                    Json::Str(format::fixed(row.score, width))
+                };
                 Json::Object(vec![
                     ("system".into(), Json::Str(name.clone())),
-                    (metric.clone(), value),
+                    (metric.into(), value),
                 ])
             })
             .collect();
         let mut out = Json::Array(list).dumps(4, true);
         out.push('\n');
-        return Ok(out);
+        return out;
     }
-    let title = if is_bootstrap {
+    let multiline = opts.format != Format::Latex;
+    let cells = rows.iter().map(|row| {
+        let mut cell = format::fixed(row.score, width);
+        if let Some((mean, ci)) = row.mean_ci {
+            cell.push_str(&format!(
+                " ({} ± {})",
+                format::fixed(mean, width),
+                format::fixed(ci, width)
+            ));
+        }
+        if let Some(p) = row.p_value {
+            cell.push(if multiline { '\n' } else { ' ' });
+            cell.push_str(&format!("(p = {p:.4})"));
+            if p <= 0.05 {
+                cell.push('*');
+            }
+        }
+        cell
+    });
+    let title = if rows.iter().any(|r| r.mean_ci.is_some()) {
         format!("{metric} (μ ± 95% CI)")
     } else {
-        metric.clone()
+        metric.to_owned()
     };
     let headers = vec!["System".to_owned(), title];
-    let rows: Vec<Vec<String>> = sys_names
+    let table_rows: Vec<Vec<String>> = names
         .iter()
         .zip(cells)
         .map(|(name, cell)| vec![name.clone(), cell])
         .collect();
     let aligns = [Align::Right, Align::Center];
-    let table = match format {
-        Format::Latex => latex_booktabs(&headers, &rows, &aligns),
-        _ => fancy_grid(&headers, &rows, &aligns),
+    let table = match opts.format {
+        Format::Latex => latex_booktabs(&headers, &table_rows, &aligns),
+        _ => fancy_grid(&headers, &table_rows, &aligns),
     };
     let mut out = format!("{table}\n\n");
-    if paired {
+    if opts.paired {
         let (kind, n, trials) = if args.paired_bs {
             (
                 "bootstrap resampling",
@@ -493,8 +621,8 @@ fn run(args: &Args) -> Result<String, Failure> {
         };
         let msg = format!("Paired {kind} test with {n} {trials}");
         let rule = "-".repeat(msg.chars().count());
-        let baseline = if sys_names[0].starts_with("Baseline:") {
-            sys_names[0].as_str()
+        let baseline = if names[0].starts_with("Baseline:") {
+            names[0].as_str()
         } else {
             ""
         };
@@ -514,7 +642,27 @@ fn run(args: &Args) -> Result<String, Failure> {
         " - {metric:<10} {}\n",
         signature.format(args.short)
     ));
-    Ok(out)
+    out
+}
+
+/// The whole command: options, reading, scoring, rendering.
+fn run(args: &Args) -> Result<String, Failure> {
+    let opts = options(args)?;
+    let inputs = read_inputs(args)?;
+    let (corpus, names) = parse_corpus(args, &opts, &inputs)?;
+    let mut signature = Signature {
+        nrefs: corpus.refs.len(),
+        bs: None,
+        ar: None,
+        seed: None,
+        lowercase: args.lowercase,
+        effective_order: args.sentence_level,
+        tok: opts.tok.name(),
+        smooth: opts.smooth_text.clone(),
+        max_order: opts.cfg.max_order,
+    };
+    let scores = score(args, &opts, &corpus, &mut signature)?;
+    Ok(render(args, &opts, &names, &signature, &scores))
 }
 
 /// sacrebleu's explanation of the paired tests, after the first two lines.

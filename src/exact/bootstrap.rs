@@ -4,8 +4,8 @@
 //!
 //! sacrebleu draws its resamples with NumPy: `np.random.default_rng(seed)` (seed 12345 unless
 //! `SACREBLEU_SEED` says otherwise), i.e. a PCG64 generator seeded through NumPy's
-//! `SeedSequence`. [`NumpyPcg64`] reimplements both (and `Generator.choice` /
-//! `Generator.integers(2, dtype=bool)` on top), bit for bit, so the resamples, and with them the
+//! `SeedSequence`. This module reimplements both (and `Generator.choice` /
+//! `Generator.integers(2, dtype=bool)` on top) bit for bit, so the resamples, and with them the
 //! means, intervals and p-values, are sacrebleu's own.
 //!
 //! # Definitions
@@ -47,6 +47,7 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::ToPrimitive;
 
+use super::sacre::{brevity_penalty, my_log};
 use super::{invalid, score_from_stats, BleuConfig, BleuError, BleuStats, Smoothing};
 
 /// sacrebleu's default seed (`SACREBLEU_SEED` unset).
@@ -55,7 +56,7 @@ pub const SACREBLEU_SEED: u64 = 12345;
 /// NumPy's `PCG64` bit generator as `np.random.default_rng(seed)` creates it (seeded through
 /// `SeedSequence`), with `next_uint32`'s half-word buffering. Bit-exact with NumPy >= 1.17.
 #[derive(Debug, Clone)]
-pub struct NumpyPcg64 {
+struct NumpyPcg64 {
     state: u128,
     inc: u128,
     has_u32: bool,
@@ -121,7 +122,7 @@ fn seed_sequence_state(entropy: &[u32], n_words: usize) -> Vec<u32> {
 
 impl NumpyPcg64 {
     /// `np.random.default_rng(seed)`.
-    pub fn new(seed: u64) -> Self {
+    fn new(seed: u64) -> Self {
         let words: Vec<u32> = if seed >> 32 == 0 {
             vec![seed as u32]
         } else {
@@ -132,7 +133,7 @@ impl NumpyPcg64 {
 
     /// `np.random.default_rng(SeedSequence(entropy))` with the entropy as 32-bit words, least
     /// significant first (Python's `int` → `uint32` array conversion).
-    pub fn from_entropy(entropy: &[u32]) -> Self {
+    fn from_entropy(entropy: &[u32]) -> Self {
         let words = seed_sequence_state(entropy, 8);
         let u64_at = |k: usize| words[2 * k] as u64 | (words[2 * k + 1] as u64) << 32;
         // pcg64_set_seed: the first uint64 is the high half.
@@ -155,7 +156,7 @@ impl NumpyPcg64 {
     }
 
     /// Next 64 random bits (PCG XSL-RR 128/64).
-    pub fn next_u64(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.step();
         let hi = (self.state >> 64) as u64;
         let lo = self.state as u64;
@@ -163,7 +164,7 @@ impl NumpyPcg64 {
     }
 
     /// NumPy's `next_uint32`: the low half of a 64-bit draw, then its high half.
-    pub fn next_u32(&mut self) -> u32 {
+    fn next_u32(&mut self) -> u32 {
         if self.has_u32 {
             self.has_u32 = false;
             return self.u32_buf;
@@ -176,7 +177,7 @@ impl NumpyPcg64 {
 
     /// One draw of `Generator.integers(0, n)` for `1 <= n <= 2^32` (NumPy's Lemire rejection
     /// on 32-bit words; `n == 1` draws nothing).
-    pub fn below(&mut self, n: u64) -> u64 {
+    fn below(&mut self, n: u64) -> u64 {
         debug_assert!((1..=1u64 << 32).contains(&n));
         let rng = (n - 1) as u32;
         if rng == 0 {
@@ -199,7 +200,7 @@ impl NumpyPcg64 {
     }
 
     /// Fills `out` as one row of `Generator.choice(n, size=(B, out.len()), replace=True)`.
-    pub fn choice_into(&mut self, n: u64, out: &mut [u32]) {
+    fn choice_into(&mut self, n: u64, out: &mut [u32]) {
         for x in out {
             *x = self.below(n) as u32;
         }
@@ -208,14 +209,14 @@ impl NumpyPcg64 {
 
 /// `Generator.integers(2, size=..., dtype=bool)`: one bit per draw from buffered 32-bit words.
 #[derive(Debug, Clone, Default)]
-pub struct NumpyBools {
+struct NumpyBools {
     bcnt: u32,
     buf: u32,
 }
 
 impl NumpyBools {
     /// The next boolean from `rng`.
-    pub fn next(&mut self, rng: &mut NumpyPcg64) -> bool {
+    fn next(&mut self, rng: &mut NumpyPcg64) -> bool {
         if self.bcnt == 0 {
             self.buf = rng.next_u32();
             self.bcnt = 31;
@@ -224,28 +225,6 @@ impl NumpyBools {
             self.bcnt -= 1;
         }
         self.buf & 1 != 0
-    }
-}
-
-/// sacrebleu's `my_log`.
-fn my_log(x: f64) -> f64 {
-    if x == 0.0 {
-        -9_999_999_999.0
-    } else {
-        x.ln()
-    }
-}
-
-/// sacrebleu's brevity penalty (Python ints, `f64`).
-fn brevity_penalty(c: u64, r: u64) -> f64 {
-    if c < r {
-        if c > 0 {
-            (1.0 - r as f64 / c as f64).exp()
-        } else {
-            0.0
-        }
-    } else {
-        1.0
     }
 }
 
@@ -324,6 +303,9 @@ fn check(cfg: &BleuConfig, n_samples: usize, segments: &[&[BleuStats]]) -> Resul
     if n as u64 > 1 << 32 {
         return Err(invalid("stats", format!("at most 2^32 segments, got {n}")));
     }
+    // A resample sums `n` segments, and approximate randomization adds two systems in `i64`:
+    // every count times `2n` must fit an `i64`.
+    let limit = (i64::MAX as u64) / (2 * n as u64);
     for (k, s) in segments.iter().enumerate() {
         if s.len() != n {
             return Err(invalid(
@@ -343,6 +325,19 @@ fn check(cfg: &BleuConfig, n_samples: usize, segments: &[&[BleuStats]]) -> Resul
                 format!(
                     "segment {i} of system {k} does not hold cfg.max_order = {} orders",
                     cfg.max_order
+                ),
+            ));
+        }
+        if let Some(i) = s.iter().position(|st| {
+            st.hyp_len > limit
+                || st.ref_len > limit
+                || st.matches.iter().chain(&st.totals).any(|&c| c > limit)
+        }) {
+            return Err(invalid(
+                "stats",
+                format!(
+                    "segment {i} of system {k} has a count above {limit}: sums of {n} segments \
+                     would overflow"
                 ),
             ));
         }
@@ -505,6 +500,24 @@ pub fn resample_scores(
 ///
 /// sacrebleu only estimates the interval for `n_samples > 1`, and prints it only when the mean
 /// is positive. Errors as [`resample_scores`].
+///
+/// ```
+/// use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap, SACREBLEU_SEED};
+/// use candle_bleu::exact::{corpus_stats, BleuConfig};
+/// let refs: Vec<Vec<Vec<u32>>> = (0..50u32).map(|i| vec![(i..i + 12).collect()]).collect();
+/// // A baseline with one wrong token per segment, a system with two.
+/// let baseline: Vec<Vec<u32>> = refs.iter().map(|r| { let mut h = r[0].clone(); h[5] = 999; h }).collect();
+/// let system: Vec<Vec<u32>> = baseline.iter().map(|h| { let mut h = h.clone(); h[9] = 999; h }).collect();
+/// let cfg = BleuConfig::default();
+/// let base_stats = corpus_stats(&baseline, &refs, 4)?;
+/// let sys_stats = corpus_stats(&system, &refs, 4)?;
+/// let ci = bootstrap_confidence(&base_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// // Every segment alike: every resample scores (up to float32 rounding) the corpus score.
+/// assert!((ci.mean - ci.score).abs() < 1e-3 && ci.ci < 1e-3);
+/// let (_, result) = paired_bootstrap(&base_stats, &sys_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// assert!(result.score < ci.score && result.p_value < 0.05);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn bootstrap_confidence(
     stats: &[BleuStats],
     cfg: &BleuConfig,

@@ -45,14 +45,13 @@
 use std::hash::Hash;
 
 pub mod bootstrap;
-pub mod lines;
 mod nltk;
 mod sacre;
 mod stats;
 pub mod tokenize;
 
 pub use nltk::NltkStats;
-pub use stats::{closest_ref_len, segment_stats, StatsCounter};
+pub use stats::{closest_ref_len, segment_stats, InternedStatsCounter, StatsCounter};
 pub use tokenize::{tokenize, Tokenizer};
 
 /// Errors of the exact BLEU: each names the offending argument and its value.
@@ -60,7 +59,9 @@ pub use tokenize::{tokenize, Tokenizer};
 pub enum BleuError {
     /// A malformed argument: which one, and what is wrong with it.
     InvalidArgument {
+        /// The argument's name as in the signature (`"refs"`, `"cfg.max_order"`, ...).
         argument: &'static str,
+        /// What is wrong with it, with the offending value, length or index.
         message: String,
     },
 }
@@ -77,7 +78,34 @@ impl std::fmt::Display for BleuError {
 
 impl std::error::Error for BleuError {}
 
-fn invalid(argument: &'static str, message: impl Into<String>) -> BleuError {
+impl From<crate::ngram::NgramError> for BleuError {
+    fn from(e: crate::ngram::NgramError) -> Self {
+        BleuError::InvalidArgument {
+            argument: e.argument,
+            message: e.message,
+        }
+    }
+}
+
+/// The largest n-gram order accepted (`max_order` and [`BleuConfig::max_order`]).
+///
+/// BLEU uses 4; an order beyond the longest hypothesis only adds zero totals. The bound keeps
+/// every per-order vector small, and lies past the order where NLTK's smoothing method 4
+/// stops being computable (it raises `OverflowError` from its 1022nd order without a match).
+pub const MAX_ORDER: usize = 1024;
+
+/// Checks `1 <= max_order <= MAX_ORDER`, naming `argument` in the error.
+fn check_max_order(argument: &'static str, max_order: usize) -> Result<(), BleuError> {
+    if !(1..=MAX_ORDER).contains(&max_order) {
+        return Err(invalid(
+            argument,
+            format!("must be in 1..={MAX_ORDER}, got {max_order}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> BleuError {
     BleuError::InvalidArgument {
         argument,
         message: message.into(),
@@ -109,6 +137,8 @@ pub struct BleuConfig {
     pub max_order: usize,
     /// Per-order weights, `max_order` of them, finite and >= 0; `None` = uniform `1/N`.
     pub weights: Option<Vec<f64>>,
+    /// How zero precisions are smoothed, and with it whose semantics apply (sacrebleu's or
+    /// NLTK's).
     pub smoothing: Smoothing,
     /// sacrebleu's `effective_order`: average only over the orders before the first one with
     /// zero total. Ignored under [`Smoothing::Nltk`].
@@ -148,6 +178,7 @@ impl BleuConfig {
 
     /// Checks `max_order`, `weights` and the smoothing parameters.
     pub fn validate(&self) -> Result<(), BleuError> {
+        check_max_order("cfg.max_order", self.max_order)?;
         crate::orders::check_orders(self.max_order, self.weights.as_deref()).map_err(|e| {
             let argument = match e.field {
                 "max_order" => "cfg.max_order",
@@ -212,7 +243,9 @@ pub struct BleuScore {
     pub bp: f64,
     /// `hyp_len / ref_len`, 0 when `ref_len == 0`.
     pub ratio: f64,
+    /// Hypothesis length `c`, summed over the corpus.
     pub hyp_len: u64,
+    /// Effective reference length `r` (closest per segment), summed over the corpus.
     pub ref_len: u64,
     /// Matches per order as the reference implementation reports them: sacrebleu's
     /// `counts` (add-k adds `k` to orders >= 2 up to the last order it reached, as sacrebleu
@@ -233,9 +266,7 @@ fn validate_corpus<T>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<(), BleuError> {
-    if max_order == 0 {
-        return Err(invalid("max_order", "must be >= 1, got 0"));
-    }
+    check_max_order("max_order", max_order)?;
     if hyps.len() != refs.len() {
         return Err(invalid(
             "refs",
@@ -266,7 +297,7 @@ pub fn corpus_stats<T: Eq + Hash>(
     max_order: usize,
 ) -> Result<Vec<BleuStats>, BleuError> {
     validate_corpus(hyps, refs, max_order)?;
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     Ok(hyps
         .iter()
         .zip(refs)
@@ -291,7 +322,7 @@ fn sum_segment_stats<T: Eq + Hash>(
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> BleuStats {
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     let mut total = BleuStats::zeros(max_order);
     for (h, r) in hyps.iter().zip(refs) {
         counter.add_segment(h, r, &mut total);
@@ -326,7 +357,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
 ) -> Result<NltkStats, BleuError> {
     validate_corpus(hyps, refs, max_order)?;
     let mut stats = NltkStats::new(max_order);
-    let mut counter = StatsCounter::new(max_order);
+    let mut counter = StatsCounter::new_unchecked(max_order);
     let mut segment = BleuStats::zeros(max_order);
     let last = hyps.len().saturating_sub(1);
     for (i, (h, r)) in hyps.iter().zip(refs).enumerate() {
@@ -334,7 +365,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
             // NLTK's methods 5 and 7 read the last segment's 5-gram precision.
             // `push_segment` sums the first `max_order` orders and keeps order 5 as
             // `last_fivegram`.
-            stats.push_segment(&segment_stats(h, r, 5));
+            stats.push_segment(&StatsCounter::new_unchecked(5).segment(h, r));
         } else {
             segment.matches.fill(0);
             segment.totals.fill(0);
@@ -406,8 +437,24 @@ pub fn score_from_stats(stats: &BleuStats, cfg: &BleuConfig) -> Result<BleuScore
 /// `bleu = BP · exp(fsum(w_n ln p_n for p_n > 0))`, with NLTK's BP (`1` if `c > r`, `0` if
 /// `c == 0`, else `exp(1 - r/c)`). Rationals are exact (big integers) as in Python.
 ///
-/// Errors: invalid `cfg`, a non-NLTK smoothing, stats without `cfg.max_order` orders,
-/// method6 with `max_order < 3` or no trigram match, methods 5/7 without `last_fivegram`.
+/// Errors: invalid `cfg`, a non-NLTK smoothing, stats without `cfg.max_order` orders or with
+/// a zero denominator (no segment), method6 with `max_order < 3` or no trigram match, methods
+/// 5/7 without a valid `last_fivegram`, method 4/7 past NLTK's float overflow (1022 orders
+/// without a match; NLTK raises `OverflowError`).
+///
+/// ```
+/// use candle_bleu::exact::{nltk_corpus_stats, score_nltk_stats, BleuConfig};
+/// let hyps = [vec!["the", "cat", "sat", "on", "the", "mat"], vec!["a", "dog", "ran"]];
+/// let refs = [
+///     vec![vec!["the", "cat", "is", "on", "the", "mat"]],
+///     vec![vec!["a", "dog", "runs"]],
+/// ];
+/// let stats = nltk_corpus_stats(&hyps, &refs, 4)?;
+/// assert_eq!(stats.denominators, [9, 7, 5, 4]); // Σ max(1, t_n) per segment
+/// let score = score_nltk_stats(&stats, &BleuConfig::nltk(4))?;
+/// assert_eq!(score.bleu, 0.2643415812880757); // NLTK's corpus_bleu, method4
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore, BleuError> {
     cfg.validate()?;
     let Smoothing::Nltk(method) = cfg.smoothing else {
@@ -436,6 +483,22 @@ pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore
 /// Speed: corpora of [`PARALLEL_MIN_SEGMENTS`] segments or more are counted on rayon's
 /// thread pool ([`corpus_stats_sum_par`]; integer sums, so the result is identical), which is
 /// why `T` must be `Sync` (every token type in practice: ids, `String`, `&str`).
+///
+/// ```
+/// use candle_bleu::exact::{corpus_bleu, BleuConfig};
+/// let hyps = [vec!["the", "cat", "sat", "on", "the", "mat"], vec!["a", "dog", "ran"]];
+/// let refs = [
+///     vec![vec!["the", "cat", "is", "on", "the", "mat"]],
+///     vec![vec!["a", "dog", "runs"]],
+/// ];
+/// // sacrebleu: BLEU().corpus_score(hyps, [refs]).score on the same tokens.
+/// let sacre = corpus_bleu(&hyps, &refs, &BleuConfig::default())?;
+/// assert_eq!(sacre.score, 34.88783797973686);
+/// // NLTK: corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method4).
+/// let nltk = corpus_bleu(&hyps, &refs, &BleuConfig::nltk(4))?;
+/// assert_eq!(nltk.bleu, 0.2643415812880757);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn corpus_bleu<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
@@ -497,6 +560,18 @@ pub fn corpus_bleu_par<T: Eq + Hash + Sync>(
 /// while `BleuConfig::default()` does not.
 ///
 /// Errors: as [`corpus_bleu`]; `refs` empty.
+///
+/// ```
+/// use candle_bleu::exact::{sentence_bleu, BleuConfig};
+/// let hyp = ["the", "cat", "sat", "on", "the", "mat"];
+/// let refs = [vec!["the", "cat", "is", "on", "the", "mat"]];
+/// // sacrebleu.sentence_bleu (effective order) and NLTK's sentence_bleu with method1.
+/// let sacre = sentence_bleu(&hyp, &refs, &BleuConfig::sacrebleu_sentence())?;
+/// assert_eq!(sacre.score, 37.99178428257963);
+/// let nltk = sentence_bleu(&hyp, &refs, &BleuConfig::nltk(1))?;
+/// assert_eq!(nltk.bleu, 0.25406637407730737);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn sentence_bleu<T: Eq + Hash>(
     hyp: &[T],
     refs: &[Vec<T>],
@@ -509,11 +584,11 @@ pub fn sentence_bleu<T: Eq + Hash>(
             "the sentence has no reference (refs is empty)",
         ));
     }
-    let mut counter = StatsCounter::new(cfg.max_order);
+    let mut counter = StatsCounter::new_unchecked(cfg.max_order);
     match cfg.smoothing {
         Smoothing::Nltk(_) => {
             let seg = if cfg.max_order < 5 {
-                segment_stats(hyp, refs, 5)
+                StatsCounter::new_unchecked(5).segment(hyp, refs)
             } else {
                 counter.segment(hyp, refs)
             };

@@ -10,7 +10,7 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use super::{sacre::length_ratio, BleuError, BleuScore, BleuStats};
+use super::{invalid, sacre::length_ratio, BleuError, BleuScore, BleuStats};
 
 /// NLTK's corpus statistics. More than [`BleuStats`], because NLTK:
 /// - floors each segment's denominator at 1 before summing (`max(1, t_n)` per segment), so
@@ -117,21 +117,22 @@ impl PyNum {
         }
     }
 
-    fn add_int(&self, k: i64) -> PyNum {
+    fn add_int(&self, k: i128) -> PyNum {
         match self {
             PyNum::Frac(a) => PyNum::Frac(a + BigInt::from(k)),
             PyNum::Float(x) => PyNum::Float(x + k as f64),
         }
     }
 
-    fn mul_int(&self, k: i64) -> PyNum {
+    fn mul_int(&self, k: i128) -> PyNum {
         match self {
             PyNum::Frac(a) => PyNum::Frac(a * BigInt::from(k)),
             PyNum::Float(x) => PyNum::Float(x * k as f64),
         }
     }
 
-    fn div_int(&self, k: i64) -> PyNum {
+    /// `x / k` for `k != 0` (every caller divides by a positive constant or `l + α`).
+    fn div_int(&self, k: i128) -> PyNum {
         match self {
             PyNum::Frac(a) => PyNum::Frac(a / BigInt::from(k)),
             PyNum::Float(x) => PyNum::Float(x / k as f64),
@@ -225,37 +226,60 @@ pub(crate) fn fsum(values: impl IntoIterator<Item = f64>) -> f64 {
 }
 
 const EPSILON: f64 = 0.1;
-const ALPHA: i64 = 5;
-const K: i64 = 5;
+const ALPHA: i128 = 5;
+const K: f64 = 5.0;
 
 /// Method 4 (Chen & Cherry): the k-th zero-numerator order gets `ln(L)/(2^k·5)/d`, where `L`
 /// is the corpus hypothesis length (the last hypothesis' if that is 0); nothing when `L <= 1`.
-fn method4(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) {
+///
+/// NLTK computes `1 / (2**k * 5 / math.log(L))`: the Python int `2**k * 5` is exact, and is
+/// converted to a float for the division, which raises `OverflowError` once it exceeds
+/// `f64::MAX` (from the 1022nd zero-numerator order on). `5 · 2^k` is exact in `f64` up to
+/// there, so this is NLTK's arithmetic, and the overflow is an error naming `cfg.max_order`.
+fn method4(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), BleuError> {
     let hyp_len = if stats.hyp_len != 0 {
         stats.hyp_len
     } else {
         stats.last_hyp_len
     };
-    let mut incvnt: u32 = 1;
+    let mut incvnt: i32 = 1;
     for (p_i, &(m, d)) in p.iter_mut().zip(raw) {
         if m == 0 && hyp_len > 1 {
-            let numerator = 1.0 / ((2i64.pow(incvnt) * K) as f64 / (hyp_len as f64).ln());
+            let scaled = 2f64.powi(incvnt) * K;
+            if !scaled.is_finite() {
+                return Err(invalid(
+                    "cfg.max_order",
+                    format!(
+                        "NLTK smoothing method4 overflows at the {incvnt}th order without a \
+                         match (2**{incvnt} * 5 is too large for a float; NLTK raises \
+                         OverflowError): use fewer than {} orders",
+                        raw.len()
+                    ),
+                ));
+            }
+            let numerator = 1.0 / (scaled / (hyp_len as f64).ln());
             *p_i = PyNum::Float(numerator / d as f64);
             incvnt += 1;
         }
     }
+    Ok(())
 }
 
 /// Method 5: `p'_i = (p'_{i-1} + p_i + p_{i+1}) / 3` with `p'_{-1} = p_0 + 1` and `p_{N}` the
 /// last segment's 5-gram precision.
 fn method5(p: &mut [PyNum], stats: &NltkStats) -> Result<(), BleuError> {
-    let (m5, d5) = stats
-        .last_fivegram
-        .ok_or_else(|| BleuError::InvalidArgument {
-            argument: "stats.last_fivegram",
-            message: "NLTK methods 5 and 7 need the last segment's 5-gram precision; it is None"
-                .into(),
-        })?;
+    let (m5, d5) = stats.last_fivegram.ok_or_else(|| {
+        invalid(
+            "stats.last_fivegram",
+            "NLTK methods 5 and 7 need the last segment's 5-gram precision; it is None",
+        )
+    })?;
+    if d5 == 0 {
+        return Err(invalid(
+            "stats.last_fivegram",
+            format!("the denominator max(1, t_5) must be >= 1, got ({m5}, 0)"),
+        ));
+    }
     let mut plus1: Vec<PyNum> = p.to_vec();
     plus1.push(PyNum::frac(m5, d5));
     let mut prev = p[0].add_int(1);
@@ -272,22 +296,21 @@ fn method5(p: &mut [PyNum], stats: &NltkStats) -> Result<(), BleuError> {
 /// `l = max(0, len(last hyp) - i)`.
 fn method6(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), BleuError> {
     if p.len() < 3 {
-        return Err(BleuError::InvalidArgument {
-            argument: "cfg.max_order",
-            message: format!(
+        return Err(invalid(
+            "cfg.max_order",
+            format!(
                 "NLTK smoothing method6 needs max_order >= 3 (it reads the trigram precision; \
                  NLTK raises IndexError), got {}",
                 p.len()
             ),
-        });
+        ));
     }
     if p[2].is_zero() {
-        return Err(BleuError::InvalidArgument {
-            argument: "cfg.smoothing",
-            message: "NLTK smoothing method6 needs a non-zero trigram precision (NLTK raises \
-                      AssertionError); this corpus has no trigram match"
-                .into(),
-        });
+        return Err(invalid(
+            "cfg.smoothing",
+            "NLTK smoothing method6 needs a non-zero trigram precision (NLTK raises \
+             AssertionError); this corpus has no trigram match",
+        ));
     }
     for i in 2..p.len() {
         let pi0 = if p[i - 2].is_zero() {
@@ -296,7 +319,7 @@ fn method6(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(),
             Some(p[i - 1].square().div(&p[i - 2]))
         };
         let m = raw[i].0;
-        let l = stats.last_hyp_len.saturating_sub(i as u64) as i64;
+        let l = i128::from(stats.last_hyp_len.saturating_sub(i as u64));
         p[i] = match pi0 {
             Some(pi0) => PyNum::int_plus(m, &pi0.mul_int(ALPHA)).div_int(l + ALPHA),
             // `(m + 0) / (l + α)`: int / int in Python, a float.
@@ -313,6 +336,16 @@ pub(crate) fn score(
     weights: &[f64],
     method: u8,
 ) -> Result<BleuScore, BleuError> {
+    if let Some(n) = stats.denominators.iter().position(|&d| d == 0) {
+        return Err(invalid(
+            "stats.denominators",
+            format!(
+                "must be >= 1 (each segment adds max(1, t_n)), got 0 at order {}: statistics \
+                 of no segment (NLTK raises ZeroDivisionError on an empty corpus)",
+                n + 1
+            ),
+        ));
+    }
     let raw: Vec<(u64, u64)> = stats
         .numerators
         .iter()
@@ -357,7 +390,8 @@ pub(crate) fn score(
         }
         2 => {
             for (p_i, &(m, d)) in p.iter_mut().zip(&raw).skip(1) {
-                *p_i = PyNum::frac(m + 1, d + 1);
+                // `(m + 1) / (d + 1)` as Python ints: no overflow at u64::MAX.
+                *p_i = PyNum::Frac(BigRational::new(BigInt::from(m) + 1, BigInt::from(d) + 1));
             }
         }
         3 => {
@@ -375,18 +409,18 @@ pub(crate) fn score(
                 }
             }
         }
-        4 => method4(&mut p, &raw, stats),
+        4 => method4(&mut p, &raw, stats)?,
         5 => method5(&mut p, stats)?,
         6 => method6(&mut p, &raw, stats)?,
         7 => {
-            method4(&mut p, &raw, stats);
+            method4(&mut p, &raw, stats)?;
             method5(&mut p, stats)?;
         }
         _ => {
-            return Err(BleuError::InvalidArgument {
-                argument: "cfg.smoothing",
-                message: format!("NLTK smoothing method must be 0..=7, got {method}"),
-            })
+            return Err(invalid(
+                "cfg.smoothing",
+                format!("NLTK smoothing method must be 0..=7, got {method}"),
+            ))
         }
     }
     let log_sum = fsum(

@@ -4,7 +4,8 @@
 use super::{BleuScore, BleuStats, Smoothing};
 
 /// sacrebleu's `my_log`: `ln(x)`, and `-9999999999` for `x == 0` (which makes the score 0).
-fn my_log(x: f64) -> f64 {
+/// Shared with the bootstrap's `float32` scoring (`bootstrap::score_f32`).
+pub(crate) fn my_log(x: f64) -> f64 {
     if x == 0.0 {
         -9_999_999_999.0
     } else {

@@ -6,9 +6,9 @@ use std::hash::Hash;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign};
 
-use crate::ngram::ClippedMatcher;
+use crate::ngram::{ClippedMatcher, InternedMatcher};
 
-use super::BleuStats;
+use super::{check_max_order, BleuError, BleuStats};
 
 impl BleuStats {
     /// All-zero statistics for orders `1..=max_order`.
@@ -37,13 +37,14 @@ impl BleuStats {
     }
 }
 
-/// Element-wise `a += b`, growing `a` with zeros where `b` is longer.
+/// Element-wise `a += b`, growing `a` with zeros where `b` is longer. Saturates at `u64::MAX`
+/// rather than wrapping (no real corpus comes near).
 fn add_counts(a: &mut Vec<u64>, b: &[u64]) {
     if a.len() < b.len() {
         a.resize(b.len(), 0);
     }
     for (x, y) in a.iter_mut().zip(b) {
-        *x += y;
+        *x = x.saturating_add(*y);
     }
 }
 
@@ -54,8 +55,8 @@ impl AddAssign<&BleuStats> for BleuStats {
     fn add_assign(&mut self, other: &BleuStats) {
         add_counts(&mut self.matches, &other.matches);
         add_counts(&mut self.totals, &other.totals);
-        self.hyp_len += other.hyp_len;
-        self.ref_len += other.ref_len;
+        self.hyp_len = self.hyp_len.saturating_add(other.hyp_len);
+        self.ref_len = self.ref_len.saturating_add(other.ref_len);
     }
 }
 
@@ -115,7 +116,27 @@ pub struct StatsCounter<'a, T> {
 
 impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
     /// A counter of the orders `1..=max_order`.
-    pub fn new(max_order: usize) -> Self {
+    ///
+    /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
+    ///
+    /// ```
+    /// use candle_bleu::exact::StatsCounter;
+    /// let hyps = [vec!["a", "b", "c"], vec!["d"]];
+    /// let refs = [vec![vec!["a", "b", "d"]], vec![vec!["d"], vec!["e", "f"]]];
+    /// let mut counter = StatsCounter::new(2)?;
+    /// let first = counter.segment(&hyps[0], &refs[0]);
+    /// assert_eq!((first.matches, first.totals), (vec![2, 1], vec![3, 2]));
+    /// let second = counter.segment(&hyps[1], &refs[1]);
+    /// assert_eq!((second.hyp_len, second.ref_len), (1, 1)); // "d" is closest in length
+    /// # Ok::<(), candle_bleu::exact::BleuError>(())
+    /// ```
+    pub fn new(max_order: usize) -> Result<Self, BleuError> {
+        check_max_order("max_order", max_order)?;
+        Ok(Self::new_unchecked(max_order))
+    }
+
+    /// [`StatsCounter::new`] for an already validated `max_order`.
+    pub(crate) fn new_unchecked(max_order: usize) -> Self {
         Self {
             max_order,
             matcher: ClippedMatcher::new(),
@@ -139,22 +160,10 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
         stats: &mut BleuStats,
     ) {
         let n = self.max_order;
-        if stats.matches.len() < n {
-            stats.matches.resize(n, 0);
-        }
-        if stats.totals.len() < n {
-            stats.totals.resize(n, 0);
-        }
+        grow_orders(stats, n);
         self.matcher
-            .add_clipped_matches(hyp, refs, n, &mut stats.matches);
-
-        let c = hyp.len();
-        for (order, total) in stats.totals.iter_mut().take(n).enumerate() {
-            *total += c.saturating_sub(order) as u64;
-        }
-        stats.hyp_len += c as u64;
-        stats.ref_len +=
-            closest_ref_len(c, refs.iter().map(|r| r.as_ref().len())).unwrap_or(0) as u64;
+            .add_clipped_matches_unchecked(hyp, refs, n, &mut stats.matches);
+        add_lengths(stats, n, hyp.len(), refs.iter().map(|r| r.as_ref().len()));
     }
 
     /// The statistics of one segment (see [`StatsCounter::add_segment`]).
@@ -165,12 +174,108 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
     }
 }
 
+/// Grows `stats` to `n` orders (with zeros) if it holds fewer.
+fn grow_orders(stats: &mut BleuStats, n: usize) {
+    if stats.matches.len() < n {
+        stats.matches.resize(n, 0);
+    }
+    if stats.totals.len() < n {
+        stats.totals.resize(n, 0);
+    }
+}
+
+/// Adds everything of one segment but its matches: totals `t_n = max(0, c - n + 1)` for orders
+/// `1..=n`, `c` and the closest reference length (0 without a reference).
+fn add_lengths(stats: &mut BleuStats, n: usize, c: usize, ref_lens: impl Iterator<Item = usize>) {
+    for (order, total) in stats.totals.iter_mut().take(n).enumerate() {
+        *total += c.saturating_sub(order) as u64;
+    }
+    stats.hyp_len += c as u64;
+    stats.ref_len += closest_ref_len(c, ref_lens).unwrap_or(0) as u64;
+}
+
+/// [`StatsCounter`] for segments whose tokens the caller has interned into segment-local ids
+/// (see [`InternedMatcher`]): hypothesis ids `1..=vocab`, and each reference token the id of
+/// the equal hypothesis token or 0. Borrows nothing, so one counter serves any number of
+/// segments, each tokenized into reused buffers (what the `candle-bleu` binary does).
+///
+/// ```
+/// use candle_bleu::exact::{segment_stats, BleuStats, InternedStatsCounter};
+/// // "the cat sat" against "the cat" and "a cat sat": the = 1, cat = 2, sat = 3, a = 0.
+/// let mut counter = InternedStatsCounter::new(2)?;
+/// let mut stats = BleuStats::zeros(2);
+/// counter.add_segment(&[1, 2, 3], &[vec![1, 2], vec![0, 2, 3]], 3, &mut stats)?;
+/// let words = segment_stats(
+///     &["the", "cat", "sat"],
+///     &[vec!["the", "cat"], vec!["a", "cat", "sat"]],
+///     2,
+/// )?;
+/// assert_eq!(stats, words);
+/// assert_eq!(stats.matches, [3, 2]);
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
+#[derive(Default)]
+pub struct InternedStatsCounter {
+    max_order: usize,
+    matcher: InternedMatcher,
+}
+
+impl InternedStatsCounter {
+    /// A counter of the orders `1..=max_order`.
+    ///
+    /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
+    pub fn new(max_order: usize) -> Result<Self, BleuError> {
+        check_max_order("max_order", max_order)?;
+        Ok(Self {
+            max_order,
+            matcher: InternedMatcher::new(),
+        })
+    }
+
+    /// The largest order counted.
+    pub fn max_order(&self) -> usize {
+        self.max_order
+    }
+
+    /// Adds the statistics of one segment to `stats` (grown to `max_order` orders if
+    /// shorter), as [`StatsCounter::add_segment`] does on the tokens the ids stand for.
+    ///
+    /// Errors (nothing is added): `vocab > hyp.len()`, a hypothesis id outside `1..=vocab`, a
+    /// reference id above `vocab`.
+    pub fn add_segment<R: AsRef<[u32]>>(
+        &mut self,
+        hyp: &[u32],
+        refs: &[R],
+        vocab: u32,
+        stats: &mut BleuStats,
+    ) -> Result<(), BleuError> {
+        let n = self.max_order;
+        grow_orders(stats, n);
+        self.matcher
+            .add_clipped_matches(hyp, refs, vocab, n, &mut stats.matches)?;
+        add_lengths(stats, n, hyp.len(), refs.iter().map(|r| r.as_ref().len()));
+        Ok(())
+    }
+}
+
 /// The statistics of one segment, orders `1..=max_order` (see [`StatsCounter::add_segment`];
 /// to score many segments, reuse a [`StatsCounter`]).
+///
+/// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
+///
+/// ```
+/// use candle_bleu::exact::segment_stats;
+/// let stats = segment_stats(&[1u32, 2, 3, 1], &[vec![1u32, 2, 1], vec![3u32]], 2)?;
+/// assert_eq!(stats.matches, [4, 1]); // 1 twice, 2, 3; the bigram (1, 2)
+/// assert_eq!(stats.totals, [4, 3]);
+/// assert_eq!((stats.hyp_len, stats.ref_len), (4, 3));
+/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// ```
 pub fn segment_stats<T: Eq + Hash, R: AsRef<[T]>>(
     hyp: &[T],
     refs: &[R],
     max_order: usize,
-) -> BleuStats {
-    StatsCounter::new(max_order).segment(hyp, refs)
+) -> Result<BleuStats, BleuError> {
+    check_max_order("max_order", max_order)?;
+    Ok(StatsCounter::new_unchecked(max_order).segment(hyp, refs))
 }

@@ -40,6 +40,7 @@ use std::str::FromStr;
 
 mod intl;
 pub mod python;
+mod regexp;
 #[rustfmt::skip]
 mod tables;
 mod v13a;
@@ -132,6 +133,18 @@ impl FromStr for Tokenizer {
 /// `(text.lower() if lowercase else text)`, then `tokenizer(line.rstrip())`, then `.split()`.
 /// Every token is non-empty and free of Python whitespace; `""` and whitespace-only text give no
 /// token. For many lines, reuse a [`TokenizeBuffer`] instead.
+///
+/// ```
+/// use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+/// let line = "Hello, world: 1,000.5 &amp; \"more\"!";
+/// assert_eq!(
+///     tokenize(line, Tokenizer::V13a, false),
+///     ["Hello", ",", "world", ":", "1,000.5", "&", "\"", "more", "\"", "!"]
+/// );
+/// assert_eq!(tokenize(line, Tokenizer::None, true)[0], "hello,");
+/// assert_eq!(tokenize("中文abc", Tokenizer::Zh, false), ["中", "文", "abc"]);
+/// assert_eq!(tokenize("a b", Tokenizer::Char, false), ["a", "b"]);
+/// ```
 pub fn tokenize(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
     TokenizeBuffer::default()
         .tokenize(text, tok, lowercase)
@@ -152,7 +165,7 @@ pub struct TokenizeBuffer {
     lowered: String,
     unescaped: String,
     spans: Vec<(usize, usize)>,
-    passes: v13a::PassBuffers,
+    passes: regexp::PassBuffers,
     intl: intl::IntlBuffers,
 }
 
@@ -186,7 +199,7 @@ impl TokenizeBuffer {
             Tokenizer::Char => TokensInner::Chars { text: line, pos: 0 },
             Tokenizer::V13a => {
                 let line = v13a::unescape_13a(line, unescaped);
-                v13a::regexp_spans::<false>(line, true, spans, passes);
+                regexp::regexp_spans::<false>(line, true, spans, passes);
                 TokensInner::Spans {
                     text: line,
                     spans: spans.iter(),
@@ -216,7 +229,7 @@ pub fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<St
         text.to_owned()
     };
     let line = python_rstrip(&text);
-    let mut passes = v13a::PassBuffers::default();
+    let mut passes = regexp::PassBuffers::default();
     let mut spaced = String::new();
     let out = match tok {
         Tokenizer::V13a => v13a::tokenize_13a_reference(line, &mut passes),

@@ -126,9 +126,7 @@ impl<'a> Iterator for PythonSplit<'a> {
         // A token runs to the next separator. Continuation bytes never start whitespace, and a
         // multi-byte character that is not whitespace is stepped over byte by byte.
         loop {
-            while i < bytes.len() && !MAY_START_WHITESPACE[bytes[i] as usize] {
-                i += 1;
-            }
+            i = next_whitespace_candidate(bytes, i);
             if i >= bytes.len() || whitespace_len_at(bytes, i) > 0 {
                 break;
             }
@@ -137,6 +135,35 @@ impl<'a> Iterator for PythonSplit<'a> {
         self.pos = i;
         Some(&self.text[start..i])
     }
+}
+
+/// The first index `>= i` whose byte may start Python whitespace ([`MAY_START_WHITESPACE`]),
+/// or `bytes.len()`. Eight bytes at a time: every ASCII whitespace byte is below 0x21 and
+/// every multi-byte one starts at or above 0x80, so a word with neither is skipped whole.
+#[inline]
+fn next_whitespace_candidate(bytes: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        // Bytes below 0x21 (exact for the lowest flagged byte: a borrow only moves upwards)
+        // or at or above 0x80.
+        let flagged = (word.wrapping_sub(ONES * 0x21) & !word & HIGH) | (word & HIGH);
+        if flagged == 0 {
+            i += 8;
+            continue;
+        }
+        let k = i + (flagged.trailing_zeros() / 8) as usize;
+        if MAY_START_WHITESPACE[bytes[k] as usize] {
+            return k;
+        }
+        // A control character or a byte of a non-whitespace character: go on after it.
+        i = k + 1;
+    }
+    while i < bytes.len() && !MAY_START_WHITESPACE[bytes[i] as usize] {
+        i += 1;
+    }
+    i
 }
 
 /// Python's `str.rstrip()`: drops trailing Python whitespace.
@@ -237,6 +264,29 @@ mod tests {
         assert_eq!(tokens, ["a", "b", "c", "d", "e\u{200b}f"]);
         assert_eq!(python_split("").count(), 0);
         assert_eq!(python_split(" \t\n").count(), 0);
+    }
+
+    #[test]
+    fn word_scan_finds_the_first_candidate() {
+        // Every position of every byte value that may start whitespace, behind ASCII letters
+        // and behind non-ASCII characters (whose bytes are flagged but are not candidates).
+        for b in 0u8..=255 {
+            for at in 0..20 {
+                for filler in [b'a', 0xC3] {
+                    let mut bytes = vec![filler; 24];
+                    if filler == 0xC3 {
+                        for k in (1..24).step_by(2) {
+                            bytes[k] = 0xA9; // "é" repeated
+                        }
+                    }
+                    bytes[at] = b;
+                    let want = (0..bytes.len())
+                        .find(|&k| MAY_START_WHITESPACE[bytes[k] as usize])
+                        .unwrap_or(bytes.len());
+                    assert_eq!(next_whitespace_candidate(&bytes, 0), want, "{b:#x} at {at}");
+                }
+            }
+        }
     }
 
     #[test]

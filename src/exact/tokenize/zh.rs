@@ -1,6 +1,6 @@
 //! sacrebleu's `zh` tokenizer (`TokenizerZh`): `line.strip()`, a space on each side of every
-//! "Chinese" code point, then the 13a regular expressions (`v13a::regexp_passes`) without
-//! 13a's padding, `<skipped>` removal or entity unescaping.
+//! "Chinese" code point, then the `TokenizerRegexp` passes that 13a also uses (module `regexp`)
+//! without 13a's padding, `<skipped>` removal or entity unescaping.
 //!
 //! "Chinese" is sacrebleu's `_UCODE_RANGES`, compared as Python strings: the entries written
 //! `'\u20000'` and `'\u2a6d6'` (meant as CJK Extension B, U+20000..U+2A6D6) are the two-character
@@ -10,15 +10,9 @@
 //! radicals anyway). `tables::ZH_CHINESE` holds the resulting code points, read off
 //! sacrebleu itself.
 
-use super::python::{in_ranges, python_strip};
-use super::tables::ZH_CHINESE;
-use super::v13a::{regexp_passes, regexp_spans, PassBuffers};
-
-/// Whether sacrebleu's zh tokenizer treats `c` as a Chinese character (bug included).
-pub fn is_zh_split_char(c: char) -> bool {
-    let u = c as u32;
-    in_ranges(ZH_CHINESE, u)
-}
+use super::python::python_strip;
+pub use super::regexp::is_zh_split_char;
+use super::regexp::{regexp_passes, regexp_spans, PassBuffers};
 
 /// `TokenizerZh.__call__` then `str.split()`, on a line that is already lowercased (if asked) and
 /// right-stripped: appends the token spans to `spans` and returns the text they index (`line`
@@ -53,22 +47,4 @@ pub(super) fn tokenize_zh_reference<'b>(
         }
     }
     regexp_passes(spaced, false, bufs)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_u20000_bug() {
-        assert!(!is_zh_split_char('\u{2000}'));
-        assert!(is_zh_split_char('\u{2001}'));
-        assert!(is_zh_split_char('…'));
-        assert!(is_zh_split_char('\u{2A6D}'));
-        assert!(!is_zh_split_char('\u{2A6E}'));
-        assert!(!is_zh_split_char('\u{20000}'));
-        assert!(is_zh_split_char('中'));
-        assert!(is_zh_split_char('，'));
-        assert!(!is_zh_split_char('a'));
-    }
 }

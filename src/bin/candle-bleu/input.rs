@@ -1,5 +1,9 @@
-//! Line-aligned text corpora read exactly as sacrebleu 2.6.0's command line reads them, and
-//! tokenized into `u32` ids for fast scoring (the input side of the `candle-bleu` binary).
+//! The input side of the `candle-bleu` binary: line-aligned text corpora read exactly as
+//! sacrebleu 2.6.0's command line reads them, and tokenized into `u32` ids for fast scoring.
+//!
+//! Part of the binary, not of the library's API (its messages speak of `--num-refs` and
+//! "System N"). The fuzz target `fuzz/fuzz_targets/cli_input.rs` includes this file with
+//! `#[path]`, so it must depend on nothing but the `candle_bleu` library.
 //!
 //! # How sacrebleu reads its inputs (`sacrebleu/sacrebleu.py`, `utils.smart_open`)
 //! - **Files** (references and `-i` hypotheses) are opened with `newline="\n"`: lines end at
@@ -22,17 +26,11 @@
 //! empty hypothesis), and every error is an [`InputError`] naming the input and the line instead
 //! of a traceback or a bare exit status.
 //!
-//! Tokenization ([`TokenizedCorpus`]) is sacrebleu's `_preprocess_segment` then `str.split()`
-//! ([`super::tokenize::TokenizeBuffer`]); hypothesis tokens are interned into `u32` ids (exact:
-//! equal ids iff equal strings) and reference tokens looked up among them, a token that no
-//! hypothesis holds getting [`REF_ONLY`], so statistics are counted on integers.
+//! Tokenizing and counting are in the `count` module.
 
 use std::fmt;
 
-use rustc_hash::FxHashMap;
-
-use super::tokenize::{python_rstrip, TokenizeBuffer, Tokenizer};
-use super::{BleuStats, StatsCounter};
+use candle_bleu::exact::tokenize::python_rstrip;
 
 /// A malformed input. Every variant names the input (a file name, or `<stdin>`) and, where there
 /// is one, the 1-based line.
@@ -269,9 +267,9 @@ pub struct Source<'a> {
 
 /// Where the hypotheses come from.
 #[derive(Debug, Clone, Copy)]
-pub enum HypInput<'a> {
+pub enum HypInput<'s, 'a> {
     /// One file per system (`-i A B ...`).
-    Files(&'a [Source<'a>]),
+    Files(&'s [Source<'a>]),
     /// Standard input: one tab-separated field per system.
     Stdin(&'a [u8]),
 }
@@ -286,18 +284,6 @@ pub struct Corpus<'a> {
     pub ref_names: Vec<String>,
 }
 
-impl Corpus<'_> {
-    /// Number of segments (lines).
-    pub fn len(&self) -> usize {
-        self.refs.first().map_or(0, Vec::len)
-    }
-
-    /// Whether there is no segment.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Reads references then hypotheses as sacrebleu's command line does (see the module docs),
 /// then checks them: at least one reference, no empty input, every system and every reference
 /// stream of the same length.
@@ -307,7 +293,7 @@ impl Corpus<'_> {
 /// systems read from standard input are `System 1`, `System 2`, ... (sacrebleu's names).
 pub fn read_corpus<'a>(
     refs: &[Source<'a>],
-    hyps: HypInput<'a>,
+    hyps: HypInput<'_, 'a>,
     num_refs: usize,
 ) -> Result<Corpus<'a>, InputError> {
     if num_refs == 0 {
@@ -394,335 +380,6 @@ pub fn read_corpus<'a>(
     })
 }
 
-/// Token ids of many segments laid end to end: segment `i` is `ids[offsets[i]..offsets[i+1]]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Segments {
-    pub ids: Vec<u32>,
-    pub offsets: Vec<usize>,
-}
-
-impl Segments {
-    /// Number of segments.
-    pub fn len(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
-    }
-
-    /// Whether there is no segment.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The ids of segment `i` (panics if `i >= len()`).
-    pub fn get(&self, i: usize) -> &[u32] {
-        &self.ids[self.offsets[i]..self.offsets[i + 1]]
-    }
-}
-
-/// Interns token strings into dense `u32` ids: equal ids iff equal strings.
-#[derive(Debug, Default)]
-struct Interner {
-    map: FxHashMap<Box<str>, u32>,
-}
-
-impl Interner {
-    fn with_capacity(n: usize) -> Self {
-        Self {
-            map: FxHashMap::with_capacity_and_hasher(n, Default::default()),
-        }
-    }
-
-    fn id(&mut self, token: &str) -> u32 {
-        if let Some(&id) = self.map.get(token) {
-            return id;
-        }
-        let id = self.map.len() as u32;
-        self.map.insert(token.into(), id);
-        id
-    }
-}
-
-/// The id of a reference token that occurs in no hypothesis (see [`TokenizedCorpus::new`]).
-pub const REF_ONLY: u32 = u32::MAX;
-
-/// Segments of at least this many lines are tokenized on rayon's pool.
-const PARALLEL_MIN_LINES: usize = 2048;
-
-/// Tokenizes reference `lines` into the ids of `vocab` ([`REF_ONLY`] for unknown tokens),
-/// appending to `out`.
-fn lookup_chunk(
-    lines: &[&str],
-    tok: Tokenizer,
-    lowercase: bool,
-    vocab: &Interner,
-    buf: &mut TokenizeBuffer,
-    out: &mut Segments,
-) {
-    if out.offsets.is_empty() {
-        out.offsets.push(out.ids.len());
-    }
-    let bytes: usize = lines.iter().map(|l| l.len()).sum();
-    out.ids.reserve(bytes / 5 + 16);
-    out.offsets.reserve(lines.len());
-    for line in lines {
-        for token in buf.tokenize(line, tok, lowercase) {
-            out.ids
-                .push(vocab.map.get(token).copied().unwrap_or(REF_ONLY));
-        }
-        out.offsets.push(out.ids.len());
-    }
-}
-
-/// Tokenizes `lines` into chunk-local ids (one interner per chunk), appending to `out`.
-fn tokenize_chunk(
-    lines: &[&str],
-    tok: Tokenizer,
-    lowercase: bool,
-    interner: &mut Interner,
-    buf: &mut TokenizeBuffer,
-    out: &mut Segments,
-) {
-    if out.offsets.is_empty() {
-        out.offsets.push(out.ids.len());
-    }
-    // About one token per 5 bytes of English text: reserve once instead of doubling.
-    let bytes: usize = lines.iter().map(|l| l.len()).sum();
-    out.ids.reserve(bytes / 5 + 16);
-    out.offsets.reserve(lines.len());
-    for line in lines {
-        for token in buf.tokenize(line, tok, lowercase) {
-            out.ids.push(interner.id(token));
-        }
-        out.offsets.push(out.ids.len());
-    }
-}
-
-/// Every system and reference stream of a [`Corpus`], tokenized as sacrebleu's BLEU does
-/// (`lowercase`, then the tokenizer on the `rstrip()`ped line, then `str.split()`) and interned
-/// into one id space.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenizedCorpus {
-    /// `systems[s]`: the hypotheses of system `s`.
-    pub systems: Vec<Segments>,
-    /// `refs[r]`: reference stream `r`.
-    pub refs: Vec<Segments>,
-}
-
-impl TokenizedCorpus {
-    /// Tokenizes every line of `corpus`: first the hypotheses, interned into dense ids, then the
-    /// references, whose tokens are only looked up: a reference token that occurs in no
-    /// hypothesis gets [`REF_ONLY`] (it can match nothing, so it needs no id of its own).
-    ///
-    /// Large corpora are cut into chunks tokenized on rayon's pool: hypothesis chunks with their
-    /// own interners, merged afterwards (exact: ids are renumbered, never hashed); reference
-    /// chunks against the finished, shared vocabulary.
-    pub fn new(corpus: &Corpus<'_>, tok: Tokenizer, lowercase: bool) -> Self {
-        let systems: Vec<&[&str]> = corpus
-            .systems
-            .iter()
-            .map(|(_, lines)| lines.as_slice())
-            .collect();
-        let refs: Vec<&[&str]> = corpus.refs.iter().map(Vec::as_slice).collect();
-        let total_lines: usize = systems.iter().chain(&refs).map(|s| s.len()).sum();
-        if total_lines >= PARALLEL_MIN_LINES && rayon::current_num_threads() > 1 {
-            let (systems, vocab) = tokenize_parallel(&systems, tok, lowercase);
-            let refs = lookup_parallel(&refs, tok, lowercase, &vocab);
-            return TokenizedCorpus { systems, refs };
-        }
-        let mut interner = Interner::default();
-        let mut buf = TokenizeBuffer::default();
-        let systems = systems
-            .iter()
-            .map(|lines| {
-                let mut seg = Segments::default();
-                tokenize_chunk(lines, tok, lowercase, &mut interner, &mut buf, &mut seg);
-                seg
-            })
-            .collect();
-        let refs = refs
-            .iter()
-            .map(|lines| {
-                let mut seg = Segments::default();
-                lookup_chunk(lines, tok, lowercase, &interner, &mut buf, &mut seg);
-                seg
-            })
-            .collect();
-        TokenizedCorpus { systems, refs }
-    }
-
-    /// Number of segments.
-    pub fn len(&self) -> usize {
-        self.refs.first().map_or(0, Segments::len)
-    }
-
-    /// Whether there is no segment.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The references of every segment laid out flat: segment `i` is
-    /// `[i * R .. (i + 1) * R]` with `R = refs.len()`.
-    fn ref_table(&self) -> Vec<&[u32]> {
-        let n = self.len();
-        let r = self.refs.len();
-        let mut table = Vec::with_capacity(n * r);
-        for i in 0..n {
-            for stream in &self.refs {
-                table.push(stream.get(i));
-            }
-        }
-        table
-    }
-
-    /// Per-segment statistics of system `system` (sacrebleu's segment statistics), orders
-    /// `1..=max_order`. Panics if `system` is out of range.
-    pub fn segment_stats(&self, system: usize, max_order: usize) -> Vec<BleuStats> {
-        let hyps = &self.systems[system];
-        let table = self.ref_table();
-        let r = self.refs.len();
-        let mut counter = StatsCounter::new(max_order);
-        (0..self.len())
-            .map(|i| counter.segment(hyps.get(i), &table[i * r..(i + 1) * r]))
-            .collect()
-    }
-
-    /// Summed statistics of system `system`, orders `1..=max_order` (counted on rayon's pool
-    /// for large corpora). Panics if `system` is out of range.
-    pub fn stats_sum(&self, system: usize, max_order: usize) -> BleuStats {
-        use rayon::prelude::*;
-        let hyps = &self.systems[system];
-        let table = self.ref_table();
-        let r = self.refs.len().max(1);
-        let n = self.len();
-        let count = |range: std::ops::Range<usize>| {
-            let mut counter = StatsCounter::new(max_order);
-            let mut total = BleuStats::zeros(max_order);
-            for i in range {
-                counter.add_segment(hyps.get(i), &table[i * r..(i + 1) * r], &mut total);
-            }
-            total
-        };
-        let threads = rayon::current_num_threads();
-        if n < PARALLEL_MIN_LINES || threads < 2 {
-            return count(0..n);
-        }
-        let chunk = n.div_ceil(2 * threads).max(256);
-        (0..n.div_ceil(chunk))
-            .into_par_iter()
-            .map(|c| count(c * chunk..((c + 1) * chunk).min(n)))
-            .reduce(|| BleuStats::zeros(max_order), |a, b| a + b)
-    }
-}
-
-/// Parallel tokenization: every stream is cut into chunks; each chunk is tokenized with its own
-/// interner; the chunk vocabularies are then merged into one id space in order, and each
-/// chunk's ids renumbered.
-fn tokenize_parallel(
-    streams: &[&[&str]],
-    tok: Tokenizer,
-    lowercase: bool,
-) -> (Vec<Segments>, Interner) {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads();
-    let total: usize = streams.iter().map(|s| s.len()).sum();
-    let chunk_lines = total.div_ceil(2 * threads).max(512);
-    // (stream, line range) per chunk, in order.
-    let mut jobs = Vec::new();
-    for (s, lines) in streams.iter().enumerate() {
-        let mut start = 0;
-        while start < lines.len() {
-            let end = (start + chunk_lines).min(lines.len());
-            jobs.push((s, start, end));
-            start = end;
-        }
-    }
-    let chunks: Vec<(Segments, Vec<Box<str>>)> = jobs
-        .par_iter()
-        .map(|&(s, start, end)| {
-            let mut interner = Interner::with_capacity(4096);
-            let mut buf = TokenizeBuffer::default();
-            let mut seg = Segments::default();
-            tokenize_chunk(
-                &streams[s][start..end],
-                tok,
-                lowercase,
-                &mut interner,
-                &mut buf,
-                &mut seg,
-            );
-            // The chunk's tokens by id (ids are dense: 0..len).
-            let mut vocab: Vec<Box<str>> = vec![Box::from(""); interner.map.len()];
-            for (token, id) in interner.map {
-                vocab[id as usize] = token;
-            }
-            (seg, vocab)
-        })
-        .collect();
-    let mut global = Interner::with_capacity(8192);
-    let mut out: Vec<Segments> = streams
-        .iter()
-        .map(|lines| Segments {
-            ids: Vec::new(),
-            offsets: Vec::with_capacity(lines.len() + 1),
-        })
-        .collect();
-    for (&(s, _, _), (seg, vocab)) in jobs.iter().zip(chunks) {
-        let remap: Vec<u32> = vocab.iter().map(|t| global.id(t)).collect();
-        let dst = &mut out[s];
-        let base = dst.ids.len();
-        if dst.offsets.is_empty() {
-            dst.offsets.push(0);
-        }
-        dst.ids.extend(seg.ids.iter().map(|&id| remap[id as usize]));
-        dst.offsets
-            .extend(seg.offsets.iter().skip(1).map(|&o| base + o));
-    }
-    for seg in &mut out {
-        if seg.offsets.is_empty() {
-            seg.offsets.push(0);
-        }
-    }
-    (out, global)
-}
-
-/// [`lookup_chunk`] on rayon's pool: every stream cut into chunks, all reading `vocab`.
-fn lookup_parallel(
-    streams: &[&[&str]],
-    tok: Tokenizer,
-    lowercase: bool,
-    vocab: &Interner,
-) -> Vec<Segments> {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads();
-    let total: usize = streams.iter().map(|s| s.len()).sum();
-    let chunk_lines = total.div_ceil(2 * threads).max(512);
-    streams
-        .iter()
-        .map(|lines| {
-            let chunks: Vec<Segments> = lines
-                .par_chunks(chunk_lines)
-                .map(|chunk| {
-                    let mut buf = TokenizeBuffer::default();
-                    let mut seg = Segments::default();
-                    lookup_chunk(chunk, tok, lowercase, vocab, &mut buf, &mut seg);
-                    seg
-                })
-                .collect();
-            let mut out = Segments {
-                ids: Vec::with_capacity(chunks.iter().map(|c| c.ids.len()).sum()),
-                offsets: Vec::with_capacity(lines.len() + 1),
-            };
-            out.offsets.push(0);
-            for seg in chunks {
-                let base = out.ids.len();
-                out.ids.extend_from_slice(&seg.ids);
-                out.offsets
-                    .extend(seg.offsets.iter().skip(1).map(|&o| base + o));
-            }
-            out
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -806,62 +463,5 @@ mod tests {
             read_corpus(&refs, HypInput::Files(&hyps), 1),
             Err(InputError::Empty { .. })
         ));
-    }
-
-    #[test]
-    fn parallel_and_serial_tokenization_agree() {
-        let text: String = (0..5000)
-            .map(|i| format!("w{} x{} , the {}\n", i % 97, i % 13, i % 7))
-            .collect();
-        // References with tokens of their own (`y..`, `z`): REF_ONLY ids.
-        let ref_text: String = (0..5000)
-            .map(|i| format!("w{} y{} , the {} z\n", i % 89, i % 11, i % 7))
-            .collect();
-        let refs = [Source {
-            name: "ref",
-            bytes: ref_text.as_bytes(),
-        }];
-        let hyps = [Source {
-            name: "hyp",
-            bytes: text.as_bytes(),
-        }];
-        let corpus = read_corpus(&refs, HypInput::Files(&hyps), 1).unwrap();
-        let (par, vocab) = tokenize_parallel(&[&corpus.systems[0].1], Tokenizer::V13a, false);
-        let par_refs = lookup_parallel(&[&corpus.refs[0]], Tokenizer::V13a, false, &vocab);
-        let mut interner = Interner::default();
-        let mut buf = TokenizeBuffer::default();
-        let mut serial = Segments::default();
-        tokenize_chunk(
-            &corpus.systems[0].1,
-            Tokenizer::V13a,
-            false,
-            &mut interner,
-            &mut buf,
-            &mut serial,
-        );
-        let mut serial_refs = Segments::default();
-        lookup_chunk(
-            &corpus.refs[0],
-            Tokenizer::V13a,
-            false,
-            &interner,
-            &mut buf,
-            &mut serial_refs,
-        );
-        assert_eq!(par, [serial]);
-        assert_eq!(par_refs, [serial_refs]);
-        assert!(par_refs[0].ids.contains(&REF_ONLY));
-        let tc = TokenizedCorpus::new(&corpus, Tokenizer::V13a, false);
-        let sum = tc.stats_sum(0, 4);
-        let segs: BleuStats = tc.segment_stats(0, 4).iter().sum();
-        assert_eq!(sum, segs);
-        // The same statistics from the tokens as strings.
-        let tokens = |l: &str| super::super::tokenize::tokenize(l, Tokenizer::V13a, false);
-        let hyps: Vec<Vec<String>> = corpus.systems[0].1.iter().map(|l| tokens(l)).collect();
-        let refs: Vec<Vec<Vec<String>>> = corpus.refs[0].iter().map(|l| vec![tokens(l)]).collect();
-        assert_eq!(
-            sum,
-            super::super::corpus_stats_sum(&hyps, &refs, 4).unwrap()
-        );
     }
 }

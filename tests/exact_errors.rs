@@ -1,0 +1,270 @@
+//! Bad input to the public functions of `exact` and `ngram` gives an error naming the argument,
+//! never a panic (issue 10): huge n-gram orders (NLTK's method 4 overflowed `2i64.pow`), the
+//! bootstrap on zero segments, buffers too short for the orders asked, ids out of range,
+//! hand-made statistics that no corpus produces. Where NLTK itself returns a number, so do we
+//! (the values below are NLTK 3.10.4's `corpus_bleu`).
+
+use candle_bleu::exact::bootstrap::{
+    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap,
+    paired_bootstrap_many, resample_scores,
+};
+use candle_bleu::exact::{
+    corpus_bleu, corpus_stats, corpus_stats_sum, nltk_corpus_stats, score_nltk_stats,
+    segment_stats, sentence_bleu, BleuConfig, BleuError, BleuStats, InternedStatsCounter,
+    NltkStats, StatsCounter, MAX_ORDER,
+};
+use candle_bleu::ngram::{
+    add_clipped_matches, count_ngrams, reference_ngram_masks, ClippedMatcher, InternedMatcher,
+    NgramCounts, NgramError,
+};
+
+/// The argument an error names (and checks that its message says something).
+fn argument<T: std::fmt::Debug>(result: Result<T, BleuError>) -> &'static str {
+    match result {
+        Err(BleuError::InvalidArgument { argument, message }) => {
+            assert!(!message.is_empty());
+            argument
+        }
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn ngram_argument<T: std::fmt::Debug>(result: Result<T, NgramError>) -> &'static str {
+    match result {
+        Err(e) => {
+            assert!(e.to_string().contains(e.argument), "{e}");
+            e.argument
+        }
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn nltk(method: u8, max_order: usize) -> BleuConfig {
+    BleuConfig {
+        max_order,
+        ..BleuConfig::nltk(method)
+    }
+}
+
+#[test]
+fn nltk_with_many_orders_follows_nltk_and_fails_where_nltk_overflows() {
+    // NLTK computes `2**k * 5` with Python ints: 100 orders are fine there, and here.
+    let hyp = vec![1u32, 2, 3, 4, 5, 6];
+    let refs = vec![vec![1u32, 2, 3, 4, 9, 6]];
+    for (method, want) in [
+        (3, 9.337729511821603e-15),
+        (4, 3.4864111779132952e-15),
+        (7, 5.129376912834854e-15),
+    ] {
+        let got = sentence_bleu(&hyp, &refs, &nltk(method, 100)).unwrap().bleu;
+        assert_eq!(got, want, "method{method}");
+    }
+    // Only the unigrams match: method 4's 1022nd zero order is the first whose `2**k * 5`
+    // exceeds a float, and NLTK raises OverflowError from there on.
+    let hyp = vec![1u32, 3, 5, 7];
+    let refs = vec![vec![1u32, 2, 5, 6]];
+    let bleu = sentence_bleu(&hyp, &refs, &nltk(4, 1022)).unwrap().bleu;
+    assert_eq!(bleu, 5.842003831061346e-155);
+    for method in [4, 7] {
+        assert_eq!(
+            argument(sentence_bleu(&hyp, &refs, &nltk(method, 1023))),
+            "cfg.max_order"
+        );
+        assert_eq!(
+            argument(corpus_bleu(
+                std::slice::from_ref(&hyp),
+                std::slice::from_ref(&refs),
+                &nltk(method, MAX_ORDER)
+            )),
+            "cfg.max_order"
+        );
+    }
+    // Past MAX_ORDER every entry point refuses before allocating anything.
+    let (hyps, corpus_refs) = (std::slice::from_ref(&hyp), std::slice::from_ref(&refs));
+    for max_order in [MAX_ORDER + 1, 1 << 40, usize::MAX] {
+        for cfg in [
+            nltk(4, max_order),
+            nltk(0, max_order),
+            BleuConfig {
+                max_order,
+                ..BleuConfig::default()
+            },
+        ] {
+            assert_eq!(argument(sentence_bleu(&hyp, &refs, &cfg)), "cfg.max_order");
+            assert_eq!(
+                argument(corpus_bleu(hyps, corpus_refs, &cfg)),
+                "cfg.max_order"
+            );
+        }
+        assert_eq!(
+            argument(corpus_stats(hyps, corpus_refs, max_order)),
+            "max_order"
+        );
+        assert_eq!(
+            argument(corpus_stats_sum(hyps, corpus_refs, max_order)),
+            "max_order"
+        );
+        assert_eq!(
+            argument(nltk_corpus_stats(hyps, corpus_refs, max_order)),
+            "max_order"
+        );
+        assert_eq!(argument(segment_stats(&hyp, &refs, max_order)), "max_order");
+        assert_eq!(
+            argument(StatsCounter::<u32>::new(max_order).map(|c| c.max_order())),
+            "max_order"
+        );
+        assert_eq!(
+            argument(InternedStatsCounter::new(max_order).map(|c| c.max_order())),
+            "max_order"
+        );
+    }
+    assert_eq!(argument(segment_stats(&hyp, &refs, 0)), "max_order");
+    assert_eq!(
+        argument(StatsCounter::<u32>::new(0).map(|c| c.max_order())),
+        "max_order"
+    );
+}
+
+#[test]
+fn hand_made_nltk_statistics_are_checked() {
+    let cfg = nltk(5, 4);
+    // No segment at all: NLTK divides by zero.
+    assert_eq!(
+        argument(score_nltk_stats(&NltkStats::new(4), &cfg)),
+        "stats.denominators"
+    );
+    let mut stats = NltkStats::new(4);
+    stats.push_segment(&segment_stats(&[1u32, 2, 3], &[vec![1u32, 2, 3]], 5).unwrap());
+    assert!(score_nltk_stats(&stats, &cfg).is_ok());
+    // A 5-gram precision with a zero denominator (NLTK's is max(1, t_5)).
+    stats.last_fivegram = Some((1, 0));
+    assert_eq!(
+        argument(score_nltk_stats(&stats, &cfg)),
+        "stats.last_fivegram"
+    );
+    stats.last_fivegram = None;
+    assert_eq!(
+        argument(score_nltk_stats(&stats, &cfg)),
+        "stats.last_fivegram"
+    );
+    // Counts at the top of u64: method 2's `(m + 1) / (d + 1)` and method 6's `l + α` are
+    // Python ints, not u64 sums that wrap.
+    let huge = NltkStats {
+        numerators: vec![u64::MAX; 4],
+        denominators: vec![u64::MAX; 4],
+        hyp_len: u64::MAX,
+        ref_len: u64::MAX,
+        last_hyp_len: u64::MAX,
+        last_fivegram: Some((u64::MAX, u64::MAX)),
+    };
+    for method in 0..=7 {
+        let score = score_nltk_stats(&huge, &nltk(method, 4)).unwrap();
+        assert!(score.bleu.is_finite(), "method{method}: {score:?}");
+    }
+    let wrong_orders = NltkStats {
+        denominators: vec![1; 3],
+        ..huge.clone()
+    };
+    assert_eq!(argument(score_nltk_stats(&wrong_orders, &cfg)), "stats");
+}
+
+#[test]
+fn bootstrap_on_zero_segments_is_an_error() {
+    let cfg = BleuConfig::default();
+    let none: [BleuStats; 0] = [];
+    assert_eq!(argument(bootstrap_confidence(&none, &cfg, 10, 1)), "stats");
+    assert_eq!(argument(resample_scores(&none, &cfg, 10, 1)), "stats");
+    assert_eq!(
+        argument(paired_bootstrap(&none, &none, &cfg, 10, 1)),
+        "stats"
+    );
+    assert_eq!(
+        argument(paired_bootstrap_many(&none, &[], &cfg, 10, 1)),
+        "stats"
+    );
+    assert_eq!(
+        argument(paired_approximate_randomization(&none, &none, &cfg, 10, 1)),
+        "stats"
+    );
+    // Zero resamples, and counts whose resample sums would overflow.
+    let one = [segment_stats(&[1u32, 2], &[vec![1u32, 2]], 4).unwrap()];
+    assert_eq!(
+        argument(bootstrap_confidence(&one, &cfg, 0, 1)),
+        "n_samples"
+    );
+    let huge = [BleuStats {
+        matches: vec![u64::MAX; 4],
+        totals: vec![u64::MAX; 4],
+        hyp_len: u64::MAX,
+        ref_len: 1,
+    }];
+    assert_eq!(argument(bootstrap_confidence(&huge, &cfg, 10, 1)), "stats");
+    assert_eq!(
+        argument(paired_approximate_randomization(&huge, &huge, &cfg, 10, 1)),
+        "stats"
+    );
+}
+
+#[test]
+fn summing_statistics_saturates_instead_of_overflowing() {
+    let big = BleuStats {
+        matches: vec![u64::MAX, 1],
+        totals: vec![u64::MAX, 2],
+        hyp_len: u64::MAX,
+        ref_len: 3,
+    };
+    let sum: BleuStats = [big.clone(), big.clone()].iter().sum();
+    assert_eq!(sum.matches, [u64::MAX, 2]);
+    assert_eq!(sum.totals, [u64::MAX, 4]);
+    assert_eq!((sum.hyp_len, sum.ref_len), (u64::MAX, 6));
+}
+
+#[test]
+fn ngram_functions_check_their_buffers_and_ids() {
+    let hyp = [1u32, 2, 3];
+    let refs = [vec![1u32, 2, 3]];
+    // `matches` shorter than the orders asked for.
+    let mut short = [0u64; 2];
+    assert_eq!(
+        ngram_argument(add_clipped_matches(
+            &count_ngrams(&hyp, 3),
+            &NgramCounts::default(),
+            &mut short
+        )),
+        "matches"
+    );
+    assert_eq!(
+        ngram_argument(ClippedMatcher::new().add_clipped_matches(&hyp, &refs, 3, &mut short)),
+        "matches"
+    );
+    assert_eq!(short, [0, 0], "nothing is added on an error");
+    let mut matcher = InternedMatcher::new();
+    let mut matches = [0u64; 3];
+    let mut interned =
+        |hyp: &[u32], refs: &[Vec<u32>], vocab: u32, matches: &mut [u64]| -> &'static str {
+            ngram_argument(matcher.add_clipped_matches(hyp, refs, vocab, 3, matches))
+        };
+    assert_eq!(interned(&hyp, &refs, 3, &mut short), "matches");
+    assert_eq!(interned(&hyp, &refs, 4, &mut matches), "vocab");
+    assert_eq!(interned(&[1, 0, 2], &refs, 3, &mut matches), "hyp");
+    assert_eq!(interned(&[1, 5, 2], &refs, 3, &mut matches), "hyp");
+    assert_eq!(interned(&hyp, &[vec![1, 4]], 3, &mut matches), "refs");
+    assert_eq!(matches, [0, 0, 0]);
+    // The same through the statistics counter, named as a BleuError.
+    let mut counter = InternedStatsCounter::new(3).unwrap();
+    let mut stats = BleuStats::zeros(3);
+    assert_eq!(
+        argument(counter.add_segment(&hyp, &[vec![9u32]], 3, &mut stats)),
+        "refs"
+    );
+    assert_eq!(stats, BleuStats::zeros(3));
+    counter
+        .add_segment(&hyp, &[vec![1u32, 2, 0]], 3, &mut stats)
+        .unwrap();
+    assert_eq!(stats.matches, [2, 1, 0]);
+    // Order 0 has no n-gram: all-false masks, no panic.
+    let masks = reference_ngram_masks(&[&[1u32, 2][..], &[3u32][..]], 0);
+    assert_eq!(masks.inside, [false; 3]);
+    assert_eq!(masks.first, [false; 3]);
+    assert_eq!(masks.clip, [0; 3]);
+}
