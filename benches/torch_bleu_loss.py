@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch reference benchmark of the differentiable BLEU loss (SPEC.md §2; issue 3 item 4).
+"""PyTorch reference benchmark of the differentiable BLEU loss (docs/loss.md).
 
 A batched PyTorch implementation of the same loss the crate implements in candle, so the two can
 be timed back to back on the same machine. It is a benchmark script, not a test dependency: the
 Rust crate never calls it.
 
-What is implemented (SPEC.md §2):
+What is implemented (docs/loss.md):
   * references as token ids `[B, R, T]` with trailing padding, laid end to end; the reference side
     (`e_j`, `ν_j`, `κ_j`, reference lengths) is computed from the ids in plain Python on the host,
     integer, no gradient (timed separately as `ref_prep_ms`, not inside the forward+backward);

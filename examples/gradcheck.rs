@@ -279,7 +279,7 @@ fn main() -> Result<()> {
         println!("  -> softmax_last_dim has no backward: the model would get no BLEU gradient");
     } else {
         println!(
-            "  -> softmax_last_dim now has a backward (candle changed): update CANDLE_NOTES.md"
+            "  -> softmax_last_dim now has a backward (candle changed): update the README's warning about ops without a backward"
         );
     }
     let mut demo_failures = 0;

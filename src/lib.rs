@@ -69,7 +69,7 @@
 //! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training |
 //! | [`loss::fused`] | CPU kernels: softmax gathered at the reference ids, and softmax with a backward |
 //! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::Smoothing`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
-//! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |
+//! | [`exact::tokenize`](mod@exact::tokenize) | sacrebleu's tokenizers, with Python's string semantics |
 //! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization, with NumPy's PCG64 |
 //! | [`gradcheck`] | [`gradcheck::check_gradients`]: autograd against central finite differences in f64 |
 //! | [`ngram`] | n-gram counting, clipping, and the reference masks of the loss |

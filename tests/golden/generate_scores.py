@@ -381,7 +381,7 @@ for method in range(8):
     cases.append(nltk_case("error/method6-n2/m%d" % method, "sentence", "ids",
                            [[1, 2, 3, 4]], [[[1, 2, 3, 4]]], 2, method))
 
-# 6. The worked examples of the seeds (../shared/seeds/): 002's guide-to-action sentences
+# 6. Worked examples from the write-ups the project grew from: 002's guide-to-action sentences
 #    (NLTK sentence_bleu = 0.5045666840058485), "this is a test", BLEU-2 with weights
 #    (1/2, 1/2, 0, 0) = 0.49999999999999994, the "the the the" clipping examples of 002 and
 #    004, 004's NASA rover candidates, 001's Korean sentence pair.
