@@ -364,6 +364,7 @@ fn the_crate_computes_the_printed_statistics_and_losses() -> candle_core::Result
                 length: row.length,
                 reduction,
                 smoothing: row.smoothing,
+                ..Default::default()
             };
             let what = format!(
                 "{:?} {:?} {:?} {:?}",
