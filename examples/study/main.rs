@@ -21,6 +21,8 @@ mod arms;
 #[allow(dead_code)]
 #[path = "../seq2seq/data.rs"]
 mod data;
+#[path = "../common/device.rs"]
+mod device;
 #[path = "eval.rs"]
 mod eval;
 #[allow(dead_code)]
@@ -117,6 +119,9 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "runs/study")]
     out: PathBuf,
+    /// Train on the CPU even when built with `cuda` or `metal` and a GPU is available.
+    #[arg(long)]
+    cpu: bool,
 }
 
 /// Everything a finished run produced.
@@ -372,7 +377,7 @@ fn main() -> Result<()> {
     }
     check_args(&args)?;
     let started = Instant::now();
-    let device = Device::Cpu;
+    let device = device::device(args.cpu);
     let arms = selected_arms(&args)?;
     let corpus = task::corpus(
         args.train_pairs,
