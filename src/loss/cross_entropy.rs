@@ -8,8 +8,8 @@
 //! in one call.
 
 use super::fused::{
-    contiguous_slice, non_finite_error, row_exp_sum, row_max_checked, vocab_sized_buffer,
-    KernelFloat, LANES,
+    contiguous_slice, dispatch_float, non_finite_error, row_exp_sum, row_max_checked,
+    vocab_sized_buffer, KernelFloat, LANES,
 };
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage,
@@ -370,19 +370,10 @@ impl CustomOp2 for CrossEntropyOp {
         let (batch, seq, vocab) = logits_layout.shape().dims3()?;
         let targets = contiguous_slice::<u32>(targets, targets_layout, "targets")?;
         let dims = (seq, vocab);
-        let out = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(self.forward(
-                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
-                targets,
-                dims,
-            )?),
-            DType::F64 => CpuStorage::F64(self.forward(
-                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
-                targets,
-                dims,
-            )?),
-            dtype => bail!("cross_entropy: logits must be f32 or f64, got {dtype:?}"),
-        };
+        let out = dispatch_float!(logits.dtype(), "cross_entropy_from_logits", <T> => {
+            let logits = contiguous_slice::<T>(logits, logits_layout, "logits")?;
+            Ok(candle_core::WithDType::to_cpu_storage_owned(self.forward(logits, targets, dims)?))
+        })?;
         Ok((out, Shape::from((batch, seq, CE_COLUMNS))))
     }
 
@@ -393,11 +384,9 @@ impl CustomOp2 for CrossEntropyOp {
         out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = match logits.dtype() {
-            DType::F32 => self.backward::<f32>(logits, targets, out, grad_out)?,
-            DType::F64 => self.backward::<f64>(logits, targets, out, grad_out)?,
-            dtype => bail!("cross_entropy backward: unsupported dtype {dtype:?}"),
-        };
+        let grad = dispatch_float!(logits.dtype(), "cross_entropy_from_logits backward", <T> => {
+            self.backward::<T>(logits, targets, out, grad_out)
+        })?;
         Ok((Some(grad), None))
     }
 }

@@ -381,14 +381,29 @@ fn gather_backward<T: KernelFloat>(
 macro_rules! dispatch_float {
     ($dtype:expr, $what:expr, $kernel:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
-            DType::F32 => $kernel::<f32>($($arg),*),
-            DType::F64 => $kernel::<f64>($($arg),*),
-            other => Err(unsupported_dtype($what, other)),
+            candle_core::DType::F32 => $kernel::<f32>($($arg),*),
+            candle_core::DType::F64 => $kernel::<f64>($($arg),*),
+            other => Err($crate::loss::fused::unsupported_dtype($what, other)),
+        }
+    };
+    // `<T> => body`: the body once, with `T` the kernel's float type (methods, wrapping).
+    ($dtype:expr, $what:expr, <$float:ident> => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $float = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $float = f64;
+                $body
+            }
+            other => Err($crate::loss::fused::unsupported_dtype($what, other)),
         }
     };
 }
+pub(crate) use dispatch_float;
 
-fn unsupported_dtype(what: &str, dtype: DType) -> candle_core::Error {
+pub(crate) fn unsupported_dtype(what: &str, dtype: DType) -> candle_core::Error {
     candle_core::Error::Msg(format!(
         "{what}: the CPU kernel takes f32 or f64 `logits`, got {dtype:?}"
     ))

@@ -13,7 +13,7 @@ use super::cross_entropy::{
     CE_COLUMNS,
 };
 use super::fused::{
-    contiguous_slice, gather_rows, non_finite_error, row_exp_into, row_max_checked,
+    contiguous_slice, dispatch_float, gather_rows, non_finite_error, row_exp_into, row_max_checked,
     vocab_sized_buffer, LANES,
 };
 use super::references::ReferenceTokens;
@@ -22,7 +22,7 @@ use super::{
     with_eos_column, BleuLossConfig, BleuLossOutput, Form, HypothesisInputs, References,
 };
 use candle_core::{
-    backend::BackendStorage, bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    backend::BackendStorage, bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor,
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,21 +122,10 @@ impl CustomOp3 for GatherCrossEntropyOp {
         let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
         let targets = contiguous_slice::<u32>(targets, targets_layout, "targets")?;
         let dims = (seq, vocab, width);
-        let out = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(self.forward(
-                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
-                ids,
-                targets,
-                dims,
-            )?),
-            DType::F64 => CpuStorage::F64(self.forward(
-                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
-                ids,
-                targets,
-                dims,
-            )?),
-            dtype => bail!("ce_bleu: logits must be f32 or f64, got {dtype:?}"),
-        };
+        let out = dispatch_float!(logits.dtype(), "ce_bleu_from_logits", <T> => {
+            let logits = contiguous_slice::<T>(logits, logits_layout, "logits")?;
+            Ok(candle_core::WithDType::to_cpu_storage_owned(self.forward(logits, ids, targets, dims)?))
+        })?;
         Ok((out, Shape::from((batch, seq, width + CE_COLUMNS))))
     }
 
@@ -148,11 +137,9 @@ impl CustomOp3 for GatherCrossEntropyOp {
         out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = match logits.dtype() {
-            DType::F32 => self.backward::<f32>(logits, ids, targets, out, grad_out)?,
-            DType::F64 => self.backward::<f64>(logits, ids, targets, out, grad_out)?,
-            dtype => bail!("ce_bleu backward: unsupported dtype {dtype:?}"),
-        };
+        let grad = dispatch_float!(logits.dtype(), "ce_bleu_from_logits backward", <T> => {
+            self.backward::<T>(logits, ids, targets, out, grad_out)
+        })?;
         Ok((Some(grad), None, None))
     }
 }
@@ -343,21 +330,10 @@ impl CustomOp3 for SelfMatchCrossEntropyOp {
         let ids = contiguous_slice::<u32>(ids, ids_layout, "ids")?;
         let targets = contiguous_slice::<u32>(targets, targets_layout, "targets")?;
         let dims = (batch, seq, vocab, width);
-        let out = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(self.forward(
-                contiguous_slice::<f32>(logits, logits_layout, "logits")?,
-                ids,
-                targets,
-                dims,
-            )?),
-            DType::F64 => CpuStorage::F64(self.forward(
-                contiguous_slice::<f64>(logits, logits_layout, "logits")?,
-                ids,
-                targets,
-                dims,
-            )?),
-            dtype => bail!("ce_bleu: logits must be f32 or f64, got {dtype:?}"),
-        };
+        let out = dispatch_float!(logits.dtype(), "ce_bleu_from_logits (paired)", <T> => {
+            let logits = contiguous_slice::<T>(logits, logits_layout, "logits")?;
+            Ok(candle_core::WithDType::to_cpu_storage_owned(self.forward(logits, ids, targets, dims)?))
+        })?;
         Ok((out, Shape::from((batch, seq, seq + width + CE_COLUMNS))))
     }
 
@@ -369,11 +345,9 @@ impl CustomOp3 for SelfMatchCrossEntropyOp {
         out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = match logits.dtype() {
-            DType::F32 => self.backward::<f32>(logits, ids, targets, out, grad_out)?,
-            DType::F64 => self.backward::<f64>(logits, ids, targets, out, grad_out)?,
-            dtype => bail!("ce_bleu backward: unsupported dtype {dtype:?}"),
-        };
+        let grad = dispatch_float!(logits.dtype(), "ce_bleu_from_logits (paired) backward", <T> => {
+            self.backward::<T>(logits, ids, targets, out, grad_out)
+        })?;
         Ok((Some(grad), None, None))
     }
 }
