@@ -21,7 +21,7 @@
 
 use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits,
-    BleuLossConfig, CrossEntropyConfig, Form, References,
+    BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig,
 };
 use candle_core::{DType, Result, Tensor, Var, D};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -265,15 +265,11 @@ fn main() -> Result<()> {
                     form,
                     ..Default::default()
                 };
-                let out = ce_bleu_from_logits(
-                    var.as_tensor(),
-                    None,
-                    refs,
-                    targets_2d,
-                    1.0,
-                    &CrossEntropyConfig::default(),
-                    &cfg,
-                )?;
+                let cfg = TrainingLossConfig {
+                    bleu: cfg,
+                    ..Default::default()
+                };
+                let out = ce_bleu_from_logits(var.as_tensor(), None, refs, targets_2d, &cfg)?;
                 let _ = out.loss.backward()?;
                 Ok(())
             }

@@ -18,7 +18,7 @@
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, loss_from_stats, BleuLossConfig, BleuStats,
-    CrossEntropyConfig, References,
+    CrossEntropyConfig, References, TrainingLossConfig,
 };
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -103,11 +103,17 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     let mut opt = AdamW::new(varmap.all_vars(), params)?;
-    let lambda = 0.5;
+    // loss = CE + λ·BLEU with λ = 0.5; the BLEU side as configured above.
+    let step_cfg = TrainingLossConfig {
+        bleu_weight: 0.5,
+        ce: ce_cfg,
+        bleu: cfg.clone(),
+        ..Default::default()
+    };
     for step in 0..=30 {
         let logits = model.forward(&features)?;
         // loss = CE + λ · (-log BLEU): the logits are read once, one gradient is written.
-        let out = ce_bleu_from_logits(&logits, None, &refs, &targets, lambda, &ce_cfg, &cfg)?;
+        let out = ce_bleu_from_logits(&logits, None, &refs, &targets, &step_cfg)?;
         opt.backward_step(&out.loss)?;
         if step % 10 == 0 {
             let (ce, bleu) = (scalar(&out.cross_entropy)?, scalar(&out.bleu.loss)?);

@@ -7,7 +7,7 @@ mod common;
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
-    CrossEntropyConfig, Form, LengthModel, References,
+    CrossEntropyConfig, Form, LengthModel, References, TrainingLoss, TrainingLossConfig,
 };
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::*;
@@ -65,6 +65,25 @@ fn value_and_grad(
     Ok((loss.to_scalar::<f64>()?, grad))
 }
 
+/// `ce_bleu_from_logits` with the configuration built from its parts.
+fn ce_bleu(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    targets: &Tensor,
+    bleu_weight: f64,
+    ce: &CrossEntropyConfig,
+    bleu: &BleuLossConfig,
+) -> Result<TrainingLoss> {
+    let cfg = TrainingLossConfig {
+        bleu_weight,
+        ce: *ce,
+        bleu: bleu.clone(),
+        ..Default::default()
+    };
+    ce_bleu_from_logits(logits, hyp_lengths, refs, targets, &cfg)
+}
+
 #[test]
 fn equals_the_two_losses_computed_apart() -> Result<()> {
     let (logits, id_refs, targets, lengths) = fixture()?;
@@ -83,12 +102,7 @@ fn equals_the_two_losses_computed_apart() -> Result<()> {
                 let weight = 0.7;
                 let hyp_lengths = lengths_for(&bleu, &lengths);
                 let (together, grad_together) = value_and_grad(
-                    |x| {
-                        Ok(
-                            ce_bleu_from_logits(x, hyp_lengths, refs, &targets, weight, ce, &bleu)?
-                                .loss,
-                        )
-                    },
+                    |x| Ok(ce_bleu(x, hyp_lengths, refs, &targets, weight, ce, &bleu)?.loss),
                     &logits,
                 )?;
                 let (apart, grad_apart) = value_and_grad(
@@ -110,8 +124,7 @@ fn equals_the_two_losses_computed_apart() -> Result<()> {
                     .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
                 assert!(worst <= 1e-10, "{what}: gradients differ by {worst}");
                 // The parts are the two losses.
-                let out =
-                    ce_bleu_from_logits(&logits, hyp_lengths, refs, &targets, weight, ce, &bleu)?;
+                let out = ce_bleu(&logits, hyp_lengths, refs, &targets, weight, ce, &bleu)?;
                 let ce_alone = scalar(&cross_entropy_from_logits(&logits, &targets, ce)?);
                 let bleu_alone =
                     scalar(&bleu_loss_from_logits(&logits, hyp_lengths, refs, &bleu)?.loss);
@@ -154,7 +167,7 @@ fn gradients_match_finite_differences() -> Result<()> {
             };
             let hyp_lengths = lengths_for(&bleu, &lengths);
             let report = check_gradients(
-                |x| Ok(ce_bleu_from_logits(x, hyp_lengths, &refs, &targets, 0.5, &ce, &bleu)?.loss),
+                |x| Ok(ce_bleu(x, hyp_lengths, &refs, &targets, 0.5, &ce, &bleu)?.loss),
                 &logits,
                 &grad_cfg,
             )?;
@@ -179,8 +192,8 @@ fn f32_agrees_with_f64() -> Result<()> {
             form,
             ..Default::default()
         };
-        let wide = ce_bleu_from_logits(&logits, Some(&lengths), &refs, &targets, 1.0, &ce, &bleu)?;
-        let narrow = ce_bleu_from_logits(
+        let wide = ce_bleu(&logits, Some(&lengths), &refs, &targets, 1.0, &ce, &bleu)?;
+        let narrow = ce_bleu(
             &logits.to_dtype(DType::F32)?,
             Some(&lengths),
             &refs,
@@ -199,17 +212,15 @@ fn f32_agrees_with_f64() -> Result<()> {
 fn bad_inputs_are_clear_errors() -> Result<()> {
     let (logits, refs, targets, _) = fixture()?;
     let (ce, bleu) = (CrossEntropyConfig::default(), BleuLossConfig::default());
-    let message = |r: Result<candle_bleu::loss::TrainingLoss>| match r {
+    let message = |r: Result<TrainingLoss>| match r {
         Ok(_) => panic!("expected an error"),
         Err(e) => e.to_string(),
     };
     for weight in [-1.0, f64::NAN, f64::INFINITY] {
-        let m = message(ce_bleu_from_logits(
-            &logits, None, &refs, &targets, weight, &ce, &bleu,
-        ));
+        let m = message(ce_bleu(&logits, None, &refs, &targets, weight, &ce, &bleu));
         assert!(m.contains("`bleu_weight` must be finite and >= 0"), "{m}");
     }
-    let m = message(ce_bleu_from_logits(
+    let m = message(ce_bleu(
         &logits,
         None,
         &refs,
@@ -220,7 +231,7 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
     ));
     assert!(m.contains("`targets` must be u32 [2, 5]"), "{m}");
     let out_of_vocab = Tensor::new(&[[1u32, 2, 1, 2, 3], [2, 4, 9, 1, 0]], &Device::Cpu)?;
-    let m = message(ce_bleu_from_logits(
+    let m = message(ce_bleu(
         &logits,
         None,
         &refs,
@@ -240,13 +251,11 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
             form,
             ..Default::default()
         };
-        let m = message(ce_bleu_from_logits(
-            &logits, None, &refs, &all_pad, 1.0, &pad, &bleu,
-        ));
+        let m = message(ce_bleu(&logits, None, &refs, &all_pad, 1.0, &pad, &bleu));
         assert!(m.contains("pad_id"), "{form:?}: {m}");
     }
     let one_element = References::from_ids(&Tensor::new(&[[1u32, 2]], &Device::Cpu)?, PAD)?;
-    let m = message(ce_bleu_from_logits(
+    let m = message(ce_bleu(
         &logits,
         None,
         &one_element,

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
-    CrossEntropyConfig, LengthModel, References,
+    CrossEntropyConfig, LengthModel, References, TrainingLossConfig,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
@@ -196,15 +196,14 @@ pub fn run(
         // gradient. CE only: the fused cross-entropy, and the BLEU loss of the outputs for the
         // log, on detached logits.
         let (loss, ce, bleu) = if use_bleu {
-            let out = ce_bleu_from_logits(
-                &logits,
-                lengths.as_ref(),
-                &refs,
-                &batch.dec_out,
-                cfg.lambda,
-                &CROSS_ENTROPY,
-                &cfg.loss,
-            )?;
+            let step_cfg = TrainingLossConfig {
+                bleu_weight: cfg.lambda,
+                ce: CROSS_ENTROPY,
+                bleu: cfg.loss.clone(),
+                ..Default::default()
+            };
+            let out =
+                ce_bleu_from_logits(&logits, lengths.as_ref(), &refs, &batch.dec_out, &step_cfg)?;
             (out.loss, out.cross_entropy, out.bleu.loss)
         } else {
             let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &CROSS_ENTROPY)?;

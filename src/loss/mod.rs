@@ -85,6 +85,7 @@
 mod cross_entropy;
 mod forms;
 pub mod fused;
+mod hidden;
 mod host;
 mod length;
 mod products;
@@ -95,10 +96,11 @@ mod training;
 #[doc(hidden)]
 pub use cross_entropy::exp_nonpositive_in_place;
 pub use cross_entropy::{cross_entropy_from_logits, CrossEntropyConfig};
+pub use hidden::HiddenConfig;
 pub use host::host_copies;
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
-pub use training::{ce_bleu_from_logits, TrainingLoss};
+pub use training::{ce_bleu_from_logits, TrainingLoss, TrainingLossConfig};
 
 use candle_core::{bail, DType, Result, Tensor};
 use forms::FormInputs;

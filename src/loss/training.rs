@@ -19,7 +19,8 @@ use super::fused::{
 use super::references::ReferenceTokens;
 use super::{
     bleu_loss_from_logits, check_inputs, finish, fused, hypothesis_inputs_from_probs,
-    with_eos_column, BleuLossConfig, BleuLossOutput, Form, HypothesisInputs, References,
+    with_eos_column, BleuLossConfig, BleuLossOutput, Form, HiddenConfig, HypothesisInputs,
+    References,
 };
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor,
@@ -370,11 +371,51 @@ fn inputs_from_gathered(
     })
 }
 
-/// Cross-entropy plus weighted BLEU loss of one training step, from the logits:
-/// `loss = cross_entropy + bleu_weight · bleu.loss`.
+/// Configuration of a training step's loss: `cross_entropy + bleu_weight · bleu_loss`
+/// ([`ce_bleu_from_logits`]).
 ///
-/// The parts equal [`cross_entropy_from_logits`]`(logits, targets, ce)` and
-/// [`bleu_loss_from_logits`]`(logits, hyp_lengths, refs, bleu)` computed apart, values and
+/// `Default`: `bleu_weight` 1, no padding and no label smoothing in the cross-entropy, the
+/// default BLEU loss ([`BleuLossConfig::default`]), default blocks for the hidden-state path.
+/// Set the fields you need and take the rest from `Default`:
+///
+/// ```
+/// use candle_bleu::loss::{CrossEntropyConfig, TrainingLossConfig};
+/// let cfg = TrainingLossConfig {
+///     bleu_weight: 0.3,
+///     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 },
+///     ..Default::default()
+/// };
+/// assert_eq!(cfg.bleu.max_order, 4);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingLossConfig {
+    /// `λ`, the weight of the BLEU loss: finite, `>= 0`. Default 1.
+    pub bleu_weight: f64,
+    /// The cross-entropy's padding id and label smoothing.
+    pub ce: CrossEntropyConfig,
+    /// The BLEU loss: form, length model, reduction, smoothing, orders.
+    pub bleu: BleuLossConfig,
+    /// Block sizes and gradient filtering of the hidden-state entry points; the logits entry
+    /// points ignore it.
+    pub hidden: HiddenConfig,
+}
+
+impl Default for TrainingLossConfig {
+    fn default() -> Self {
+        Self {
+            bleu_weight: 1.0,
+            ce: CrossEntropyConfig::default(),
+            bleu: BleuLossConfig::default(),
+            hidden: HiddenConfig::default(),
+        }
+    }
+}
+
+/// Cross-entropy plus weighted BLEU loss of one training step, from the logits:
+/// `loss = cross_entropy + cfg.bleu_weight · bleu.loss`.
+///
+/// The parts equal [`cross_entropy_from_logits`]`(logits, targets, &cfg.ce)` and
+/// [`bleu_loss_from_logits`]`(logits, hyp_lengths, refs, &cfg.bleu)` computed apart, values and
 /// gradients. On the CPU, with id references, one custom op reads the logits once forward
 /// (every form and length model; the paired form's self-match `P Pᵀ` included) and its backward
 /// writes one logits gradient for both losses. With matrix references the BLEU side needs every
@@ -383,20 +424,25 @@ fn inputs_from_gathered(
 ///
 /// # Arguments
 /// * `logits` - float `[B, S, V]`.
-/// * `hyp_lengths`, `refs`, `bleu` - as [`bleu_loss_from_logits`].
-/// * `targets`, `ce` - as [`cross_entropy_from_logits`] (u32 `[B, S]`).
-/// * `bleu_weight` - finite, `>= 0`.
+/// * `hyp_lengths`, `refs` - as [`bleu_loss_from_logits`].
+/// * `targets` - as [`cross_entropy_from_logits`] (u32 `[B, S]`).
+/// * `cfg` - the weight `λ` (finite, `>= 0`) and the two losses' configurations.
 ///
-/// Errors as the two functions do, and on a negative or non-finite `bleu_weight`.
+/// Errors as the two functions do, and on a negative or non-finite `cfg.bleu_weight`.
 pub fn ce_bleu_from_logits(
     logits: &Tensor,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
     targets: &Tensor,
-    bleu_weight: f64,
-    ce: &CrossEntropyConfig,
-    bleu: &BleuLossConfig,
+    cfg: &TrainingLossConfig,
 ) -> Result<TrainingLoss> {
+    let TrainingLossConfig {
+        bleu_weight,
+        ce,
+        bleu,
+        ..
+    } = cfg;
+    let bleu_weight = *bleu_weight;
     if !(bleu_weight.is_finite() && bleu_weight >= 0.0) {
         bail!("`bleu_weight` must be finite and >= 0, got {bleu_weight}");
     }
