@@ -28,8 +28,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-#[path = "../examples/common/device.rs"]
-mod device;
+use candle_bleu_research::device;
 
 struct CountingAllocator;
 

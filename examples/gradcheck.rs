@@ -37,8 +37,7 @@ use candle_core::{Device, Tensor, D};
 use clap::Parser;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-#[path = "common/device.rs"]
-mod device;
+use candle_bleu_research::device;
 
 #[derive(Parser, Debug)]
 #[command(about = "Finite-difference gradient checks of every BLEU loss configuration")]

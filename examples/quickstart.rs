@@ -24,8 +24,7 @@ use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-#[path = "common/device.rs"]
-mod device;
+use candle_bleu_research::device;
 
 const PAD: u32 = 0;
 

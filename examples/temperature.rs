@@ -30,8 +30,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-#[path = "common/device.rs"]
-mod device;
+use candle_bleu_research::device;
 
 #[derive(Parser, Debug)]
 #[command(about = "Soft BLEU of softmax(logits / τ) against τ, and the exact BLEU of the argmax")]
@@ -124,17 +123,10 @@ fn reference_ids(refs: &[Vec<Vec<u32>>]) -> Result<Tensor> {
     )?)
 }
 
-/// Registers the shipped DejaVu Sans as "sans-serif" for plotters' pure-Rust text renderer.
-fn register_font() -> Result<()> {
-    static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow!("plot: cannot load assets/DejaVuSans.ttf"))
-}
-
 /// `temperature.png`: soft BLEU (0–100) of each form against τ on a log axis, and the exact
 /// BLEU as a dashed horizontal line.
 fn plot(path: &Path, taus: &[f64], soft: &[Vec<f64>], exact_bleu: f64) -> Result<()> {
-    register_font()?;
+    candle_bleu_research::plot::register_font()?;
     let plot_err = |e: DrawingAreaErrorKind<<BitMapBackend as DrawingBackend>::ErrorType>| {
         anyhow!("plot: {e}")
     };

@@ -1,8 +1,17 @@
 //! The library the research examples of [candle-bleu](candle_bleu) share, as candle-examples
-//! holds what its examples share.
+//! holds what its examples share; the examples (`research/examples/`) keep only their own
+//! task, objectives and figures.
 //!
 //! - [`data`]: real human-translated parallel text from gettext `.mo` catalogues, its
-//!   deterministic train/dev/test split, and byte-level BPE subwords.
+//!   deterministic train/dev/test split and byte-level BPE subwords; token-level pairs and
+//!   vocabularies; batches of ids.
+//! - [`model`]: the Transformer encoder–decoder, greedy decoding, and the soft
+//!   (differentiable) free-running decoder.
+//! - [`train`]: learning-rate schedule, optimiser, in-memory checkpoints, step timing.
+//! - [`eval`]: exact BLEU (`candle_bleu::exact`), sacrebleu's paired bootstrap, the
+//!   averaging-effect measures, mean ± sd.
+//! - [`plot`], [`progress`]: figure pieces and progress bars; [`device`]: the GPU the binary
+//!   was built for, else the CPU.
 //!
 //! This crate is not published; it lives in the candle-bleu repository's workspace
 //! (`research/`), and its examples run from the repository root
@@ -11,3 +20,9 @@
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod device;
+pub mod eval;
+pub mod model;
+pub mod plot;
+pub mod progress;
+pub mod train;

@@ -40,16 +40,7 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use super::corpus::Pair;
 
-/// Padding id.
-pub const PAD: u32 = 0;
-/// Beginning-of-sequence id (the decoder's first input).
-pub const BOS: u32 = 1;
-/// End-of-sequence id.
-pub const EOS: u32 = 2;
-/// Unknown-token id (reserved; byte-level encoding never needs it).
-pub const UNK: u32 = 3;
-/// The special tokens' strings, indexed by id.
-pub const SPECIAL_TOKENS: [&str; 4] = ["<pad>", "<s>", "</s>", "<unk>"];
+pub use super::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};
 
 /// Training settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -2,16 +2,6 @@
 //! its gradients through the unrolled soft decode match finite differences in f64, and
 //! `--quick` runs end to end with results that the written files reproduce.
 
-#[allow(dead_code)]
-#[path = "../examples/seq2seq/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../examples/seq2seq/model.rs"]
-mod model;
-#[allow(dead_code)]
-#[path = "../examples/study/soft_decode.rs"]
-mod soft_decode;
-
 use candle_bleu::exact::{corpus_bleu, BleuConfig};
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
@@ -22,9 +12,9 @@ use candle_nn::VarMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use data::{BOS, EOS, PAD};
-use model::{ModelConfig, Seq2Seq};
-use soft_decode::{weights_of, Feedback, SoftDecoder, Weights};
+use candle_bleu_research::data::{BOS, EOS, PAD};
+use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder, Weights};
+use candle_bleu_research::model::{ModelConfig, Seq2Seq};
 
 fn tiny_config() -> ModelConfig {
     ModelConfig {
@@ -319,17 +309,37 @@ fn gumbel_feedback_is_seeded_hard_forward_and_differentiable() {
     assert!(norm.is_finite() && norm > 1e-8, "gradient norm {norm}");
 }
 
-/// `cargo run --example study -- <args>` in this test binary's profile and target directory.
+/// `cargo run --example study -- <args>` in this test binary's profile, target directory and
+/// features, from the workspace root: the same package selection as the workspace's
+/// `cargo test` (both default members), so the same feature unification, and `cargo run`
+/// reuses this build instead of compiling another.
 fn study_command(args: &[&str]) -> Command {
     let exe = std::env::current_exe().expect("the test executable's path");
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("research/ is inside the workspace");
     let mut command = Command::new(env!("CARGO"));
     command
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(workspace)
         .args(["run", "--quiet", "--example", "study"]);
+    let features: Vec<&str> = [
+        ("cli", cfg!(feature = "cli")),
+        ("cuda", cfg!(feature = "cuda")),
+        ("cudnn", cfg!(feature = "cudnn")),
+        ("metal", cfg!(feature = "metal")),
+        ("mkl", cfg!(feature = "mkl")),
+        ("accelerate", cfg!(feature = "accelerate")),
+    ]
+    .into_iter()
+    .filter_map(|(feature, on)| on.then_some(feature))
+    .collect();
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("release") => command.arg("--release"),
         Some("debug") | None => command.args(["--profile", "test"]),

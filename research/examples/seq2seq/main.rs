@@ -10,7 +10,7 @@
 //! ```
 //!
 //! **Data.** By default a synthetic English-like → invented-SOV translation task generated
-//! from a fixed seed (reordering, one-to-many mappings, synonyms; see `data.rs`); the
+//! from a fixed seed (reordering, one-to-many mappings, synonyms; see `task.rs`); the
 //! generated sets are written to `runs/seq2seq/data/*.tsv`. `--train/--dev/--test` read your
 //! own tab-separated files (`source<TAB>target`, one pair a line), tokenized on whitespace,
 //! or into characters with `--char` (a space becomes the token `▁`).
@@ -31,29 +31,26 @@
 //! one segment a line: `sacrebleu test.ref -i <hyp> --tokenize none` gives `test_bleu`),
 //! `log.csv`, `curves.png`.
 
-#[path = "data.rs"]
-mod data;
-#[path = "../common/device.rs"]
-mod device;
-#[path = "eval.rs"]
-mod eval;
-#[path = "model.rs"]
-mod model;
-#[path = "plot.rs"]
 mod plot;
-#[path = "train.rs"]
+mod task;
 mod train;
 
 use anyhow::{bail, Context, Result};
 use candle_bleu::loss::{BleuLossConfig, Form, LengthModel};
+use candle_bleu_research::data::tokens::{
+    read_tsv, write_lines, write_tsv, TokenCorpus, Tokens, Vocab,
+};
+use candle_bleu_research::data::{encode_pairs, EOS};
+use candle_bleu_research::device::device;
+use candle_bleu_research::eval::{self, mean_sd};
+use candle_bleu_research::model::ModelConfig;
+use candle_bleu_research::progress;
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use data::{encode_pairs, Corpus, Tokens, Vocab};
-use model::ModelConfig;
 use train::{Objective, RunData, RunOutput, TrainConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -72,7 +69,6 @@ enum LengthArg {
 
 /// Cross-entropy vs cross-entropy + BLEU loss on a small candle seq2seq model.
 #[derive(Parser, Debug)]
-#[command(about)]
 struct Args {
     /// Training steps of every run (both objectives).
     #[arg(long, default_value_t = 1200)]
@@ -130,7 +126,7 @@ struct Args {
     cpu: bool,
 }
 
-fn load_corpus(args: &Args) -> Result<Corpus> {
+fn load_corpus(args: &Args) -> Result<TokenCorpus> {
     match (&args.train, &args.dev, &args.test) {
         (None, None, None) => {
             let (train, dev, test) = if args.quick {
@@ -138,7 +134,7 @@ fn load_corpus(args: &Args) -> Result<Corpus> {
             } else {
                 (20000, 500, 1000)
             };
-            Ok(data::synthetic_corpus(train, dev, test, 2024))
+            Ok(task::synthetic_corpus(train, dev, test, 2024))
         }
         (Some(train), Some(dev), Some(test)) => {
             let mode = if args.char {
@@ -146,35 +142,15 @@ fn load_corpus(args: &Args) -> Result<Corpus> {
             } else {
                 Tokens::Whitespace
             };
-            Ok(Corpus {
-                train: data::read_tsv(train, mode)?,
-                dev: data::read_tsv(dev, mode)?,
-                test: data::read_tsv(test, mode)?,
+            Ok(TokenCorpus {
+                train: read_tsv(train, mode)?,
+                dev: read_tsv(dev, mode)?,
+                test: read_tsv(test, mode)?,
                 test_oracle: None,
             })
         }
         _ => bail!("--train, --dev and --test must be given together"),
     }
-}
-
-fn mean_sd(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let sd = if values.len() > 1 {
-        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (mean, sd)
-}
-
-fn write_lines(path: &std::path::Path, segments: &[Vec<String>]) -> Result<()> {
-    let mut text = String::new();
-    for segment in segments {
-        text.push_str(&segment.join(" "));
-        text.push('\n');
-    }
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn main() -> Result<()> {
@@ -206,16 +182,16 @@ fn main() -> Result<()> {
         );
     }
     let started = Instant::now();
-    let device = device::device(args.cpu);
+    let device = device(args.cpu);
     let corpus = load_corpus(&args)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     if args.train.is_none() {
         let dir = args.out.join("data");
         std::fs::create_dir_all(&dir)?;
-        data::write_tsv(&dir.join("train.tsv"), &corpus.train)?;
-        data::write_tsv(&dir.join("dev.tsv"), &corpus.dev)?;
-        data::write_tsv(&dir.join("test.tsv"), &corpus.test)?;
+        write_tsv(&dir.join("train.tsv"), &corpus.train)?;
+        write_tsv(&dir.join("dev.tsv"), &corpus.dev)?;
+        write_tsv(&dir.join("test.tsv"), &corpus.test)?;
     }
 
     let src_vocab = Vocab::build(corpus.train.iter().map(|p| &p.src));
@@ -232,7 +208,7 @@ fn main() -> Result<()> {
         .unwrap_or(1);
     let max_target = corpus.train.iter().map(|p| p.tgt.len()).max().unwrap_or(1);
 
-    let eos_id = data::EOS;
+    let eos_id = EOS;
     let loss = BleuLossConfig {
         form: match args.form {
             FormArg::Expected => Form::Expected,
@@ -305,7 +281,8 @@ fn main() -> Result<()> {
     let mut runs: Vec<RunOutput> = Vec::new();
     for seed in 1..=args.seeds {
         for objective in objectives {
-            let bar = bars.add(indicatif::ProgressBar::new(cfg.steps as u64));
+            let prefix = format!("{} seed {seed}", objective.name());
+            let bar = progress::bar(&bars, prefix, 16, cfg.steps)?;
             let output = train::run(objective, seed, &cfg, &run_data, &bar, &device)?;
             bar.finish();
             let step_ms =
@@ -319,12 +296,7 @@ fn main() -> Result<()> {
                 step_ms(output.step_ms[0]),
                 step_ms(output.step_ms[1])
             );
-            // indicatif drops `println` when its bars are hidden (output not a terminal).
-            if bars.is_hidden() {
-                println!("{line}");
-            } else {
-                bars.println(line)?;
-            }
+            progress::say(&bars, line)?;
             runs.push(output);
         }
     }

@@ -33,7 +33,12 @@ pub enum Feedback {
     /// The expected embedding `Σ_v p_v E_v` of the step's distribution.
     Expected,
     /// A straight-through Gumbel-softmax sample at temperature `tau`, noise drawn from `seed`.
-    Gumbel { tau: f64, seed: u64 },
+    Gumbel {
+        /// Temperature.
+        tau: f64,
+        /// Seed of the noise.
+        seed: u64,
+    },
     /// The embedding of the argmax token (greedy decoding; not differentiable).
     Argmax,
 }
@@ -382,7 +387,7 @@ impl SoftDecoder {
 
     /// Teacher-forced logits `[B, T, V]` for decoder inputs u32 `[B, T]` (`BOS y_1 ..`),
     /// step by step through the cache: what `Seq2Seq::decode` computes in one pass (the
-    /// check of this decoder in `tests/study.rs`).
+    /// check of this decoder in `research/tests/study.rs`).
     #[allow(dead_code)]
     pub fn teacher_forced(&self, memory: &SoftMemory, dec_in: &Tensor) -> Result<Tensor> {
         let (_, t) = dec_in.dims2()?;

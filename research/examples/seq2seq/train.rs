@@ -5,14 +5,15 @@ use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
     CrossEntropyConfig, LengthModel, References, TrainingLossConfig,
 };
+use candle_bleu_research::data::tokens::Vocab;
+use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, PAD};
+use candle_bleu_research::eval::bleu_100;
+use candle_bleu_research::model::{translate, ModelConfig, Seq2Seq};
+use candle_bleu_research::train::{adamw, learning_rate};
 use candle_core::{Device, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
-use indicatif::{ProgressBar, ProgressStyle};
+use candle_nn::{Optimizer, VarMap};
+use indicatif::ProgressBar;
 use std::time::Instant;
-
-use crate::data::{make_batch, source_tensor, Batch, Batches, Encoded, Vocab};
-use crate::eval::bleu_100;
-use crate::model::{ModelConfig, Seq2Seq};
 
 /// What the optimizer minimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,7 @@ pub enum Objective {
 }
 
 impl Objective {
+    /// The objective's name in tables, logs and `results.json`.
     pub fn name(self) -> &'static str {
         match self {
             Objective::CrossEntropy => "ce",
@@ -95,18 +97,10 @@ pub struct RunData<'a> {
     pub tgt_vocab: &'a Vocab,
 }
 
-fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
-    if step < cfg.lr_warmup {
-        return cfg.lr * (step + 1) as f64 / cfg.lr_warmup as f64;
-    }
-    let progress = (step - cfg.lr_warmup) as f64 / (cfg.steps - cfg.lr_warmup).max(1) as f64;
-    cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
-}
-
 /// Token-level cross-entropy over real target positions (words and EOS): `dec_out` is padded
-/// with [`PAD`](crate::data::PAD), which the loss ignores.
+/// with [`PAD`], which the loss ignores.
 const CROSS_ENTROPY: CrossEntropyConfig = CrossEntropyConfig {
-    pad_id: Some(crate::data::PAD),
+    pad_id: Some(PAD),
     label_smoothing: 0.0,
 };
 
@@ -117,7 +111,7 @@ const CROSS_ENTROPY: CrossEntropyConfig = CrossEntropyConfig {
 /// including the one that should predict EOS, each weighted by `1 - P(EOS)`; `SoftEos`
 /// scores every position weighted by the probability that no EOS came before it.
 fn bleu_inputs(batch: &Batch, cfg: &BleuLossConfig) -> Result<(References, Option<Tensor>)> {
-    let refs = References::from_ids(&batch.refs, crate::data::PAD)?;
+    let refs = References::from_ids(&batch.refs, PAD)?;
     let lengths = match cfg.length {
         LengthModel::Given => Some(batch.ref_len.clone()),
         LengthModel::NotEos { .. } => Some(batch.ref_len.affine(1.0, 1.0)?),
@@ -126,26 +120,8 @@ fn bleu_inputs(batch: &Batch, cfg: &BleuLossConfig) -> Result<(References, Optio
     Ok((refs, lengths))
 }
 
-/// Greedy decodes of `examples` as tokens, in batches.
-pub fn translate(
-    model: &Seq2Seq,
-    examples: &[Encoded],
-    vocab: &Vocab,
-    max_len: usize,
-    device: &Device,
-) -> Result<Vec<Vec<String>>> {
-    let mut out = Vec::with_capacity(examples.len());
-    for chunk in examples.chunks(250) {
-        let refs: Vec<&Encoded> = chunk.iter().collect();
-        let src = source_tensor(&refs, device)?;
-        for ids in model.greedy(&src, max_len)? {
-            out.push(vocab.decode(&ids));
-        }
-    }
-    Ok(out)
-}
-
-/// Trains one model and decodes dev and test with it.
+/// Trains one model and decodes dev and test with it; `progress` (from
+/// `candle_bleu_research::progress::bar`) counts the steps.
 pub fn run(
     objective: Objective,
     seed: u64,
@@ -157,31 +133,15 @@ pub fn run(
     let started = Instant::now();
     let varmap = VarMap::new();
     let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
-    let mut optimizer = AdamW::new(
-        varmap.all_vars(),
-        ParamsAdamW {
-            lr: cfg.lr,
-            weight_decay: 0.01,
-            ..Default::default()
-        },
-    )?;
-    let mut batches = Batches::new(data.train.len(), cfg.batch_size, seed);
+    let mut optimizer = adamw(&varmap, cfg.lr)?;
+    let mut batches = Batches::new(data.train.len(), cfg.batch_size, seed)?;
     let mut log = Vec::new();
     let (mut ce_sum, mut bleu_sum, mut window) = (0.0, 0.0, 0usize);
-    progress.set_length(cfg.steps as u64);
-    progress.set_position(0);
-    progress.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>16} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}",
-        )?
-        .progress_chars("=> "),
-    );
-    progress.set_prefix(format!("{} seed {seed}", objective.name()));
     // [without BLEU, with BLEU]: (total seconds, steps).
     let mut step_time = [(0.0f64, 0usize); 2];
     for step in 0..cfg.steps {
         let step_started = Instant::now();
-        optimizer.set_learning_rate(learning_rate(cfg, step));
+        optimizer.set_learning_rate(learning_rate(cfg.lr, cfg.lr_warmup, cfg.steps, step));
         let examples: Vec<&Encoded> = batches
             .next_indices()
             .into_iter()

@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 
-use crate::data::{Corpus, Pair};
+use candle_bleu_research::data::tokens::{TokenCorpus, TokenPair};
 
 /// The first source nouns; the rest of the [`NOUN_COUNT`] are invented English-like words.
 const COMMON_NOUNS: [&str; 24] = [
@@ -515,7 +515,7 @@ impl Sentence {
 /// translation of every test source (most probable choices) as `test_oracle`. Dev and test
 /// sources never occur in the training set or in each other; the test and dev sets depend only
 /// on their own sizes and the seed, not on `train`.
-pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> Corpus {
+pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> TokenCorpus {
     let mut rng = StdRng::seed_from_u64(data_seed);
     let lexicon = build_lexicon(&mut rng);
     let mut seen = HashSet::new();
@@ -530,7 +530,7 @@ pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> Corpus {
             }
             let tgt = sentence.target(&lexicon, &mut |entry| entry.sample(rng));
             oracles.push(sentence.target(&lexicon, &mut |entry| entry.best()));
-            pairs.push(Pair { src, tgt });
+            pairs.push(TokenPair { src, tgt });
         }
         (pairs, oracles)
     };
@@ -538,7 +538,7 @@ pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> Corpus {
     let (test, test_oracle) = take(test, &mut rng);
     let (dev, _) = take(dev, &mut rng);
     let (train, _) = take(train, &mut rng);
-    Corpus {
+    TokenCorpus {
         train,
         dev,
         test,

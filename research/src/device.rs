@@ -1,7 +1,6 @@
-//! Device selection shared by the examples and benches, candle-examples' convention: the GPU
-//! the binary was built for (`--features cuda` or `--features metal`) when one is available,
-//! else the CPU; `--cpu` forces the CPU. Included with `#[path = "…/common/device.rs"] mod
-//! device;` (a file of its own, not an example target).
+//! Device selection for every example and bench of the repository, candle-examples'
+//! convention: the GPU the binary was built for (`--features cuda` or `--features metal`) when
+//! one is available, else the CPU; `--cpu` forces the CPU.
 
 use candle_core::{utils, Device, DeviceLocation};
 

@@ -1,45 +1,119 @@
-//! Exact BLEU of the decodes, the paired bootstrap against `ce`, and the averaging-effect
-//! measures.
+//! Evaluation: exact BLEU of decoded outputs, sacrebleu's paired bootstrap between systems,
+//! the averaging-effect measures of a model, and mean ± sd over seeds — all BLEU from the
+//! crate's `exact` module (nothing re-implemented here).
 //!
-//! Every score is `candle_bleu::exact::corpus_bleu` with sacrebleu's corpus defaults
-//! (4-grams, `exp` smoothing), which on the whitespace-tokenized files the study writes equals
-//! `sacrebleu REF -i HYP --tokenize none`. The bootstrap is `candle_bleu::exact::bootstrap`,
-//! sacrebleu's `--paired-bs` with its own random numbers.
+//! Every score is `candle_bleu::exact::corpus_bleu` with its default configuration, which is
+//! sacrebleu's corpus default (4-grams, `exp` smoothing); on the whitespace-tokenized files
+//! the examples write it equals `sacrebleu.corpus_bleu(hyps, [refs], tokenize='none')`. The
+//! tests are `exact::bootstrap::paired_bootstrap` and `paired_bootstrap_many`, sacrebleu's
+//! `--paired-bs` with its own resamples.
 
 use anyhow::{anyhow, Result};
-use candle_bleu::exact::bootstrap::paired_bootstrap_many;
+use candle_bleu::exact::bootstrap::{
+    paired_bootstrap as sacrebleu_paired_bootstrap, paired_bootstrap_many, resample_scores,
+};
 use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuStats};
 use candle_core::{Device, D};
 use std::collections::HashSet;
 
-use crate::data::{make_batch, Encoded};
+use crate::data::{make_batch, Encoded, EOS};
 use crate::model::Seq2Seq;
 
-fn wrap(refs: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
+/// The references as `exact` takes them: one reference per segment.
+fn one_reference_each(refs: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
     refs.iter().map(|r| vec![r.clone()]).collect()
 }
 
 /// Corpus BLEU on 0–100 of `hyps` against one reference per segment.
 pub fn bleu_100(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<f64> {
-    let score =
-        corpus_bleu(hyps, &wrap(refs), &BleuConfig::default()).map_err(|e| anyhow!("{e}"))?;
+    let refs = one_reference_each(refs);
+    let score = corpus_bleu(hyps, &refs, &BleuConfig::default()).map_err(|e| anyhow!("{e}"))?;
     Ok(score.score)
 }
 
-/// Per-segment statistics, for the bootstrap.
+/// Per-segment statistics (`exact::corpus_stats`, 4-grams) of `hyps` against one reference per
+/// segment: what the bootstrap resamples.
 pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuStats>> {
-    corpus_stats(hyps, &wrap(refs), 4).map_err(|e| anyhow!("{e}"))
+    corpus_stats(hyps, &one_reference_each(refs), 4).map_err(|e| anyhow!("{e}"))
 }
 
-/// One arm against `ce` by paired bootstrap.
+/// The outcome of a paired bootstrap test of `system` against `baseline`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PairedBootstrap {
+    /// BLEU(system) − BLEU(baseline) on the full test set, 0–100.
+    pub delta: f64,
+    /// sacrebleu's p-value: `(1 + #{b : d_b − mean(d) > |delta|}) / (1 + B)` with
+    /// `d_b = |BLEU_system,b − BLEU_baseline,b|` on resample `b`.
+    pub p_value: f64,
+    /// 95% bootstrap interval of the difference `BLEU_system,b − BLEU_baseline,b` (the
+    /// `⌊B/40⌋`-th smallest and largest, as sacrebleu's intervals).
+    pub ci_low: f64,
+    /// Upper end of that interval.
+    pub ci_high: f64,
+    /// Bootstrap mean of the baseline, as `sacrebleu -pbs` prints it.
+    pub baseline_mean: f64,
+    /// 95% half-width of the baseline's bootstrap scores.
+    pub baseline_ci: f64,
+    /// Bootstrap mean of the system.
+    pub system_mean: f64,
+    /// 95% half-width of the system's bootstrap scores.
+    pub system_ci: f64,
+    /// Number of resamples `B`.
+    pub resamples: usize,
+}
+
+/// sacrebleu's paired bootstrap resampling (`exact::bootstrap::paired_bootstrap`, seed `seed`)
+/// of `system` against `baseline`, given as per-segment statistics of the same test segments.
+/// The interval of the difference comes from the same resamples (`resample_scores` with the
+/// same seed draws the same segment indices).
+pub fn paired_bootstrap(
+    baseline: &[BleuStats],
+    system: &[BleuStats],
+    resamples: usize,
+    seed: u64,
+) -> Result<PairedBootstrap> {
+    if resamples == 0 {
+        anyhow::bail!("paired bootstrap: resamples must be at least 1");
+    }
+    let cfg = BleuConfig::default();
+    let err = |e: candle_bleu::exact::BleuError| anyhow!("paired bootstrap: {e}");
+    let (base, sys) =
+        sacrebleu_paired_bootstrap(baseline, system, &cfg, resamples, seed).map_err(err)?;
+    let sys_confidence = sys
+        .confidence
+        .ok_or_else(|| anyhow!("paired bootstrap: no system estimate"))?;
+    let base_scores = resample_scores(baseline, &cfg, resamples, seed).map_err(err)?;
+    let sys_scores = resample_scores(system, &cfg, resamples, seed).map_err(err)?;
+    let mut deltas: Vec<f64> = sys_scores
+        .iter()
+        .zip(&base_scores)
+        .map(|(s, b)| s - b)
+        .collect();
+    deltas.sort_by(f64::total_cmp);
+    let k = resamples / 40;
+    Ok(PairedBootstrap {
+        delta: sys.score - base.score,
+        p_value: sys.p_value,
+        ci_low: deltas[k],
+        ci_high: deltas[resamples - 1 - k],
+        baseline_mean: base.mean,
+        baseline_ci: base.ci,
+        system_mean: sys_confidence.mean,
+        system_ci: sys_confidence.ci,
+        resamples,
+    })
+}
+
+/// One system against a baseline by paired bootstrap (the study: each objective against `ce`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Comparison {
-    /// BLEU(arm) − BLEU(ce) on the compared corpus, 0–100.
+    /// BLEU(system) − BLEU(baseline) on the compared corpus, 0–100.
     pub delta: f64,
     /// sacrebleu's paired-bootstrap p-value.
     pub p_value: f64,
-    /// The arm's bootstrap mean and 95% half-width (sacrebleu's `μ ± ci`).
+    /// The system's bootstrap mean (sacrebleu's `μ`).
     pub mean: f64,
+    /// The system's 95% half-width (sacrebleu's `± ci`).
     pub ci: f64,
 }
 
@@ -60,20 +134,20 @@ pub fn compare(
         candle_bleu::exact::bootstrap::SACREBLEU_SEED,
     )
     .map_err(|e| anyhow!("{e}"))?;
-    Ok(results
+    results
         .into_iter()
         .map(|r| {
             let confidence = r
                 .confidence
-                .expect("the paired bootstrap estimates the interval");
-            Comparison {
+                .ok_or_else(|| anyhow!("paired bootstrap: no system estimate"))?;
+            Ok(Comparison {
                 delta: r.score - base.score,
                 p_value: r.p_value,
                 mean: confidence.mean,
                 ci: confidence.ci,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The averaging-effect measures of one model on the test set.
@@ -136,7 +210,7 @@ pub fn measures(
                 entropy_sum += f64::from(entropy[i][position]);
                 positions += 1;
                 let predicted = argmax[i][position];
-                let gold = target.get(position).copied().unwrap_or(crate::data::EOS);
+                let gold = target.get(position).copied().unwrap_or(EOS);
                 if predicted == gold {
                     correct += 1;
                 }
@@ -162,4 +236,17 @@ pub fn measures(
         repeated_token_rate: repeated_token_rate(hyps),
         length_ratio: hyp_len as f64 / ref_len.max(1) as f64,
     })
+}
+
+/// Mean and sample standard deviation (`n - 1`; 0 for a single value) of `values`; both NaN
+/// for no values.
+pub fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = if values.len() > 1 {
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (mean, sd)
 }

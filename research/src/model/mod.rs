@@ -1,4 +1,6 @@
-//! A small pre-norm Transformer encoder–decoder built from candle-nn parts.
+//! A small pre-norm Transformer encoder–decoder built from candle-nn parts (the `seq2seq` and
+//! `study` examples' model), its greedy decoding, and in [`soft_decode`] an incremental view of
+//! it that decodes softly and differentiably.
 //!
 //! Only ops with a backward pass are used: candle-nn's fused `softmax_last_dim` and
 //! `ops::layer_norm` (which `candle_nn::LayerNorm` takes for contiguous inputs) have none, and
@@ -11,19 +13,27 @@ use candle_nn::{Embedding, Module, VarBuilder, VarMap};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::data::{BOS, EOS, PAD};
+use crate::data::tokens::Vocab;
+use crate::data::{source_tensor, Encoded, BOS, EOS, PAD};
+
+pub mod soft_decode;
 
 /// Sizes of the model.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelConfig {
+    /// Source vocabulary size.
     pub src_vocab: usize,
+    /// Target vocabulary size.
     pub tgt_vocab: usize,
     /// Model width `D`.
     pub d_model: usize,
+    /// Attention heads (`d_model` must be a multiple).
     pub heads: usize,
     /// Width of the feed-forward block.
     pub d_ff: usize,
+    /// Encoder layers.
     pub encoder_layers: usize,
+    /// Decoder layers.
     pub decoder_layers: usize,
     /// Longest source or target sequence (learned positions).
     pub max_len: usize,
@@ -352,4 +362,25 @@ fn normal(rng: &mut StdRng) -> f64 {
     let u1: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
     let u2: f64 = rng.gen();
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// Greedy decodes of `examples` (sources only) as target tokens, in batches of 250: the
+/// model's [`Seq2Seq::greedy`] up to `max_len` tokens, each cut at its first EOS by
+/// [`Vocab::decode`].
+pub fn translate(
+    model: &Seq2Seq,
+    examples: &[Encoded],
+    vocab: &Vocab,
+    max_len: usize,
+    device: &Device,
+) -> Result<Vec<Vec<String>>> {
+    let mut out = Vec::with_capacity(examples.len());
+    for chunk in examples.chunks(250) {
+        let refs: Vec<&Encoded> = chunk.iter().collect();
+        let src = source_tensor(&refs, device)?;
+        for ids in model.greedy(&src, max_len)? {
+            out.push(vocab.decode(&ids)?);
+        }
+    }
+    Ok(out)
 }

@@ -6,15 +6,16 @@ use candle_bleu::loss::{
     bleu_loss_from_logits, cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
     LengthModel, References,
 };
+use candle_bleu_research::data::tokens::Vocab;
+use candle_bleu_research::data::{make_batch, source_tensor, Batch, Batches, Encoded, EOS, PAD};
+use candle_bleu_research::eval;
+use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder};
+use candle_bleu_research::model::{ModelConfig, Seq2Seq};
+use candle_bleu_research::train::{adamw, learning_rate, process_cpu_s, Snapshot, StepTime};
 use candle_core::{Device, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
-use indicatif::{ProgressBar, ProgressStyle};
+use candle_nn::{Optimizer, VarMap};
+use indicatif::ProgressBar;
 use std::time::Instant;
-
-use crate::data::{make_batch, Batch, Batches, Encoded, EOS, PAD};
-use crate::eval;
-use crate::model::{ModelConfig, Seq2Seq};
-use crate::soft_decode::{weights_of, Feedback, SoftDecoder};
 
 /// Where a run starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -197,41 +198,7 @@ pub struct RunData<'a> {
     pub dev_refs: &'a [Vec<String>],
     pub test: &'a [Encoded],
     pub test_refs: &'a [Vec<String>],
-    pub tgt_vocab: &'a crate::data::Vocab,
-}
-
-/// CPU seconds used by this process so far (all threads), where the platform tells; `NaN`
-/// elsewhere. On a shared machine a step's CPU time is a steadier measure than its wall time.
-pub fn process_cpu_s() -> f64 {
-    #[cfg(target_os = "linux")]
-    {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid, writable timespec for the duration of the call.
-        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0 {
-            return now.tv_sec as f64 + 1e-9 * now.tv_nsec as f64;
-        }
-    }
-    f64::NAN
-}
-
-/// Mean seconds of one training step (forward, backward, update; evaluation excluded).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StepTime {
-    pub wall_s: f64,
-    /// Process CPU time (all threads).
-    pub cpu_s: f64,
-}
-
-fn learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
-    if step < cfg.lr_warmup {
-        return cfg.lr * (step + 1) as f64 / cfg.lr_warmup as f64;
-    }
-    let total = cfg.total_steps();
-    let progress = (step - cfg.lr_warmup) as f64 / (total - cfg.lr_warmup).max(1) as f64;
-    cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+    pub tgt_vocab: &'a Vocab,
 }
 
 /// Token-level cross-entropy over the real target positions (words and EOS; [`PAD`] is
@@ -279,34 +246,8 @@ pub fn init_model(cfg: &TrainConfig, seed: u64, device: &Device) -> Result<(VarM
 
 /// A seed's cross-entropy warm-up: the weights it ended with and its log.
 pub struct WarmStart {
-    pub snapshot: Vec<(String, Tensor)>,
+    pub snapshot: Snapshot,
     pub log: Vec<LogRow>,
-}
-
-/// A copy of every variable's value.
-pub fn snapshot(varmap: &VarMap) -> Result<Vec<(String, Tensor)>> {
-    let data = varmap
-        .data()
-        .lock()
-        .expect("the VarMap lock is never poisoned");
-    data.iter()
-        .map(|(name, var)| Ok((name.clone(), var.as_tensor().copy()?)))
-        .collect()
-}
-
-/// Sets every variable to its value in `snapshot`.
-pub fn restore(varmap: &VarMap, snapshot: &[(String, Tensor)]) -> Result<()> {
-    let data = varmap
-        .data()
-        .lock()
-        .expect("the VarMap lock is never poisoned");
-    for (name, value) in snapshot {
-        match data.get(name) {
-            Some(var) => var.set(value)?,
-            None => bail!("restore: the model has no variable `{name}`"),
-        }
-    }
-    Ok(())
 }
 
 /// Greedy decodes of `examples` (key/value-cached decoder on detached weights), as tokens.
@@ -314,16 +255,16 @@ pub fn translate(
     varmap: &VarMap,
     cfg: &TrainConfig,
     examples: &[Encoded],
-    vocab: &crate::data::Vocab,
+    vocab: &Vocab,
     device: &Device,
 ) -> Result<Vec<Vec<String>>> {
     let decoder = SoftDecoder::new(&weights_of(varmap, true), cfg.model)?;
     let mut out = Vec::with_capacity(examples.len());
     for chunk in examples.chunks(250) {
         let refs: Vec<&Encoded> = chunk.iter().collect();
-        let src = crate::data::source_tensor(&refs, device)?;
+        let src = source_tensor(&refs, device)?;
         for ids in decoder.greedy(&src, cfg.max_decode_len)? {
-            out.push(vocab.decode(&ids));
+            out.push(vocab.decode(&ids)?);
         }
     }
     Ok(out)
@@ -351,14 +292,7 @@ pub fn train(
     progress: &ProgressBar,
     device: &Device,
 ) -> Result<(Vec<LogRow>, StepTime)> {
-    let mut optimizer = AdamW::new(
-        varmap.all_vars(),
-        ParamsAdamW {
-            lr: cfg.lr,
-            weight_decay: 0.01,
-            ..Default::default()
-        },
-    )?;
+    let mut optimizer = adamw(varmap, cfg.lr)?;
     let name = stretch.arm.map_or("ce warm-up", |a| a.name);
     let soft = match stretch.arm.map(|a| a.decode) {
         Some(Decode::FreeRunning(_)) => {
@@ -371,7 +305,7 @@ pub fn train(
         data.train.len(),
         cfg.batch_size,
         stretch.seed.wrapping_mul(1_000_003) ^ stretch.first as u64,
-    );
+    )?;
     let mut log = Vec::new();
     let zero = Tensor::zeros((), candle_core::DType::F32, device)?;
     let (mut ce_sum, mut bleu_sum, mut window) = (zero.clone(), zero.clone(), 0usize);
@@ -379,7 +313,12 @@ pub fn train(
     for step in stretch.first..stretch.last {
         let started = Instant::now();
         let cpu_started = process_cpu_s();
-        optimizer.set_learning_rate(learning_rate(cfg, step));
+        optimizer.set_learning_rate(learning_rate(
+            cfg.lr,
+            cfg.lr_warmup,
+            cfg.total_steps(),
+            step,
+        ));
         let examples: Vec<&Encoded> = batches
             .next_indices()
             .into_iter()
@@ -471,22 +410,4 @@ pub fn train(
             cpu_s: step_cpu / steps,
         },
     ))
-}
-
-/// A progress bar for one run.
-pub fn bar(
-    bars: &indicatif::MultiProgress,
-    name: &str,
-    seed: u64,
-    len: usize,
-) -> Result<ProgressBar> {
-    let bar = bars.add(ProgressBar::new(len as u64));
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>36} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}",
-        )?
-        .progress_chars("=> "),
-    );
-    bar.set_prefix(format!("{name} seed {seed}"));
-    Ok(bar)
 }

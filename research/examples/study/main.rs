@@ -16,37 +16,27 @@
 //! --tokenize none` gives `test_bleu`), `table.md`, `log.csv`, `curves.png`, `averaging.png`,
 //! and the generated data in `data/*.tsv`.
 
-#[path = "arms.rs"]
 mod arms;
-#[allow(dead_code)]
-#[path = "../seq2seq/data.rs"]
-mod data;
-#[path = "../common/device.rs"]
-mod device;
-#[path = "eval.rs"]
-mod eval;
-#[allow(dead_code)]
-#[path = "../seq2seq/model.rs"]
-mod model;
-#[path = "plots.rs"]
 mod plots;
-#[path = "soft_decode.rs"]
-mod soft_decode;
-#[path = "task.rs"]
 mod task;
 
 use anyhow::{bail, Context, Result};
 use candle_bleu::loss::LengthModel;
+use candle_bleu_research::data::tokens::{write_lines, write_tsv, Vocab};
+use candle_bleu_research::data::{encode_pairs, EOS};
+use candle_bleu_research::device::device;
+use candle_bleu_research::eval::{self, mean_sd};
+use candle_bleu_research::model::ModelConfig;
+use candle_bleu_research::progress::{self, say};
+use candle_bleu_research::train::{process_cpu_s, restore, snapshot, StepTime};
 use candle_core::Device;
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use arms::{Arm, Init, LogRow, RunData, Stretch, TrainConfig, WarmStart};
-use data::{encode_pairs, Vocab, EOS};
-use model::ModelConfig;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LengthArg {
@@ -58,7 +48,6 @@ enum LengthArg {
 /// The BLEU loss's forms, length models and decodes against cross-entropy, on a task where
 /// cross-entropy is not at the ceiling.
 #[derive(Parser, Debug)]
-#[command(about)]
 struct Args {
     /// Seeds (1, 2, ...); every seed trains every objective.
     #[arg(long, default_value_t = 3)]
@@ -135,39 +124,9 @@ pub struct RunOutput {
     /// Including the shared warm-up's rows for warm-started objectives.
     pub log: Vec<LogRow>,
     /// Mean training step (this objective's steps only).
-    pub step: arms::StepTime,
+    pub step: StepTime,
     /// This objective's own training and evaluation, seconds (the shared warm-up excluded).
     pub wall_s: f64,
-}
-
-fn mean_sd(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let sd = if values.len() > 1 {
-        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (mean, sd)
-}
-
-fn write_lines(path: &Path, segments: &[Vec<String>]) -> Result<()> {
-    let mut text = String::new();
-    for segment in segments {
-        text.push_str(&segment.join(" "));
-        text.push('\n');
-    }
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn say(bars: &MultiProgress, line: String) -> Result<()> {
-    // indicatif drops `println` when its bars are hidden (output not a terminal).
-    if bars.is_hidden() {
-        println!("{line}");
-    } else {
-        bars.println(line)?;
-    }
-    Ok(())
 }
 
 fn selected_arms(args: &Args) -> Result<Vec<Arm>> {
@@ -241,7 +200,7 @@ fn run_arm(
     let (varmap, model) = arms::init_model(cfg, seed, device)?;
     let (first, mut log) = match (arm.init, warm) {
         (Init::Warm, Some(warm)) => {
-            arms::restore(&varmap, &warm.snapshot)?;
+            restore(&varmap, &warm.snapshot)?;
             (cfg.warmup_steps, warm.log.clone())
         }
         (Init::Warm, None) => bail!("{}: no warm-up checkpoint", arm.name),
@@ -253,7 +212,12 @@ fn run_arm(
         last: cfg.total_steps(),
         seed,
     };
-    let bar = arms::bar(bars, arm.name, seed, stretch.last - stretch.first)?;
+    let bar = progress::bar(
+        bars,
+        format!("{} seed {seed}", arm.name),
+        36,
+        stretch.last - stretch.first,
+    )?;
     let (arm_log, step) = arms::train(&varmap, &model, &stretch, cfg, data, &bar, device)?;
     bar.finish();
     log.extend(arm_log);
@@ -302,7 +266,7 @@ fn project(
             last: cfg.warmup_steps + TIMED,
             seed: 1,
         };
-        let bar = arms::bar(&bars, arm.name, 1, TIMED)?;
+        let bar = progress::bar(&bars, format!("{} seed 1", arm.name), 36, TIMED)?;
         let (_, step) = arms::train(&varmap, &model, &stretch, &timing_cfg, data, &bar, device)?;
         let steps = match arm.init {
             Init::Warm => cfg.arm_steps,
@@ -328,10 +292,10 @@ fn project(
         ce_step.cpu_s * cfg.warmup_steps as f64,
     );
     let (varmap, _) = arms::init_model(cfg, 1, device)?;
-    let (started, cpu_started) = (Instant::now(), arms::process_cpu_s());
+    let (started, cpu_started) = (Instant::now(), process_cpu_s());
     arms::translate(&varmap, cfg, data.dev, data.tgt_vocab, device)?;
     let dev_eval = started.elapsed().as_secs_f64();
-    let dev_eval_cpu = arms::process_cpu_s() - cpu_started;
+    let dev_eval_cpu = process_cpu_s() - cpu_started;
     let evals: usize = cfg.warmup_steps / cfg.eval_every
         + arms
             .iter()
@@ -377,7 +341,7 @@ fn main() -> Result<()> {
     }
     check_args(&args)?;
     let started = Instant::now();
-    let device = device::device(args.cpu);
+    let device = device(args.cpu);
     let arms = selected_arms(&args)?;
     let corpus = task::corpus(
         args.train_pairs,
@@ -458,9 +422,9 @@ fn main() -> Result<()> {
 
     std::fs::create_dir_all(args.out.join("data"))
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    data::write_tsv(&args.out.join("data/train.tsv"), &corpus.train)?;
-    data::write_tsv(&args.out.join("data/dev.tsv"), &corpus.dev)?;
-    data::write_tsv(&args.out.join("data/test.tsv"), &corpus.test)?;
+    write_tsv(&args.out.join("data/train.tsv"), &corpus.train)?;
+    write_tsv(&args.out.join("data/dev.tsv"), &corpus.dev)?;
+    write_tsv(&args.out.join("data/test.tsv"), &corpus.test)?;
 
     let bars = MultiProgress::new();
     let mut runs: Vec<RunOutput> = Vec::new();
@@ -476,18 +440,19 @@ fn main() -> Result<()> {
                 last: cfg.warmup_steps,
                 seed,
             };
-            let bar = arms::bar(&bars, "ce warm-up", seed, cfg.warmup_steps)?;
+            let prefix = format!("ce warm-up seed {seed}");
+            let bar = progress::bar(&bars, prefix, 36, cfg.warmup_steps)?;
             let (log, _) = arms::train(&varmap, &model, &stretch, &cfg, &run_data, &bar, &device)?;
             bar.finish();
             warmup_s.push(warm_started.elapsed().as_secs_f64());
             Some(WarmStart {
-                snapshot: arms::snapshot(&varmap)?,
+                snapshot: snapshot(&varmap)?,
                 log,
             })
         } else if arms.iter().any(|a| a.init == Init::Warm) {
             let (varmap, _) = arms::init_model(&cfg, seed, &device)?;
             Some(WarmStart {
-                snapshot: arms::snapshot(&varmap)?,
+                snapshot: snapshot(&varmap)?,
                 log: Vec::new(),
             })
         } else {
@@ -593,7 +558,7 @@ fn main() -> Result<()> {
         }));
     }
     let results = serde_json::json!({
-        "task": "study synthetic task (examples/study/task.rs, docs/study.md)",
+        "task": "study synthetic task (research/examples/study/task.rs, docs/study.md)",
         "rule_based_test_bleu": oracle_bleu,
         "reference_measures": {
             "repeated_token_rate": reference_repeats,

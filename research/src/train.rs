@@ -1,0 +1,92 @@
+//! Pieces of a training loop the examples share: the learning-rate schedule, the optimiser,
+//! checkpoints of a `VarMap` in memory, and step timing.
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+
+/// The learning rate at `step` (0-based): a linear warm-up over `warmup` steps to `peak`,
+/// then a cosine decay to 10 % of `peak` at step `total`.
+///
+/// ```
+/// use candle_bleu_research::train::learning_rate;
+/// let close = |a: f64, b: f64| (a - b).abs() < 1e-15;
+/// assert!(close(learning_rate(1e-3, 10, 110, 4), 5e-4)); // warm-up: (4 + 1) / 10 of the peak
+/// assert!(close(learning_rate(1e-3, 10, 110, 10), 1e-3)); // the peak after the warm-up
+/// assert!(close(learning_rate(1e-3, 10, 110, 60), 5.5e-4)); // halfway down the cosine
+/// assert!(close(learning_rate(1e-3, 10, 110, 110), 1e-4)); // 10 % at the end
+/// ```
+pub fn learning_rate(peak: f64, warmup: usize, total: usize, step: usize) -> f64 {
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    let progress = (step - warmup) as f64 / total.saturating_sub(warmup).max(1) as f64;
+    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+}
+
+/// AdamW over every variable of `varmap` with learning rate `lr` and weight decay 0.01
+/// (the examples' optimiser; its learning rate is set per step with `set_learning_rate`).
+pub fn adamw(varmap: &VarMap, lr: f64) -> Result<AdamW> {
+    Ok(AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr,
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?)
+}
+
+/// An in-memory copy of every variable's value, by name.
+pub type Snapshot = Vec<(String, Tensor)>;
+
+/// A copy of every variable's value.
+pub fn snapshot(varmap: &VarMap) -> Result<Snapshot> {
+    let Ok(data) = varmap.data().lock() else {
+        bail!("snapshot: the VarMap's lock is poisoned");
+    };
+    data.iter()
+        .map(|(name, var)| Ok((name.clone(), var.as_tensor().copy()?)))
+        .collect()
+}
+
+/// Sets every variable to its value in `snapshot`. Errors: a name the model does not have, a
+/// shape or dtype that does not match.
+pub fn restore(varmap: &VarMap, snapshot: &[(String, Tensor)]) -> Result<()> {
+    let Ok(data) = varmap.data().lock() else {
+        bail!("restore: the VarMap's lock is poisoned");
+    };
+    for (name, value) in snapshot {
+        match data.get(name) {
+            Some(var) => var.set(value)?,
+            None => bail!("restore: the model has no variable `{name}`"),
+        }
+    }
+    Ok(())
+}
+
+/// CPU seconds used by this process so far (all threads), where the platform tells; `NaN`
+/// elsewhere. On a shared machine a step's CPU time is a steadier measure than its wall time.
+pub fn process_cpu_s() -> f64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0 {
+            return now.tv_sec as f64 + 1e-9 * now.tv_nsec as f64;
+        }
+    }
+    f64::NAN
+}
+
+/// Mean seconds of one training step (forward, backward, update; evaluation excluded).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTime {
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// Process CPU time (all threads), [`process_cpu_s`].
+    pub cpu_s: f64,
+}
