@@ -426,7 +426,36 @@ fn unreadable_files_and_bad_arguments() {
         &run(&[&r, "-i", &h, "--max-ngram-order", "0"], &[], None),
         &["--max-ngram-order"],
     );
-    assert_fails(&run(&[&r, "-i", &h, "-m", "chrf"], &[], None), &["chrf"]);
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "ter"], &[], None),
+        &["ter", "not supported"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "bleu", "rouge"], &[], None),
+        &["--metrics", "rouge"],
+    );
+    // chrF's options: no n-gram order at all, negative orders, beta below 1, several metrics
+    // at sentence level.
+    assert_fails(
+        &run(
+            &[&r, "-i", &h, "-m", "chrf", "-cc", "0", "-cw", "0"],
+            &[],
+            None,
+        ),
+        &["--chrf-char-order", "--chrf-word-order"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "chrf", "-cw", "-1"], &[], None),
+        &["--chrf-word-order", "-1"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "chrf", "--chrf-beta", "0"], &[], None),
+        &["--chrf-beta", "0"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "bleu", "chrf", "-sl"], &[], None),
+        &["--sentence-level", "one metric"],
+    );
     assert_fails(
         &run(&[&r, "-i", &h, "-e", "latin-1"], &[], None),
         &["--encoding"],

@@ -10,7 +10,7 @@ use anyhow::{anyhow, Result};
 use candle_bleu::exact::bootstrap::{
     paired_bootstrap as sacrebleu_paired_bootstrap, resample_scores,
 };
-use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuStats};
+use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 
 /// The references as `exact` takes them: one reference per segment.
 fn one_reference_each(refs: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
@@ -26,7 +26,7 @@ pub fn bleu_100(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<f64> {
 
 /// Per-segment statistics (`exact::corpus_stats`, 4-grams) of `hyps` against one reference per
 /// segment: what the bootstrap resamples.
-pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuStats>> {
+pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuCounts>> {
     corpus_stats(hyps, &one_reference_each(refs), 4).map_err(|e| anyhow!("{e}"))
 }
 
@@ -55,13 +55,13 @@ pub struct PairedBootstrap {
 /// The interval of the difference comes from the same resamples (`resample_scores` with the
 /// same seed draws the same segment indices).
 pub fn paired_bootstrap(
-    baseline: &[BleuStats],
-    system: &[BleuStats],
+    baseline: &[BleuCounts],
+    system: &[BleuCounts],
     resamples: usize,
     seed: u64,
 ) -> Result<PairedBootstrap> {
     let cfg = BleuConfig::default();
-    let err = |e: candle_bleu::exact::BleuError| anyhow!("paired bootstrap: {e}");
+    let err = |e: candle_bleu::exact::MetricError| anyhow!("paired bootstrap: {e}");
     let (base, sys) =
         sacrebleu_paired_bootstrap(baseline, system, &cfg, resamples, seed).map_err(err)?;
     let sys_confidence = sys

@@ -8,7 +8,7 @@
 
 use anyhow::{anyhow, Result};
 use candle_bleu::exact::bootstrap::paired_bootstrap_many;
-use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuStats};
+use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
 use std::collections::HashSet;
 
@@ -27,7 +27,7 @@ pub fn bleu_100(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<f64> {
 }
 
 /// Per-segment statistics, for the bootstrap.
-pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuStats>> {
+pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuCounts>> {
     corpus_stats(hyps, &wrap(refs), 4).map_err(|e| anyhow!("{e}"))
 }
 
@@ -46,12 +46,12 @@ pub struct Comparison {
 /// Paired bootstrap of every system against the baseline on the same segments
 /// (`exact::bootstrap::paired_bootstrap_many`, sacrebleu's seed 12345).
 pub fn compare(
-    baseline: &[BleuStats],
-    systems: &[Vec<BleuStats>],
+    baseline: &[BleuCounts],
+    systems: &[Vec<BleuCounts>],
     resamples: usize,
 ) -> Result<Vec<Comparison>> {
     let cfg = BleuConfig::default();
-    let refs: Vec<&[BleuStats]> = systems.iter().map(Vec::as_slice).collect();
+    let refs: Vec<&[BleuCounts]> = systems.iter().map(Vec::as_slice).collect();
     let (base, results) = paired_bootstrap_many(
         baseline,
         &refs,
