@@ -5,7 +5,9 @@
 //!   the repository root, and must print sacrebleu's standard output exactly (our extra JSON
 //!   fields removed, the `version` token masked) with sacrebleu's exit status. Cases with
 //!   `full` statistics also check the extra JSON fields against sacrebleu's full-precision
-//!   values (1e-9 relative).
+//!   values (1e-9 relative). BLEU and chrF (`-m bleu chrf`, the `--chrf-*` options, `-ci`,
+//!   `-pbs`, `-par`); the two chrF `-pbs -f json` cases are sacrebleu's output with its JSON
+//!   encoder taught `numpy.float32` (sacrebleu 2.6.0 itself raises TypeError there).
 //! - Malformed input: exit status 2, a message on stderr naming the file, line or counts, and
 //!   nothing on stdout.
 //! - Bootstrap and paired tests: structure, plausibility and determinism.
