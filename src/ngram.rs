@@ -473,10 +473,15 @@ impl IdMatcher {
         table.begin(rows, cols, starts);
         let mut next = 1u32;
         self.hyp_cur.clear();
-        for start in 0..starts {
-            let id =
-                table.get_or_insert(self.hyp_prev[start], hyp_uni[start + order - 1], &mut next);
-            self.hyp_cur.push(id);
+        self.hyp_cur.resize(starts, 0);
+        // Iterators rather than indices: no bounds check or capacity test in the hot loops.
+        for ((id, &prefix), &last) in self
+            .hyp_cur
+            .iter_mut()
+            .zip(&self.hyp_prev[..starts])
+            .zip(&hyp_uni[order - 1..])
+        {
+            *id = table.get_or_insert(prefix, last, &mut next);
         }
         let m = (next - 1) as usize;
         self.hyp_count.clear();
@@ -488,8 +493,16 @@ impl IdMatcher {
         self.ref_cur.resize(self.ref_uni.len(), 0);
         for &(offset, len) in &self.ref_bounds {
             let ref_starts = (len + 1).saturating_sub(order);
-            for p in offset..offset + ref_starts {
-                self.ref_cur[p] = table.get(self.ref_prev[p], self.ref_uni[p + order - 1]);
+            if ref_starts == 0 {
+                continue;
+            }
+            let (cur, prev) = (
+                &mut self.ref_cur[offset..offset + ref_starts],
+                &self.ref_prev[offset..offset + ref_starts],
+            );
+            let lasts = &self.ref_uni[offset + order - 1..offset + len];
+            for ((id, &prefix), &last) in cur.iter_mut().zip(prev).zip(lasts) {
+                *id = table.get(prefix, last);
             }
         }
         let sum = clipped_sum(

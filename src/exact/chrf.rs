@@ -62,7 +62,7 @@ use std::ops::{Add, AddAssign};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::tokenize::{is_python_whitespace, python_lower_into, python_split};
+use super::tokenize::{is_python_whitespace, python_lower_into};
 use super::{invalid, MetricError, MAX_ORDER};
 use crate::ngram::{IdTable, InternedMatcher};
 
@@ -505,29 +505,112 @@ fn is_punct(b: u8) -> bool {
     b.is_ascii_punctuation()
 }
 
-/// sacrebleu's `_remove_punctuation`: the words of `text` (`str.split()`) with one ASCII
-/// punctuation character split off the end, else off the start, of words of two or more code
-/// points. Appends byte ranges of `text`.
-fn chrf_words(text: &str, base: usize, out: &mut Vec<(u32, u32)>) {
-    for w in python_split(text) {
-        let start = w.as_ptr() as usize - base;
-        let end = start + w.len();
-        let bytes = w.as_bytes();
-        let single = {
-            let mut chars = w.chars();
-            chars.next();
-            chars.next().is_none()
-        };
-        if single {
-            out.push((start as u32, end as u32));
-        } else if is_punct(bytes[bytes.len() - 1]) {
-            out.push((start as u32, (end - 1) as u32));
-            out.push(((end - 1) as u32, end as u32));
-        } else if is_punct(bytes[0]) {
-            out.push((start as u32, (start + 1) as u32));
-            out.push(((start + 1) as u32, end as u32));
+/// One pass over a line: calls `on_char(c)` for every character that enters the character
+/// n-grams (all of them with `keep_whitespace`, else those that are not Python whitespace),
+/// and, with `words`, appends the byte ranges of sacrebleu's `_remove_punctuation(line)`: the
+/// words of `line.split()`, with one ASCII punctuation character split off the end, else off
+/// the start, of words of two or more code points. ASCII is handled byte by byte.
+fn scan(
+    text: &str,
+    keep_whitespace: bool,
+    mut words: Option<&mut Vec<(u32, u32)>>,
+    mut on_char: impl FnMut(char),
+) {
+    let bytes = text.as_bytes();
+    // The current word: its start and its number of code points.
+    let mut word: Option<(usize, usize)> = None;
+    let close = |start: usize, chars: usize, end: usize, out: &mut Vec<(u32, u32)>| {
+        let (s, e) = (start as u32, end as u32);
+        if chars == 1 {
+            out.push((s, e));
+        } else if is_punct(bytes[end - 1]) {
+            out.extend_from_slice(&[(s, e - 1), (e - 1, e)]);
+        } else if is_punct(bytes[start]) {
+            out.extend_from_slice(&[(s, s + 1), (s + 1, e)]);
         } else {
-            out.push((start as u32, end as u32));
+            out.push((s, e));
+        }
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let (c, len) = if b < 0x80 {
+            (b as char, 1)
+        } else {
+            let c = text[i..].chars().next().unwrap_or('\u{fffd}');
+            (c, c.len_utf8())
+        };
+        let space = is_python_whitespace(c);
+        if !space || keep_whitespace {
+            on_char(c);
+        }
+        if let Some(out) = words.as_deref_mut() {
+            match (space, word) {
+                (true, Some((start, chars))) => {
+                    close(start, chars, i, out);
+                    word = None;
+                }
+                (false, Some((start, chars))) => word = Some((start, chars + 1)),
+                (false, None) => word = Some((i, 1)),
+                (true, None) => {}
+            }
+        }
+        i += len;
+    }
+    if let (Some(out), Some((start, chars))) = (words, word) {
+        close(start, chars, bytes.len(), out);
+    }
+}
+
+/// Segment-local character ids: ASCII in a direct array, the rest in a hashed table.
+struct CharIds {
+    ascii: [u32; 128],
+    other: IdTable,
+    vocab: u32,
+}
+
+impl CharIds {
+    fn new() -> Self {
+        Self {
+            ascii: [0; 128],
+            other: IdTable::default(),
+            vocab: 0,
+        }
+    }
+
+    /// Forgets every id; room for a line of `bytes` bytes.
+    fn reset(&mut self, bytes: usize) {
+        self.ascii = [0; 128];
+        self.other.reset(bytes);
+        self.vocab = 0;
+    }
+
+    /// The id of `c`, a new one (`vocab + 1`) if it has none.
+    #[inline]
+    fn intern(&mut self, c: char) -> u32 {
+        let vocab = &mut self.vocab;
+        if (c as u32) < 128 {
+            let slot = &mut self.ascii[c as usize];
+            if *slot == 0 {
+                *vocab += 1;
+                *slot = *vocab;
+            }
+            *slot
+        } else {
+            self.other.get_or_insert(u64::from(c), || {
+                *vocab += 1;
+                *vocab
+            })
+        }
+    }
+
+    /// The id of `c`, 0 if it has none.
+    #[inline]
+    fn get(&self, c: char) -> u32 {
+        if (c as u32) < 128 {
+            self.ascii[c as usize]
+        } else {
+            self.other.get(u64::from(c))
         }
     }
 }
@@ -538,7 +621,7 @@ pub(crate) struct ChrfCounter {
     factor: f64,
     hyp_text: String,
     ref_text: String,
-    char_ids: IdTable,
+    char_ids: CharIds,
     hyp_chars: Vec<u32>,
     ref_chars: Vec<u32>,
     hyp_spans: Vec<(u32, u32)>,
@@ -560,7 +643,7 @@ impl ChrfCounter {
             factor: cfg.beta * cfg.beta,
             hyp_text: String::new(),
             ref_text: String::new(),
-            char_ids: IdTable::default(),
+            char_ids: CharIds::new(),
             hyp_chars: Vec::new(),
             ref_chars: Vec::new(),
             hyp_spans: Vec::new(),
@@ -608,28 +691,25 @@ impl ChrfCounter {
         } else {
             hyp
         };
-        // Characters: segment-local ids 1..=char_vocab.
+        // Characters (segment-local ids 1..=char_vocab) and words, in one pass.
         char_ids.reset(hyp.len());
         hyp_chars.clear();
-        let mut char_vocab = 0u32;
-        if char_order > 0 {
-            for c in hyp.chars() {
-                if !cfg.whitespace && is_python_whitespace(c) {
-                    continue;
+        hyp_spans.clear();
+        scan(
+            hyp,
+            cfg.whitespace,
+            (word_order > 0).then_some(&mut *hyp_spans),
+            |c| {
+                if char_order > 0 {
+                    hyp_chars.push(char_ids.intern(c));
                 }
-                let id = char_ids.get_or_insert(u64::from(c), || {
-                    char_vocab += 1;
-                    char_vocab
-                });
-                hyp_chars.push(id);
-            }
-        }
+            },
+        );
+        let char_vocab = char_ids.vocab;
         // Words: segment-local ids 1..=word_vocab.
         let mut word_ids: FxHashMap<&str, u32> = FxHashMap::default();
         hyp_words.clear();
         if word_order > 0 {
-            hyp_spans.clear();
-            chrf_words(hyp, hyp.as_ptr() as usize, hyp_spans);
             word_ids.reserve(hyp_spans.len());
             for &(s, e) in hyp_spans.iter() {
                 let next = word_ids.len() as u32 + 1;
@@ -649,16 +729,20 @@ impl ChrfCounter {
                 reference
             };
             matches.fill(0);
-            let mut ref_char_len = 0usize;
-            if char_order > 0 {
-                ref_chars.clear();
-                for c in reference.chars() {
-                    if !cfg.whitespace && is_python_whitespace(c) {
-                        continue;
+            ref_chars.clear();
+            ref_spans.clear();
+            scan(
+                reference,
+                cfg.whitespace,
+                (word_order > 0).then_some(&mut *ref_spans),
+                |c| {
+                    if char_order > 0 {
+                        ref_chars.push(char_ids.get(c));
                     }
-                    ref_chars.push(char_ids.get(u64::from(c)));
-                }
-                ref_char_len = ref_chars.len();
+                },
+            );
+            let ref_char_len = ref_chars.len();
+            if char_order > 0 {
                 matcher.add_clipped_matches_unchecked(
                     hyp_chars,
                     std::slice::from_ref(ref_chars),
@@ -669,8 +753,6 @@ impl ChrfCounter {
             }
             let mut ref_word_len = 0usize;
             if word_order > 0 {
-                ref_spans.clear();
-                chrf_words(reference, reference.as_ptr() as usize, ref_spans);
                 ref_words.clear();
                 ref_words.extend(ref_spans.iter().map(|&(s, e)| {
                     word_ids
@@ -871,7 +953,7 @@ mod tests {
 
     fn words(text: &str) -> Vec<&str> {
         let mut spans = Vec::new();
-        chrf_words(text, text.as_ptr() as usize, &mut spans);
+        scan(text, false, Some(&mut spans), |_| {});
         spans
             .iter()
             .map(|&(s, e)| &text[s as usize..e as usize])
@@ -905,7 +987,7 @@ mod tests {
     }
 
     #[test]
-    fn counter_picks_the_best_reference_first_on_ties() {
+    fn counter_keeps_the_best_reference_and_zeroes_orders_it_lacks() {
         let cfg = ChrfConfig::default();
         let mut counter = ChrfCounter::new(&cfg);
         let mut a = ChrfCounts::zeros(6);
