@@ -70,7 +70,7 @@ proptest! {
     fn identical_text_scores_100(hyp in text(), word_order in 0usize..=2, beta in 1u32..=3) {
         prop_assume!(hyp.chars().any(|c| !c.is_whitespace() && c != '\u{3000}'));
         let cfg = ChrfConfig { word_order, beta: f64::from(beta), ..ChrfConfig::default() };
-        prop_assert_eq!(sentence_chrf(&hyp, &[hyp.clone()], cfg).unwrap().score, 100.0);
+        prop_assert_eq!(sentence_chrf(&hyp, std::slice::from_ref(&hyp), cfg).unwrap().score, 100.0);
         let corpus = corpus_chrf(&[hyp.clone(), hyp.clone()], &[vec![hyp.clone()], vec![hyp]], cfg);
         prop_assert_eq!(corpus.unwrap().score, 100.0);
     }
@@ -131,7 +131,7 @@ proptest! {
         let lc = ChrfConfig { lowercase: true, word_order, ..ChrfConfig::default() };
         let plain = ChrfConfig { word_order, ..ChrfConfig::default() };
         prop_assert_eq!(
-            sentence_chrf(&hyp, &[reference.clone()], lc).unwrap(),
+            sentence_chrf(&hyp, std::slice::from_ref(&reference), lc).unwrap(),
             sentence_chrf(&hyp.to_lowercase(), &[reference.to_lowercase()], plain).unwrap()
         );
     }

@@ -37,7 +37,7 @@ use input::{read_corpus, Corpus, HypInput, Source};
 use args::{Args, Format, SmoothArg};
 use format::{
     bleu_extras, fancy_grid, latex_booktabs, score_format, Align, Ci, Json, MetricSignature,
-    ScoreExtras, Signature,
+    ScoreExtras, ScoreLine, Signature,
 };
 
 /// A failure: the message printed on stderr (exit status 2).
@@ -746,30 +746,36 @@ fn render(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> 
             Body::Sentences(sentences) => {
                 let sig = metric.signature.format(args.short);
                 for s in sentences {
+                    let line = ScoreLine {
+                        name: &metric.name,
+                        score: s.score,
+                        extras: &s.extras,
+                        ci: None,
+                    };
                     out.push_str(&score_format(
-                        &metric.name,
-                        s.score,
-                        &s.extras,
+                        &line,
                         opts.width,
                         args.score_only,
                         &sig,
                         false,
-                        None,
                     ));
                     out.push('\n');
                 }
             }
             Body::Corpus { scored, ci } => {
                 let sig = metric.signature.format(args.short && !is_json);
+                let line = ScoreLine {
+                    name: &metric.name,
+                    score: scored.score,
+                    extras: &scored.extras,
+                    ci: *ci,
+                };
                 results.push(score_format(
-                    &metric.name,
-                    scored.score,
-                    &scored.extras,
+                    &line,
                     opts.width,
                     args.score_only,
                     &sig,
                     is_json,
-                    *ci,
                 ));
             }
             Body::Rows(_) => {}

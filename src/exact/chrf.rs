@@ -127,7 +127,7 @@ impl ChrfConfig {
     }
 
     /// Checks the orders (`char_order` and `word_order` at most
-    /// [`MAX_ORDER`](super::MAX_ORDER), not both 0) and `beta` (finite, > 0, `β²` finite).
+    /// [`MAX_ORDER`], not both 0) and `beta` (finite, > 0, `β²` finite).
     pub fn validate(&self) -> Result<(), MetricError> {
         for (argument, order) in [
             ("cfg.char_order", self.char_order),
@@ -906,7 +906,7 @@ fn corpus_sum<S: AsRef<str> + Sync>(hyps: &[S], refs: &[Vec<S>], cfg: &ChrfConfi
 /// one.
 ///
 /// Errors (naming the argument): invalid `cfg` (`char_order` and `word_order` both 0 or above
-/// [`MAX_ORDER`](super::MAX_ORDER), `beta` not finite or <= 0), `hyps.len() != refs.len()`, a
+/// [`MAX_ORDER`], `beta` not finite or <= 0), `hyps.len() != refs.len()`, a
 /// segment with no reference, an empty corpus (sacrebleu raises `IndexError`).
 pub fn corpus_chrf<S: AsRef<str> + Sync>(
     hyps: &[S],

@@ -308,18 +308,28 @@ pub fn bleu_extras(score: &BleuScore) -> ScoreExtras {
     }
 }
 
-/// `Score.format(width, score_only, signature, is_json)` for a score named `name` (`BLEU`,
-/// `chrF2`, ...), with its bootstrap estimate and `extras`.
+/// One score to print: its name (`BLEU`, `chrF2`, ...), value, extras and bootstrap estimate.
+pub struct ScoreLine<'a> {
+    pub name: &'a str,
+    pub score: f64,
+    pub extras: &'a ScoreExtras,
+    pub ci: Option<Ci>,
+}
+
+/// `Score.format(width, score_only, signature, is_json)`.
 pub fn score_format(
-    name: &str,
-    score: f64,
-    extras: &ScoreExtras,
+    line: &ScoreLine<'_>,
     width: usize,
     score_only: bool,
     signature: &str,
     is_json: bool,
-    ci: Option<Ci>,
 ) -> String {
+    let ScoreLine {
+        name,
+        score,
+        extras,
+        ci,
+    } = *line;
     let mut sc = fixed(score, width);
     let mut d: Vec<(String, Json)> = vec![
         ("name".into(), Json::Str(name.into())),
