@@ -5,16 +5,20 @@
 //! - english-like: 3000 segments (~26 tokens each) from a 3000-word
 //!   vocabulary of syllable words, one reference;
 //! - zipf (a held-out corpus of another shape): 3000 segments of ~180 bytes from a
-//!   5000-word vocabulary with Zipf frequencies, two references (module [`zipf`]).
+//!   5000-word vocabulary with Zipf frequencies, two references (module [`zipf`]);
+//! - chrF: 3000 segments of 15-35 words, one reference, scored with `-m chrf` (chrF) and
+//!   `-m chrf -cw 2` (chrF++) against sacrebleu's `CHRF().corpus_score` and
+//!   `CHRF(word_order=2).corpus_score` (module [`chrf_corpus`]).
 //!
 //! ```text
-//! cargo bench --features cli --bench cli  # writes target/cli_bench/{ref,hyp,sys2}.txt and
+//! cargo bench --features cli --bench cli  # writes target/cli_bench/{ref,hyp,sys2}.txt,
 //!                                          # target/cli_bench/zipf/{hyp,sys2,ref1,ref2}.txt
+//!                                          # and target/cli_bench/chrf/{ref,hyp,sys2}.txt
 //! python3 benches/cli_sacrebleu.py  # sacrebleu in-process, and the binary, alternating
 //! ```
 //!
 //! Both corpora come from fixed splitmix64 streams, so every run scores the same text.
-//! `CLI_BENCH_RUNS` sets the number of runs, `CLI_BENCH_ONLY=zipf|english` one corpus.
+//! `CLI_BENCH_RUNS` sets the number of runs, `CLI_BENCH_ONLY=zipf|english|chrf` one corpus.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -258,6 +262,128 @@ pub mod zipf {
     }
 }
 
+/// The chrF corpus (held out from the golden vectors): 3000 segments of 15..=35 words, one
+/// reference, written by its own splitmix64 stream. Words are syllable strings from a
+/// 4000-word vocabulary with some accented letters, capitalised names, numbers, hyphens and
+/// attached punctuation, so that character and word n-grams both matter.
+pub mod chrf_corpus {
+    use super::SplitMix64;
+    use std::path::{Path, PathBuf};
+
+    pub const SEGMENTS: usize = 3000;
+    const SEED: u64 = 0xC4F2_2026;
+    const SYLLABLES: [&str; 40] = [
+        "ta", "ren", "mo", "li", "ka", "sen", "do", "ver", "an", "tis", "po", "nu", "gar", "el",
+        "ri", "som", "be", "lan", "chi", "or", "ful", "pe", "dra", "kin", "ast", "mi", "vo",
+        "ther", "qua", "zen", "ho", "bri", "é", "ün", "ña", "ço", "ste", "wa", "gli", "ex",
+    ];
+
+    /// `w` with its first character upper-cased.
+    fn capitalise(w: &str) -> String {
+        let mut chars = w.chars();
+        chars.next().map_or_else(String::new, |c| {
+            c.to_uppercase().chain(chars).collect::<String>()
+        })
+    }
+
+    fn vocabulary(rng: &mut SplitMix64) -> Vec<String> {
+        let mut words: Vec<String> = [
+            "the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "was", "on", "with",
+            "as", "by", "at", "from", "this", "be", "not", "we", "they", "which", "have",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        while words.len() < 4000 {
+            let n = 1 + rng.below(4);
+            let mut w: String = (0..n)
+                .map(|_| SYLLABLES[rng.below(SYLLABLES.len())])
+                .collect();
+            if rng.below(12) == 0 {
+                w = capitalise(&w);
+            }
+            words.push(w);
+        }
+        words
+    }
+
+    fn word(rng: &mut SplitMix64, vocab: &[String]) -> String {
+        let a = rng.below(vocab.len());
+        let b = rng.below(vocab.len());
+        match rng.below(60) {
+            0 => format!("{}", rng.below(2030)),
+            1 => format!("{}.{}%", rng.below(100), rng.below(10)),
+            2 => format!("{}-{}", vocab[a], vocab[b]),
+            _ => vocab[a.min(b)].clone(),
+        }
+    }
+
+    fn sentence(rng: &mut SplitMix64, vocab: &[String]) -> Vec<String> {
+        let n = 15 + rng.below(21);
+        let mut words: Vec<String> = (0..n).map(|_| word(rng, vocab)).collect();
+        words[0] = capitalise(&words[0]);
+        for w in words.iter_mut().take(n - 1) {
+            match rng.below(16) {
+                0 => w.push(','),
+                1 => w.push(';'),
+                _ => {}
+            }
+        }
+        if rng.below(6) == 0 {
+            let k = 1 + rng.below(n - 3);
+            words[k] = format!("({}", words[k]);
+            words[k + 1].push(')');
+        } else if rng.below(6) == 0 {
+            let k = 1 + rng.below(n - 3);
+            words[k] = format!("\u{201c}{}", words[k]);
+            words[k + 1].push('\u{201d}');
+        }
+        words[n - 1].push(['.', '.', '.', '?', '!'][rng.below(5)]);
+        words
+    }
+
+    /// Each word kept (76%), replaced (10%), dropped (5%), followed by an inserted word (5%)
+    /// or re-cased (4%).
+    fn perturb(rng: &mut SplitMix64, words: &[String], vocab: &[String]) -> String {
+        let mut out: Vec<String> = Vec::with_capacity(words.len() + 4);
+        for w in words {
+            match rng.below(50) {
+                0..=37 => out.push(w.clone()),
+                38..=42 => out.push(word(rng, vocab)),
+                43 | 44 => {}
+                45..=47 => {
+                    out.push(w.clone());
+                    out.push(word(rng, vocab));
+                }
+                _ => out.push(w.to_uppercase()),
+            }
+        }
+        out.join(" ")
+    }
+
+    /// Writes ref.txt, hyp.txt and sys2.txt into `dir`; returns their paths.
+    pub fn write_corpus(dir: &Path) -> [PathBuf; 3] {
+        let mut rng = SplitMix64(SEED);
+        let vocab = vocabulary(&mut rng);
+        let mut texts = [String::new(), String::new(), String::new()];
+        for _ in 0..SEGMENTS {
+            let s = sentence(&mut rng, &vocab);
+            texts[0].push_str(&s.join(" "));
+            texts[0].push('\n');
+            for text in texts[1..].iter_mut() {
+                text.push_str(&perturb(&mut rng, &s, &vocab));
+                text.push('\n');
+            }
+        }
+        std::fs::create_dir_all(dir).expect("create target/cli_bench/chrf");
+        let paths = ["ref.txt", "hyp.txt", "sys2.txt"].map(|n| dir.join(n));
+        for (path, text) in paths.iter().zip(texts) {
+            std::fs::write(path, text).expect("write corpus");
+        }
+        paths
+    }
+}
+
 /// Median, minimum and 90th percentile of `runs` spawns of the binary with `args`.
 fn time_process(bin: &str, args: &[&str], runs: usize) -> (Duration, Duration, Duration, String) {
     let run = || {
@@ -298,9 +424,11 @@ fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cli_bench");
     let [r, h, s2] = write_corpus(&dir);
     let [zh, zs2, zr1, zr2] = zipf::write_corpus(&dir.join("zipf"));
+    let [cr, ch, cs2] = chrf_corpus::write_corpus(&dir.join("chrf"));
     let path = |p: &PathBuf| p.to_string_lossy().into_owned();
     let (r, h, s2) = (path(&r), path(&h), path(&s2));
     let (zh, zs2, zr1, zr2) = (path(&zh), path(&zs2), path(&zr1), path(&zr2));
+    let (cr, ch, cs2) = (path(&cr), path(&ch), path(&cs2));
     let runs: usize = std::env::var("CLI_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -359,6 +487,45 @@ fn main() {
             runs,
         ),
     ];
+    let chrf_cases: [(&str, Vec<&str>, usize); 7] = [
+        (
+            "chrF (-m chrf)",
+            vec![&cr, "-i", &ch, "-m", "chrf", "-f", "text"],
+            runs,
+        ),
+        (
+            "chrF++ (-m chrf -cw 2)",
+            vec![&cr, "-i", &ch, "-m", "chrf", "-cw", "2", "-f", "text"],
+            runs,
+        ),
+        (
+            "chrF, RAYON_NUM_THREADS=1",
+            vec![&cr, "-i", &ch, "-m", "chrf", "-f", "text"],
+            runs,
+        ),
+        (
+            "chrF++, RAYON_NUM_THREADS=1",
+            vec![&cr, "-i", &ch, "-m", "chrf", "-cw", "2", "-f", "text"],
+            runs,
+        ),
+        (
+            "BLEU and chrF (-m bleu chrf)",
+            vec![&cr, "-i", &ch, "-m", "bleu", "chrf", "-f", "text"],
+            runs,
+        ),
+        (
+            "chrF -ci (1000 resamples)",
+            vec![&cr, "-i", &ch, "-m", "chrf", "-ci", "-f", "text"],
+            runs / 4,
+        ),
+        (
+            "chrF++ -pbs, 2 systems (1000 resamples)",
+            vec![
+                &cr, "-i", &ch, &cs2, "-m", "chrf", "-cw", "2", "-pbs", "-f", "text",
+            ],
+            runs / 4,
+        ),
+    ];
     let mut groups: Vec<(String, &[Case])> = Vec::new();
     if only.is_empty() || only == "english" {
         groups.push((
@@ -374,6 +541,15 @@ fn main() {
                 zipf::VOCABULARY
             ),
             &zipf_cases,
+        ));
+    }
+    if only.is_empty() || only == "chrf" {
+        groups.push((
+            format!(
+                "chrF corpus: {} segments of 15-35 words, one reference",
+                chrf_corpus::SEGMENTS
+            ),
+            &chrf_cases,
         ));
     }
     for (title, cases) in groups {

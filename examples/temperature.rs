@@ -21,7 +21,7 @@
 //! f64: use `--cpu` on a Mac).
 
 use anyhow::{anyhow, bail, Context, Result};
-use candle_bleu::exact::{self, BleuConfig, BleuStats, Smoothing};
+use candle_bleu::exact::{self, BleuConfig, BleuCounts, SmoothMethod};
 use candle_bleu::loss::{bleu_loss_from_logits, BleuLossConfig, Form, LossSmoothing, References};
 use candle_core::{DType, Device, Tensor, D};
 use clap::Parser;
@@ -216,18 +216,18 @@ fn main() -> Result<()> {
 
     // Exact corpus BLEU of the argmax decode, with the loss's smoothing: BLEU+1 (add-k, k = 1,
     // for orders >= 2) is sacrebleu's add-k; corpus statistics are summed segment statistics.
-    let stats: BleuStats = decode
+    let stats: BleuCounts = decode
         .iter()
         .zip(&refs)
         .map(|(hyp, element)| exact::segment_stats(hyp, element, 4))
-        .sum::<Result<BleuStats, _>>()?;
+        .sum::<Result<BleuCounts, _>>()?;
     if stats.matches.contains(&0) {
         bail!("the data has an order without matches: {:?}", stats.matches);
     }
     let exact_cfg = BleuConfig {
         max_order: 4,
         weights: None,
-        smoothing: Smoothing::AddK(1.0),
+        smoothing: SmoothMethod::AddK(1.0),
         effective_order: false,
     };
     let exact_bleu = exact::score_from_stats(&stats, &exact_cfg)

@@ -8,7 +8,7 @@
 //! - [`exact`]: an **exact BLEU** that reproduces sacrebleu 2.6.0 (every smoothing, effective
 //!   order, the `none`/`13a`/`intl`/`char`/`zh` tokenizers, bootstrap confidence intervals and
 //!   paired tests with sacrebleu's own random numbers) and NLTK 3.10.4 (`method0`–`method7`) to
-//!   the last digit.
+//!   the last digit, and sacrebleu's **chrF and chrF++** ([`exact::chrf`]).
 //! - [`gradcheck`]: finite-difference gradient checks for any scalar candle function.
 //! - [`ngram`]: the one n-gram counter that both of the above use, so the loss and the metric
 //!   always agree on what a match is.
@@ -49,7 +49,8 @@
 //! Corpus BLEU as sacrebleu computes it, on text tokenized by sacrebleu's `13a` tokenizer:
 //!
 //! ```
-//! use candle_bleu::exact::{corpus_bleu, tokenize, BleuConfig, Tokenizer};
+//! use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+//! use candle_bleu::exact::{corpus_bleu, BleuConfig};
 //!
 //! let tok = |line: &str| tokenize(line, Tokenizer::V13a, false);
 //! let hyps = vec![tok("The cat sat on the mat."), tok("A dog barked at the postman.")];
@@ -59,7 +60,7 @@
 //! assert_eq!(score.counts, vec![12.0, 9.0, 7.0, 5.0]);
 //! assert_eq!(score.totals, vec![14.0, 12.0, 10.0, 8.0]);
 //! assert_eq!(score.score, 72.82376575609848); // `sacrebleu.corpus_bleu(hyps, [refs]).score`
-//! # Ok::<(), candle_bleu::exact::BleuError>(())
+//! # Ok::<(), candle_bleu::exact::MetricError>(())
 //! ```
 //!
 //! # Modules
@@ -68,11 +69,12 @@
 //! |---|---|
 //! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training |
 //! | [`loss::fused`] | CPU kernels: softmax gathered at the reference ids, and softmax with a backward |
-//! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::Smoothing`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
-//! | [`exact::tokenize`](mod@exact::tokenize) | sacrebleu's tokenizers, with Python's string semantics |
-//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization, with NumPy's PCG64 |
+//! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::SmoothMethod`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
+//! | [`exact::chrf`] | [`exact::chrf::corpus_chrf`], [`exact::chrf::sentence_chrf`], [`exact::chrf::ChrfConfig`]: sacrebleu's chrF and chrF++ |
+//! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |
+//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization of BLEU or chrF, with NumPy's PCG64 |
 //! | [`gradcheck`] | [`gradcheck::check_gradients`]: autograd against central finite differences in f64 |
-//! | [`ngram`] | n-gram counting, clipping, and the reference masks of the loss |
+//! | [`ngram`] | clipped n-gram matches ([`ngram::ClippedMatcher`]) and the reference masks of the loss |
 //!
 //! Dependencies point one way: the command line uses [`exact`], which uses [`ngram`];
 //! [`loss`] uses [`ngram`].
@@ -81,7 +83,7 @@
 //!
 //! | feature | effect |
 //! |---|---|
-//! | `cli` | builds the `candle-bleu` binary, sacrebleu's BLEU command line (`cargo install candle-bleu --features cli`); off by default, so the library does not depend on `clap` |
+//! | `cli` | builds the `candle-bleu` binary, sacrebleu's BLEU and chrF command line (`cargo install candle-bleu --features cli`); off by default, so the library does not depend on `clap` |
 //! | `cuda`, `cudnn`, `metal`, `mkl`, `accelerate` | passed to `candle-core` and `candle-nn` |
 //!
 //! # The mathematics
@@ -93,8 +95,8 @@
 //!   the first-occurrence masks `ν` (`first`) and clip counts `κ` (`clip`), the expected, paired
 //!   and lower-bound forms, the length models, the brevity penalty, smoothing, the guards and
 //!   the reductions, with a worked example checked by `tests/docs_worked_example.rs`.
-//! - `docs/exact.md`: what sacrebleu 2.6 and NLTK 3.10 compute, every quirk reproduced, and the
-//!   golden test that covers each.
+//! - `docs/exact.md`: what sacrebleu 2.6 and NLTK 3.10 compute (BLEU and chrF), every quirk
+//!   reproduced, and the golden test that covers each.
 // Every public item is documented; CI (clippy with warnings denied) keeps it so.
 #![warn(missing_docs)]
 

@@ -1,11 +1,13 @@
 //! The one n-gram counter of the crate.
 //!
-//! Both the exact BLEU ([`crate::exact`]) and the reference side of the differentiable
-//! loss ([`crate::loss`]) count n-grams here, so the two can never disagree about what an
-//! n-gram match is. N-grams are keyed by the slice of the token sequence they cover: each
-//! n-gram is hashed once, with no allocation per token, and n-grams of different orders
-//! never collide (slices of different lengths are different keys), so one map holds every
-//! order of a sequence.
+//! Both the exact metrics ([`crate::exact`]: BLEU's clipped matches, chrF's character and word
+//! n-gram matches) and the reference side of the differentiable loss ([`crate::loss`]) count
+//! n-grams here, so they can never disagree about what an n-gram match is.
+//!
+//! - [`ClippedMatcher`]: the clipped matches of one segment against its references, orders
+//!   `1..=N`, with every token hashed once and longer n-grams numbered from their prefix
+//!   (no n-gram is hashed or allocated).
+//! - [`reference_ngram_masks`]: the first-occurrence masks and clip counts of the loss.
 
 use rustc_hash::FxHashMap;
 use std::fmt;
@@ -13,7 +15,7 @@ use std::hash::{Hash, Hasher};
 
 /// A malformed argument to an n-gram function: which argument, and what is wrong with it.
 ///
-/// [`crate::exact::BleuError`] converts from it (`?` works in functions returning either).
+/// [`crate::exact::MetricError`] converts from it (`?` works in functions returning either).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NgramError {
     /// The argument's name, as in the function's signature (`"matches"`, ...).
@@ -40,84 +42,6 @@ fn check_matches_len(matches: &[u64], max_order: usize) -> Result<(), NgramError
                 matches.len()
             ),
         });
-    }
-    Ok(())
-}
-
-/// Counts of n-grams, keyed by the slice they cover. Orders share one map: the order of a
-/// key is `key.len()`.
-pub type NgramCounts<'a, T> = FxHashMap<&'a [T], u32>;
-
-/// Adds the counts of every n-gram of order `1..=max_order` in `tokens` to `counts`.
-pub fn count_ngrams_into<'a, T: Hash + Eq>(
-    tokens: &'a [T],
-    max_order: usize,
-    counts: &mut NgramCounts<'a, T>,
-) {
-    for order in 1..=max_order.min(tokens.len()) {
-        for ngram in tokens.windows(order) {
-            *counts.entry(ngram).or_insert(0) += 1;
-        }
-    }
-}
-
-/// Counts of every n-gram of order `1..=max_order` in `tokens`.
-pub fn count_ngrams<T: Hash + Eq>(tokens: &[T], max_order: usize) -> NgramCounts<'_, T> {
-    let mut counts = NgramCounts::default();
-    count_ngrams_into(tokens, max_order, &mut counts);
-    counts
-}
-
-/// Raises `max_counts` to the counts of `reference` wherever they are larger: after one
-/// call per reference, `max_counts[g] = max_r count_{ρ^r}(g)`, the clipping limit of BLEU.
-///
-/// `scratch` holds the counts of this one reference; it is cleared and reused so that a
-/// caller scoring many segments allocates once.
-pub fn merge_max_counts<'a, T: Hash + Eq>(
-    reference: &'a [T],
-    max_order: usize,
-    scratch: &mut NgramCounts<'a, T>,
-    max_counts: &mut NgramCounts<'a, T>,
-) {
-    scratch.clear();
-    count_ngrams_into(reference, max_order, scratch);
-    for (&ngram, &count) in scratch.iter() {
-        let entry = max_counts.entry(ngram).or_insert(0);
-        if *entry < count {
-            *entry = count;
-        }
-    }
-}
-
-/// Clipped matches per order: `matches[n-1] += Σ_{g of order n in hyp} min(count_hyp(g), max_ref(g))`.
-///
-/// `hyp_counts` come from [`count_ngrams`] and `max_ref_counts` from [`merge_max_counts`] (one
-/// call per reference). This is the plain, map-based form of the computation; scoring many
-/// segments is several times faster with [`ClippedMatcher`], which gives the same numbers.
-///
-/// Errors: `matches` shorter than the largest order in `hyp_counts` (nothing is added then).
-///
-/// ```
-/// use candle_bleu::ngram::{add_clipped_matches, count_ngrams, merge_max_counts, NgramCounts};
-/// let hyp = ["the", "the", "cat"];
-/// let (mut max_ref, mut scratch) = (NgramCounts::default(), NgramCounts::default());
-/// merge_max_counts(&["the", "cat"], 2, &mut scratch, &mut max_ref);
-/// let mut matches = [0u64; 2];
-/// add_clipped_matches(&count_ngrams(&hyp, 2), &max_ref, &mut matches)?;
-/// assert_eq!(matches, [2, 1]); // "the" clipped to 1, "cat"; the bigram "the cat"
-/// # Ok::<(), candle_bleu::ngram::NgramError>(())
-/// ```
-pub fn add_clipped_matches<T: Hash + Eq>(
-    hyp_counts: &NgramCounts<'_, T>,
-    max_ref_counts: &NgramCounts<'_, T>,
-    matches: &mut [u64],
-) -> Result<(), NgramError> {
-    let largest = hyp_counts.keys().map(|g| g.len()).max().unwrap_or(0);
-    check_matches_len(matches, largest)?;
-    for (ngram, &count) in hyp_counts.iter() {
-        if let Some(&limit) = max_ref_counts.get(ngram) {
-            matches[ngram.len() - 1] += u64::from(count.min(limit));
-        }
     }
     Ok(())
 }
@@ -202,7 +126,7 @@ pub fn reference_ngram_masks<T: Hash + Eq>(
 /// for the whole segment before it is filled (no growth while counting), cleared in O(1) by
 /// bumping a generation stamp. A slot is `(key, id, stamp)`, one 16-byte load per probe.
 #[derive(Default)]
-struct IdTable {
+pub(crate) struct IdTable {
     /// Occupied when the stamp equals `stamp`.
     slots: Vec<(u64, u32, u32)>,
     stamp: u32,
@@ -211,7 +135,7 @@ struct IdTable {
 
 impl IdTable {
     /// Empties the table and makes room for `entries` keys at load factor <= 1/2.
-    fn reset(&mut self, entries: usize) {
+    pub(crate) fn reset(&mut self, entries: usize) {
         let capacity = (2 * entries).next_power_of_two().max(16);
         if capacity > self.slots.len() {
             self.slots = vec![(0, 0, 0); capacity];
@@ -232,7 +156,7 @@ impl IdTable {
 
     /// The id of `key`, 0 if absent.
     #[inline]
-    fn get(&self, key: u64) -> u32 {
+    pub(crate) fn get(&self, key: u64) -> u32 {
         let mask = self.slots.len() - 1;
         let mut slot = self.slot(key);
         loop {
@@ -249,7 +173,7 @@ impl IdTable {
 
     /// The id of `key`, inserting `new_id()` if absent.
     #[inline]
-    fn get_or_insert(&mut self, key: u64, new_id: impl FnOnce() -> u32) -> u32 {
+    pub(crate) fn get_or_insert(&mut self, key: u64, new_id: impl FnOnce() -> u32) -> u32 {
         let mask = self.slots.len() - 1;
         let mut slot = self.slot(key);
         loop {
@@ -549,10 +473,15 @@ impl IdMatcher {
         table.begin(rows, cols, starts);
         let mut next = 1u32;
         self.hyp_cur.clear();
-        for start in 0..starts {
-            let id =
-                table.get_or_insert(self.hyp_prev[start], hyp_uni[start + order - 1], &mut next);
-            self.hyp_cur.push(id);
+        self.hyp_cur.resize(starts, 0);
+        // Iterators rather than indices: no bounds check or capacity test in the hot loops.
+        for ((id, &prefix), &last) in self
+            .hyp_cur
+            .iter_mut()
+            .zip(&self.hyp_prev[..starts])
+            .zip(&hyp_uni[order - 1..])
+        {
+            *id = table.get_or_insert(prefix, last, &mut next);
         }
         let m = (next - 1) as usize;
         self.hyp_count.clear();
@@ -564,8 +493,16 @@ impl IdMatcher {
         self.ref_cur.resize(self.ref_uni.len(), 0);
         for &(offset, len) in &self.ref_bounds {
             let ref_starts = (len + 1).saturating_sub(order);
-            for p in offset..offset + ref_starts {
-                self.ref_cur[p] = table.get(self.ref_prev[p], self.ref_uni[p + order - 1]);
+            if ref_starts == 0 {
+                continue;
+            }
+            let (cur, prev) = (
+                &mut self.ref_cur[offset..offset + ref_starts],
+                &self.ref_prev[offset..offset + ref_starts],
+            );
+            let lasts = &self.ref_uni[offset + order - 1..offset + len];
+            for ((id, &prefix), &last) in cur.iter_mut().zip(prev).zip(lasts) {
+                *id = table.get(prefix, last);
             }
         }
         let sum = clipped_sum(
@@ -617,12 +554,12 @@ fn clipped_sum(
 }
 
 /// Clipped matches of one segment, computed without hashing any n-gram longer than one token:
-/// the same numbers as [`count_ngrams_into`] + [`merge_max_counts`] + [`add_clipped_matches`]
-/// (a test checks it), several times faster, for scoring large corpora.
+/// `Σ_g min(count_hyp(g), max_r count_{ρ^r}(g))` per order, the numbers a map of n-gram
+/// counts per sequence gives (a test checks it against one), several times faster.
 ///
 /// Every hypothesis token gets a dense id from a map of tokens (each token hashed once); the
-/// reference tokens are looked up in it; the n-grams are then counted on ids as
-/// [`InternedMatcher`] counts them.
+/// reference tokens are looked up in it; the n-grams of each order are then numbered from
+/// their `(n-1)`-gram prefix's id and their last token's id.
 ///
 /// The maps are cleared, never reallocated, between segments. They borrow the tokens, so every
 /// segment given to one matcher must outlive it.
@@ -713,17 +650,17 @@ impl<'a, T: Hash + Eq> ClippedMatcher<'a, T> {
 /// each reference token is the id of the equal hypothesis token, or 0 when the hypothesis has
 /// no such token. This is [`ClippedMatcher`] without its token map, for callers that hash
 /// their tokens once themselves (the `candle-bleu` binary interns each line's `&str` tokens
-/// while it tokenizes them).
+/// while it tokenizes them; chrF interns characters and words).
 ///
 /// Its tables are cleared, never reallocated, between segments; it borrows nothing.
 #[derive(Default)]
-pub struct InternedMatcher {
+pub(crate) struct InternedMatcher {
     core: IdMatcher,
 }
 
 impl InternedMatcher {
     /// An empty matcher; its tables grow to the largest segment it is given.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -734,17 +671,7 @@ impl InternedMatcher {
     /// Errors (nothing is added then): `matches.len() < max_order`, `vocab > hyp.len()`, a
     /// hypothesis id outside `1..=vocab`, a reference id above `vocab`.
     ///
-    /// ```
-    /// use candle_bleu::ngram::InternedMatcher;
-    /// // hypothesis "a a a b", references "a b" and "a a c": a = 1, b = 2, c is not in it (0).
-    /// let hyp = [1u32, 1, 1, 2];
-    /// let refs = [vec![1u32, 2], vec![1, 1, 0]];
-    /// let mut matches = [0u64; 2];
-    /// InternedMatcher::new().add_clipped_matches(&hyp, &refs, 2, 2, &mut matches)?;
-    /// assert_eq!(matches, [3, 2]);
-    /// # Ok::<(), candle_bleu::ngram::NgramError>(())
-    /// ```
-    pub fn add_clipped_matches<R: AsRef<[u32]>>(
+    pub(crate) fn add_clipped_matches<R: AsRef<[u32]>>(
         &mut self,
         hyp: &[u32],
         refs: &[R],
@@ -788,18 +715,93 @@ impl InternedMatcher {
                 });
             }
         }
+        self.add_clipped_matches_unchecked(hyp, refs, vocab, max_order, matches);
+        Ok(())
+    }
+
+    /// [`InternedMatcher::add_clipped_matches`] for callers whose ids are valid by
+    /// construction (`matches.len() >= max_order`, hypothesis ids in `1..=vocab`, reference ids
+    /// in `0..=vocab`; else it panics on an index).
+    pub(crate) fn add_clipped_matches_unchecked<R: AsRef<[u32]>>(
+        &mut self,
+        hyp: &[u32],
+        refs: &[R],
+        vocab: u32,
+        max_order: usize,
+        matches: &mut [u64],
+    ) {
         self.core.clear_refs();
         for reference in refs {
             self.core.push_ref(reference.as_ref().iter().copied());
         }
         self.core.matches(hyp, vocab as usize, max_order, matches);
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts of n-grams, keyed by the slice they cover. Orders share one map: the order of a
+    /// key is `key.len()`.
+    type NgramCounts<'a, T> = FxHashMap<&'a [T], u32>;
+
+    /// Adds the counts of every n-gram of order `1..=max_order` in `tokens` to `counts`.
+    fn count_ngrams_into<'a, T: Hash + Eq>(
+        tokens: &'a [T],
+        max_order: usize,
+        counts: &mut NgramCounts<'a, T>,
+    ) {
+        for order in 1..=max_order.min(tokens.len()) {
+            for ngram in tokens.windows(order) {
+                *counts.entry(ngram).or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// Counts of every n-gram of order `1..=max_order` in `tokens`.
+    fn count_ngrams<T: Hash + Eq>(tokens: &[T], max_order: usize) -> NgramCounts<'_, T> {
+        let mut counts = NgramCounts::default();
+        count_ngrams_into(tokens, max_order, &mut counts);
+        counts
+    }
+
+    /// Raises `max_counts` to the counts of `reference` wherever they are larger: after one
+    /// call per reference, `max_counts[g] = max_r count_{ρ^r}(g)`, the clipping limit of BLEU.
+    ///
+    /// `scratch` holds the counts of this one reference; it is cleared and reused so that a
+    /// caller scoring many segments allocates once.
+    fn merge_max_counts<'a, T: Hash + Eq>(
+        reference: &'a [T],
+        max_order: usize,
+        scratch: &mut NgramCounts<'a, T>,
+        max_counts: &mut NgramCounts<'a, T>,
+    ) {
+        scratch.clear();
+        count_ngrams_into(reference, max_order, scratch);
+        for (&ngram, &count) in scratch.iter() {
+            let entry = max_counts.entry(ngram).or_insert(0);
+            if *entry < count {
+                *entry = count;
+            }
+        }
+    }
+
+    /// Clipped matches per order from the maps (the reference the matchers are tested against).
+    fn add_clipped_matches<T: Hash + Eq>(
+        hyp_counts: &NgramCounts<'_, T>,
+        max_ref_counts: &NgramCounts<'_, T>,
+        matches: &mut [u64],
+    ) -> Result<(), NgramError> {
+        let largest = hyp_counts.keys().map(|g| g.len()).max().unwrap_or(0);
+        check_matches_len(matches, largest)?;
+        for (ngram, &count) in hyp_counts.iter() {
+            if let Some(&limit) = max_ref_counts.get(ngram) {
+                matches[ngram.len() - 1] += u64::from(count.min(limit));
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn counts_every_order_in_one_map() {

@@ -5,7 +5,9 @@
 //!   the repository root, and must print sacrebleu's standard output exactly (our extra JSON
 //!   fields removed, the `version` token masked) with sacrebleu's exit status. Cases with
 //!   `full` statistics also check the extra JSON fields against sacrebleu's full-precision
-//!   values (1e-9 relative).
+//!   values (1e-9 relative). BLEU and chrF (`-m bleu chrf`, the `--chrf-*` options, `-ci`,
+//!   `-pbs`, `-par`); the two chrF `-pbs -f json` cases are sacrebleu's output with its JSON
+//!   encoder taught `numpy.float32` (sacrebleu 2.6.0 itself raises TypeError there).
 //! - Malformed input: exit status 2, a message on stderr naming the file, line or counts, and
 //!   nothing on stdout.
 //! - Bootstrap and paired tests: structure, plausibility and determinism.
@@ -426,7 +428,36 @@ fn unreadable_files_and_bad_arguments() {
         &run(&[&r, "-i", &h, "--max-ngram-order", "0"], &[], None),
         &["--max-ngram-order"],
     );
-    assert_fails(&run(&[&r, "-i", &h, "-m", "chrf"], &[], None), &["chrf"]);
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "ter"], &[], None),
+        &["ter", "not supported"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "bleu", "rouge"], &[], None),
+        &["--metrics", "rouge"],
+    );
+    // chrF's options: no n-gram order at all, negative orders, beta below 1, several metrics
+    // at sentence level.
+    assert_fails(
+        &run(
+            &[&r, "-i", &h, "-m", "chrf", "-cc", "0", "-cw", "0"],
+            &[],
+            None,
+        ),
+        &["--chrf-char-order", "--chrf-word-order"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "chrf", "-cw", "-1"], &[], None),
+        &["--chrf-word-order", "-1"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "chrf", "--chrf-beta", "0"], &[], None),
+        &["--chrf-beta", "0"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "bleu", "chrf", "-sl"], &[], None),
+        &["--sentence-level", "one metric"],
+    );
     assert_fails(
         &run(&[&r, "-i", &h, "-e", "latin-1"], &[], None),
         &["--encoding"],

@@ -3,14 +3,13 @@
 //! statistics), the weights extension, and small examples computed by hand.
 
 use candle_bleu::exact::{
-    corpus_bleu, corpus_bleu_par, corpus_stats, corpus_stats_sum, corpus_stats_sum_par,
-    nltk_corpus_stats, score_from_stats, score_nltk_stats, segment_stats, sentence_bleu,
-    BleuConfig, BleuError, BleuStats, Smoothing, StatsCounter,
+    corpus_bleu, corpus_stats, nltk_corpus_stats, score_from_stats, score_nltk_stats,
+    segment_stats, sentence_bleu, BleuConfig, BleuCounts, MetricError, SmoothMethod,
 };
 
-fn argument(result: Result<impl std::fmt::Debug, BleuError>) -> &'static str {
+fn argument(result: Result<impl std::fmt::Debug, MetricError>) -> &'static str {
     match result {
-        Err(BleuError::InvalidArgument { argument, message }) => {
+        Err(MetricError::InvalidArgument { argument, message }) => {
             assert!(!message.is_empty());
             argument
         }
@@ -70,14 +69,14 @@ fn invalid_arguments_are_named() {
     assert_eq!(bad(BleuConfig::nltk(8)), "cfg.smoothing");
     assert_eq!(
         bad(BleuConfig {
-            smoothing: Smoothing::Floor(-0.1),
+            smoothing: SmoothMethod::Floor(-0.1),
             ..cfg.clone()
         }),
         "cfg.smoothing"
     );
     assert_eq!(
         bad(BleuConfig {
-            smoothing: Smoothing::AddK(f64::NAN),
+            smoothing: SmoothMethod::AddK(f64::NAN),
             ..cfg.clone()
         }),
         "cfg.smoothing"
@@ -134,7 +133,7 @@ fn no_public_function_panics_on_odd_input() {
         },
         BleuConfig {
             max_order: 1,
-            smoothing: Smoothing::AddK(0.0),
+            smoothing: SmoothMethod::AddK(0.0),
             effective_order: true,
             weights: None,
         },
@@ -143,7 +142,7 @@ fn no_public_function_panics_on_odd_input() {
             ..BleuConfig::default()
         },
         BleuConfig {
-            smoothing: Smoothing::Floor(f64::INFINITY),
+            smoothing: SmoothMethod::Floor(f64::INFINITY),
             ..BleuConfig::default()
         },
         BleuConfig {
@@ -178,7 +177,7 @@ fn no_public_function_panics_on_odd_input() {
         for (h, r) in &corpora {
             let outcome = std::panic::catch_unwind(|| {
                 let _ = corpus_bleu(h, r, cfg);
-                let _ = corpus_bleu_par(h, r, cfg);
+                let _ = corpus_stats(h, r, cfg.max_order);
                 if let (Some(h0), Some(r0)) = (h.first(), r.first()) {
                     let _ = sentence_bleu(h0, r0, cfg);
                     if let Ok(s) = segment_stats(h0, r0, cfg.max_order) {
@@ -188,7 +187,7 @@ fn no_public_function_panics_on_odd_input() {
                 if let Ok(s) = nltk_corpus_stats(h, r, cfg.max_order) {
                     let _ = score_nltk_stats(&s, cfg);
                 }
-                let _ = score_from_stats(&BleuStats::default(), cfg);
+                let _ = score_from_stats(&BleuCounts::default(), cfg);
             });
             assert!(outcome.is_ok(), "panic for {cfg:?} on {h:?} / {r:?}");
         }
@@ -222,7 +221,7 @@ fn statistics_by_hand() {
     // bigram "7 7" clipped to max(1, 1) = 1; length 4, closest reference 4.
     assert_eq!(
         per_segment[1],
-        BleuStats {
+        BleuCounts {
             matches: vec![3, 1, 0, 0],
             totals: vec![4, 3, 2, 1],
             hyp_len: 4,
@@ -234,7 +233,7 @@ fn statistics_by_hand() {
     // "1 2 1" -> min(2, 1), "2 1 2" -> min(2, 2) = 3; "1 2 1 2" -> 1, "2 1 2 1" -> 1 = 2.
     assert_eq!(
         per_segment[3],
-        BleuStats {
+        BleuCounts {
             matches: vec![6, 4, 3, 2],
             totals: vec![7, 6, 5, 4],
             hyp_len: 7,
@@ -244,7 +243,7 @@ fn statistics_by_hand() {
     // Segment 2: empty hypothesis, reference length 2.
     assert_eq!(
         per_segment[2],
-        BleuStats {
+        BleuCounts {
             matches: vec![0; 4],
             totals: vec![0; 4],
             hyp_len: 0,
@@ -254,30 +253,47 @@ fn statistics_by_hand() {
     // Segment 4: "5" vs "5 5" (2) and "6" (1): tie at distance 1 -> the shorter, 1.
     assert_eq!(per_segment[4].ref_len, 1);
 
-    let sum: BleuStats = per_segment.iter().sum();
-    let owned_sum: BleuStats = per_segment.clone().into_iter().sum();
+    let sum: BleuCounts = per_segment.iter().sum();
+    let owned_sum: BleuCounts = per_segment.clone().into_iter().sum();
     assert_eq!(sum, owned_sum);
-    assert_eq!(sum, corpus_stats_sum(&hyps, &refs, 4).unwrap());
-    assert_eq!(sum, corpus_stats_sum_par(&hyps, &refs, 4).unwrap());
-    let mut acc = BleuStats::default();
+    let mut acc = BleuCounts::default();
     for s in &per_segment {
         acc += s;
     }
     assert_eq!(acc, sum);
     assert_eq!(sum.to_sacrebleu_vec()[..2], [sum.hyp_len, sum.ref_len]);
 
-    // A reused counter gives the same per-segment statistics.
-    let mut counter = StatsCounter::new(4).unwrap();
+    // One segment at a time gives the same per-segment statistics.
     for ((h, r), want) in hyps.iter().zip(&refs).zip(&per_segment) {
-        assert_eq!(&counter.segment(h, r), want);
+        assert_eq!(&segment_stats(h, r, 4).unwrap(), want);
     }
 
-    // Scoring the sum is corpus_bleu, for every sacrebleu smoothing, in parallel too.
+    // A corpus large enough for the parallel paths (the corpus 300 times): the same
+    // per-segment statistics, and corpus_bleu is the score of their sum.
+    let big_hyps: Vec<Vec<u32>> = (0..300).flat_map(|_| hyps.clone()).collect();
+    let big_refs: Vec<Vec<Vec<u32>>> = (0..300).flat_map(|_| refs.clone()).collect();
+    let big = corpus_stats(&big_hyps, &big_refs, 4).unwrap();
+    assert_eq!(big.len(), 300 * hyps.len());
+    for (k, s) in big.iter().enumerate() {
+        assert_eq!(s, &per_segment[k % hyps.len()]);
+    }
+    let big_sum: BleuCounts = big.iter().sum();
+    assert_eq!(
+        big_sum.matches,
+        sum.matches.iter().map(|m| 300 * m).collect::<Vec<_>>()
+    );
+    let cfg = BleuConfig::default();
+    assert_eq!(
+        corpus_bleu(&big_hyps, &big_refs, &cfg).unwrap(),
+        score_from_stats(&big_sum, &cfg).unwrap()
+    );
+
+    // Scoring the sum is corpus_bleu, for every sacrebleu smoothing.
     for smoothing in [
-        Smoothing::None,
-        Smoothing::Floor(0.1),
-        Smoothing::AddK(1.0),
-        Smoothing::Exp,
+        SmoothMethod::None,
+        SmoothMethod::Floor(0.1),
+        SmoothMethod::AddK(1.0),
+        SmoothMethod::Exp,
     ] {
         for effective_order in [false, true] {
             let cfg = BleuConfig {
@@ -287,7 +303,6 @@ fn statistics_by_hand() {
             };
             let direct = corpus_bleu(&hyps, &refs, &cfg).unwrap();
             assert_eq!(score_from_stats(&sum, &cfg).unwrap(), direct);
-            assert_eq!(corpus_bleu_par(&hyps, &refs, &cfg).unwrap(), direct);
         }
     }
     // NLTK statistics: floored denominators. Totals are [18, 14, 11, 8]; the empty
@@ -331,7 +346,7 @@ fn sacrebleu_quirks_by_hand() {
     assert!((eff.score - 100.0).abs() < 1e-12 && eff.effective_order == 3);
     // add-k on an order with no n-gram: (0 + k) / (0 + k) = 100%, counts mutated as reported.
     let addk = BleuConfig {
-        smoothing: Smoothing::AddK(1.0),
+        smoothing: SmoothMethod::AddK(1.0),
         ..BleuConfig::default()
     };
     let s = sentence_bleu(&h, &r, &addk).unwrap();
@@ -343,7 +358,11 @@ fn sacrebleu_quirks_by_hand() {
 #[test]
 fn weights_extension_for_sacrebleu_semantics() {
     let (hyps, refs) = corpus();
-    for smoothing in [Smoothing::Floor(0.1), Smoothing::Exp, Smoothing::AddK(1.0)] {
+    for smoothing in [
+        SmoothMethod::Floor(0.1),
+        SmoothMethod::Exp,
+        SmoothMethod::AddK(1.0),
+    ] {
         let plain = BleuConfig {
             smoothing,
             ..BleuConfig::default()
@@ -361,7 +380,7 @@ fn weights_extension_for_sacrebleu_semantics() {
     let h = ids("1 2 9 3 4 8");
     let r = [ids("1 2 3 4 5 8")];
     let none4 = BleuConfig {
-        smoothing: Smoothing::None,
+        smoothing: SmoothMethod::None,
         ..BleuConfig::default()
     };
     assert_eq!(sentence_bleu(&h, &r, &none4).unwrap().score, 0.0);
@@ -393,7 +412,7 @@ fn any_hashable_token_type() {
     let text_r = vec![vec!["the", "cat", "is", "on", "the", "mat"]];
     let cfg = BleuConfig {
         max_order: 1,
-        smoothing: Smoothing::None,
+        smoothing: SmoothMethod::None,
         ..BleuConfig::default()
     };
     // Clipped unigram precision 4/5 (the seed's worked example).

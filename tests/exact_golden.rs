@@ -4,7 +4,9 @@
 
 use std::hash::Hash;
 
-use candle_bleu::exact::{corpus_bleu, sentence_bleu, BleuConfig, BleuError, BleuScore, Smoothing};
+use candle_bleu::exact::{
+    corpus_bleu, sentence_bleu, BleuConfig, BleuScore, MetricError, SmoothMethod,
+};
 use serde_json::Value;
 
 const GOLDEN: &str = include_str!("golden/scores.json");
@@ -20,14 +22,14 @@ fn config(case: &Value) -> BleuConfig {
         .as_array()
         .map(|w| w.iter().map(|x| x.as_f64().unwrap()).collect());
     let smoothing = if case["impl"] == "nltk" {
-        Smoothing::Nltk(case["smooth"].as_u64().unwrap() as u8)
+        SmoothMethod::Nltk(case["smooth"].as_u64().unwrap() as u8)
     } else {
         let value = case["smooth_value"].as_f64();
         match case["smooth"].as_str().unwrap() {
-            "none" => Smoothing::None,
-            "floor" => Smoothing::Floor(value.unwrap_or(0.1)),
-            "add-k" => Smoothing::AddK(value.unwrap_or(1.0)),
-            "exp" => Smoothing::Exp,
+            "none" => SmoothMethod::None,
+            "floor" => SmoothMethod::Floor(value.unwrap_or(0.1)),
+            "add-k" => SmoothMethod::AddK(value.unwrap_or(1.0)),
+            "exp" => SmoothMethod::Exp,
             other => panic!("unknown smoothing {other}"),
         }
     };
@@ -70,7 +72,7 @@ fn score<T: Eq + Hash + Sync>(
     refs: &[Vec<Vec<T>>],
     sentence: bool,
     cfg: &BleuConfig,
-) -> Result<BleuScore, BleuError> {
+) -> Result<BleuScore, MetricError> {
     if sentence {
         sentence_bleu(&hyps[0], &refs[0], cfg)
     } else {

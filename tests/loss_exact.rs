@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle_bleu::exact::{self, BleuConfig, Smoothing};
+use candle_bleu::exact::{self, BleuConfig, SmoothMethod};
 use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction,
     References,
@@ -43,7 +43,7 @@ fn batch_strategy() -> impl Strategy<Value = Batch> {
 }
 
 /// The discrete statistics (docs/loss.md, §2 The target: discrete BLEU) per element, from `exact`.
-fn discrete_stats(batch: &Batch) -> Vec<exact::BleuStats> {
+fn discrete_stats(batch: &Batch) -> Vec<exact::BleuCounts> {
     batch
         .hyps
         .iter()
@@ -101,13 +101,13 @@ fn check_one_hot_equality(batch: &Batch, form: Form) -> Result<(), TestCaseError
         prop_assert_eq!(ref_len[b], stats.ref_len as f64);
     }
     // Where every order has a match, the loss is exactly -log of the discrete corpus BLEU.
-    let corpus: exact::BleuStats = expected.iter().cloned().sum();
+    let corpus: exact::BleuCounts = expected.iter().cloned().sum();
     if corpus.matches.iter().all(|&m| m > 0) {
         let score = exact::score_from_stats(
             &corpus,
             &BleuConfig {
                 max_order: batch.max_order,
-                smoothing: Smoothing::None,
+                smoothing: SmoothMethod::None,
                 ..Default::default()
             },
         )

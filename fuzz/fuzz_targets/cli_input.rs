@@ -2,7 +2,7 @@
 //! `src/bin/candle-bleu/input.rs` and `count.rs`, included below with `#[path]`: they belong to
 //! the binary, not to the library's API) on arbitrary bytes: no panic on any input; errors only
 //! for what `input` documents; the statistics counted on segment-local ids equal those of
-//! `exact::corpus_stats_sum` on the tokens as strings; the summed and per-segment statistics
+//! `exact::corpus_stats` on the tokens as strings; the summed and per-segment statistics
 //! agree; scores are finite and in 0..=100 (+1 ulp); bootstrap p-values are in (0, 1].
 //!
 //! Input layout: byte 0 picks the options (tokenizer, lowercase, standard input or files,
@@ -19,7 +19,7 @@ use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many}
 use count::Counting;
 use input::{file_lines, read_corpus, universal_lines, HypInput, InputError, Source};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
-use candle_bleu::exact::{corpus_stats_sum, score_from_stats, BleuConfig, BleuStats, Smoothing};
+use candle_bleu::exact::{corpus_stats, score_from_stats, BleuConfig, BleuCounts, SmoothMethod};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -36,10 +36,10 @@ fuzz_target!(|data: &[u8]| {
         1 + ((opts >> 6) % 3) as usize
     };
     let smoothing = match (opts >> 6) & 3 {
-        0 => Smoothing::Exp,
-        1 => Smoothing::Floor(0.1),
-        2 => Smoothing::AddK(1.0),
-        _ => Smoothing::None,
+        0 => SmoothMethod::Exp,
+        1 => SmoothMethod::Floor(0.1),
+        2 => SmoothMethod::AddK(1.0),
+        _ => SmoothMethod::None,
     };
     let max_order = 1 + (opts as usize >> 5) % 5;
 
@@ -120,7 +120,7 @@ fuzz_target!(|data: &[u8]| {
     for s in 0..corpus.systems.len() {
         let sum = counting.stats_sum(&corpus, s).expect("valid max_order");
         let segs = counting.segment_stats(&corpus, s).expect("valid max_order");
-        let seg_sum: BleuStats = segs.iter().sum();
+        let seg_sum: BleuCounts = segs.iter().sum();
         assert_eq!(sum, seg_sum);
 
         // The same statistics from the tokens as strings.
@@ -138,7 +138,10 @@ fuzz_target!(|data: &[u8]| {
                     .collect()
             })
             .collect();
-        let strings = corpus_stats_sum(&hyps, &refs, max_order).expect("valid corpus");
+        let strings: BleuCounts = corpus_stats(&hyps, &refs, max_order)
+            .expect("valid corpus")
+            .iter()
+            .sum();
         assert_eq!(sum, strings, "interned ids and strings disagree");
 
         let score = score_from_stats(&sum, &cfg).expect("valid config");
@@ -151,7 +154,7 @@ fuzz_target!(|data: &[u8]| {
         let c = bootstrap_confidence(&per_system[0], &cfg, 5, 12345).expect("bootstrap");
         assert!(c.lower <= c.upper && c.ci >= 0.0 && c.mean.is_finite());
         if per_system.len() > 1 {
-            let others: Vec<&[BleuStats]> = per_system[1..].iter().map(Vec::as_slice).collect();
+            let others: Vec<&[BleuCounts]> = per_system[1..].iter().map(Vec::as_slice).collect();
             let (_, results) =
                 paired_bootstrap_many(&per_system[0], &others, &cfg, 5, 1).expect("paired");
             for r in results {

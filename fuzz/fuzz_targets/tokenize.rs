@@ -4,9 +4,8 @@
 //! (in order, for the tokenizers that never rewrite characters).
 #![no_main]
 
-use candle_bleu::exact::tokenize::{
-    is_python_whitespace, python_lower, tokenize, tokenize_reference, TokenizeBuffer, Tokenizer,
-};
+use candle_bleu::exact::cli_support::{is_python_whitespace, python_lower, tokenize_reference};
+use candle_bleu::exact::tokenize::{tokenize, TokenizeBuffer, Tokenizer};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,7 +12,7 @@ use anyhow::{anyhow, Result};
 use candle_bleu::exact::bootstrap::{
     paired_bootstrap as sacrebleu_paired_bootstrap, paired_bootstrap_many, resample_scores,
 };
-use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuStats};
+use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
 use std::collections::HashSet;
 
@@ -33,7 +33,7 @@ pub fn bleu_100(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<f64> {
 
 /// Per-segment statistics (`exact::corpus_stats`, 4-grams) of `hyps` against one reference per
 /// segment: what the bootstrap resamples.
-pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuStats>> {
+pub fn segment_stats(hyps: &[Vec<String>], refs: &[Vec<String>]) -> Result<Vec<BleuCounts>> {
     corpus_stats(hyps, &one_reference_each(refs), 4).map_err(|e| anyhow!("{e}"))
 }
 
@@ -67,8 +67,8 @@ pub struct PairedBootstrap {
 /// The interval of the difference comes from the same resamples (`resample_scores` with the
 /// same seed draws the same segment indices).
 pub fn paired_bootstrap(
-    baseline: &[BleuStats],
-    system: &[BleuStats],
+    baseline: &[BleuCounts],
+    system: &[BleuCounts],
     resamples: usize,
     seed: u64,
 ) -> Result<PairedBootstrap> {
@@ -76,7 +76,7 @@ pub fn paired_bootstrap(
         anyhow::bail!("paired bootstrap: resamples must be at least 1");
     }
     let cfg = BleuConfig::default();
-    let err = |e: candle_bleu::exact::BleuError| anyhow!("paired bootstrap: {e}");
+    let err = |e: candle_bleu::exact::MetricError| anyhow!("paired bootstrap: {e}");
     let (base, sys) =
         sacrebleu_paired_bootstrap(baseline, system, &cfg, resamples, seed).map_err(err)?;
     let sys_confidence = sys
@@ -120,12 +120,12 @@ pub struct Comparison {
 /// Paired bootstrap of every system against the baseline on the same segments
 /// (`exact::bootstrap::paired_bootstrap_many`, sacrebleu's seed 12345).
 pub fn compare(
-    baseline: &[BleuStats],
-    systems: &[Vec<BleuStats>],
+    baseline: &[BleuCounts],
+    systems: &[Vec<BleuCounts>],
     resamples: usize,
 ) -> Result<Vec<Comparison>> {
     let cfg = BleuConfig::default();
-    let refs: Vec<&[BleuStats]> = systems.iter().map(Vec::as_slice).collect();
+    let refs: Vec<&[BleuCounts]> = systems.iter().map(Vec::as_slice).collect();
     let (base, results) = paired_bootstrap_many(
         baseline,
         &refs,

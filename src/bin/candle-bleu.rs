@@ -1,6 +1,6 @@
-//! `candle-bleu`: sacrebleu 2.6.0's BLEU command line, same options, same numbers, same output
-//! (JSON or text, sentence level, bootstrap confidence intervals, paired bootstrap and
-//! approximate randomization tests), 30-100x faster. See docs/CLI.md.
+//! `candle-bleu`: sacrebleu 2.6.0's command line for BLEU and chrF/chrF++, same options, same
+//! numbers, same output (JSON or text, sentence level, bootstrap confidence intervals, paired
+//! bootstrap and approximate randomization tests), 30-100x faster. See docs/CLI.md.
 //!
 //! Exit status: 0 on success, 2 on any error; errors go to stderr and name the argument, file
 //! and line, and nothing is printed on stdout.
@@ -21,17 +21,24 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use candle_bleu::exact::bootstrap::{
-    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, SACREBLEU_SEED,
+    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, Metric,
+    SACREBLEU_SEED,
+};
+use candle_bleu::exact::chrf::{
+    corpus_chrf, corpus_chrf_stats, score_chrf_stats, ChrfConfig, ChrfCounts,
 };
 use candle_bleu::exact::tokenize::Tokenizer;
 use candle_bleu::exact::{
-    score_from_stats, BleuConfig, BleuError, BleuScore, BleuStats, Smoothing, MAX_ORDER,
+    score_from_stats, BleuConfig, BleuCounts, MetricError, SmoothMethod, MAX_ORDER,
 };
 use count::Counting;
 use input::{read_corpus, Corpus, HypInput, Source};
 
-use args::{Args, Format, SmoothMethod};
-use format::{fancy_grid, latex_booktabs, score_format, Align, Ci, Json, Signature};
+use args::{Args, Format, SmoothArg};
+use format::{
+    bleu_extras, fancy_grid, latex_booktabs, score_format, Align, Ci, Json, MetricSignature,
+    ScoreExtras, ScoreLine, Signature,
+};
 
 /// A failure: the message printed on stderr (exit status 2).
 type Failure = String;
@@ -102,15 +109,15 @@ fn seed_from_env() -> Result<(u64, String), Failure> {
 }
 
 /// The smoothing and its signature text (`exp`, `floor[0.10]`, ...).
-fn smoothing(args: &Args) -> Result<(Smoothing, String), Failure> {
+fn smoothing(args: &Args) -> Result<(SmoothMethod, String), Failure> {
     let method = args.smooth_method;
     let value = args.smooth_value.or(method.default_value());
     let smooth = match (method, value) {
-        (SmoothMethod::None, _) => Smoothing::None,
-        (SmoothMethod::Exp, _) => Smoothing::Exp,
-        (SmoothMethod::Floor, Some(v)) => Smoothing::Floor(v),
-        (SmoothMethod::AddK, Some(v)) => Smoothing::AddK(v),
-        (_, None) => Smoothing::Exp,
+        (SmoothArg::None, _) => SmoothMethod::None,
+        (SmoothArg::Exp, _) => SmoothMethod::Exp,
+        (SmoothArg::Floor, Some(v)) => SmoothMethod::Floor(v),
+        (SmoothArg::AddK, Some(v)) => SmoothMethod::AddK(v),
+        (_, None) => SmoothMethod::Exp,
     };
     if let Some(v) = args.smooth_value {
         if !v.is_finite() || v < 0.0 {
@@ -158,6 +165,13 @@ fn dedup_inputs<'a>(
     Ok(sources)
 }
 
+/// A metric of `-m/--metrics`. The order is sacrebleu's `sorted(metrics)` (`BLEU` < `CHRF`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum MetricKind {
+    Bleu,
+    Chrf,
+}
+
 /// Everything the command line asks for, validated before any file is read.
 struct Options {
     format: Format,
@@ -165,10 +179,68 @@ struct Options {
     cfg: BleuConfig,
     /// The signature's `smooth:` text (`exp`, `floor[0.10]`, ...).
     smooth_text: String,
+    chrf: ChrfConfig,
+    /// The metrics in the order given, without repeats (the order of the paired tests; other
+    /// modes sort them).
+    metrics: Vec<MetricKind>,
     width: usize,
     num_refs: usize,
     /// `--paired-bs` or `--paired-ar`.
     paired: bool,
+}
+
+/// `-m` values in the order given, without repeats.
+fn metrics(args: &Args) -> Result<Vec<MetricKind>, Failure> {
+    let mut kinds = Vec::new();
+    for m in &args.metrics {
+        let kind = match m.as_str() {
+            "bleu" => MetricKind::Bleu,
+            "chrf" => MetricKind::Chrf,
+            "ter" => {
+                return Err("--metrics: ter is not supported by candle-bleu (use sacrebleu)".into())
+            }
+            other => {
+                return Err(format!(
+                    "--metrics: invalid choice {other:?} (choose from bleu, chrf)"
+                ))
+            }
+        };
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    if args.sentence_level && args.metrics.len() > 1 {
+        return Err("--sentence-level: only one metric can be used in sentence-level mode".into());
+    }
+    Ok(kinds)
+}
+
+/// The chrF options (`--chrf-*`).
+fn chrf_config(args: &Args) -> Result<ChrfConfig, Failure> {
+    let order = |option: &str, n: i64| {
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_ORDER)
+            .ok_or_else(|| format!("{option}: must be in 0..={MAX_ORDER}, got {n}"))
+    };
+    let cfg = ChrfConfig {
+        char_order: order("--chrf-char-order", args.chrf_char_order)?,
+        word_order: order("--chrf-word-order", args.chrf_word_order)?,
+        beta: args.chrf_beta as f64,
+        lowercase: args.chrf_lowercase,
+        whitespace: args.chrf_whitespace,
+        eps_smoothing: args.chrf_eps_smoothing,
+    };
+    if cfg.orders() == 0 {
+        return Err(
+            "--chrf-char-order and --chrf-word-order are both 0: chrF has no n-gram to score"
+                .into(),
+        );
+    }
+    if args.chrf_beta < 1 {
+        return Err(format!("--chrf-beta: must be >= 1, got {}", args.chrf_beta));
+    }
+    Ok(cfg)
 }
 
 /// Checks the options in sacrebleu's order of complaints (format, unsupported options,
@@ -186,11 +258,7 @@ fn options(args: &Args) -> Result<Options, Failure> {
     if let Some(option) = args.unsupported() {
         return Err(format!("{option} is not supported by candle-bleu"));
     }
-    if let Some(m) = args.metrics.iter().find(|m| m.as_str() != "bleu") {
-        return Err(format!(
-            "--metrics: only bleu is supported, got {m:?} (use sacrebleu for chrF and TER)"
-        ));
-    }
+    let metrics = metrics(args)?;
     let encoding = args.encoding.to_lowercase().replace(['-', '_'], "");
     if encoding != "utf8" {
         return Err(format!(
@@ -200,6 +268,7 @@ fn options(args: &Args) -> Result<Options, Failure> {
     }
     let tok = tokenizer(args)?;
     let (smoothing, smooth_text) = smoothing(args)?;
+    let chrf = chrf_config(args)?;
     let width = usize::try_from(args.width)
         .map_err(|_| format!("--width: must be >= 0, got {}", args.width))?;
     let max_order = usize::try_from(args.max_ngram_order)
@@ -246,6 +315,8 @@ fn options(args: &Args) -> Result<Options, Failure> {
             effective_order: args.sentence_level,
         },
         smooth_text,
+        chrf,
+        metrics,
         width,
         num_refs,
         paired: args.paired_bs || args.paired_ar,
@@ -338,7 +409,8 @@ fn parse_corpus<'a>(
             "--confidence: several systems given; use a paired test (--paired-bs) instead".into(),
         );
     }
-    if !args.force {
+    // sacrebleu warns for BLEU only (chrF sets `_force`).
+    if !args.force && opts.metrics.contains(&MetricKind::Bleu) {
         for (name, lines) in &corpus.systems {
             if lines.iter().filter(|l| l.ends_with(" .")).count() >= 100 {
                 eprintln!(
@@ -352,17 +424,31 @@ fn parse_corpus<'a>(
     Ok((corpus, names))
 }
 
-/// What was computed, ready to render.
-enum Scores {
-    /// `--sentence-level`: one score per segment.
-    Sentences(Vec<BleuScore>),
-    /// One system: its corpus score, and the bootstrap estimate with `-ci`.
-    Corpus { score: BleuScore, ci: Option<Ci> },
-    /// Several systems: one table row each, in order (the baseline first in a paired test).
-    Table(Vec<Row>),
+/// A score with what it prints besides its number.
+struct Scored {
+    score: f64,
+    extras: ScoreExtras,
 }
 
-/// One system's row of the several-systems table.
+/// What was computed for one metric, ready to render.
+enum Body {
+    /// `--sentence-level`: one score per segment.
+    Sentences(Vec<Scored>),
+    /// One system: its corpus score, and the bootstrap estimate with `-ci`.
+    Corpus { scored: Scored, ci: Option<Ci> },
+    /// Several systems: one table cell each, in order (the baseline first in a paired test).
+    Rows(Vec<Row>),
+}
+
+/// One metric's results.
+struct MetricOut {
+    /// sacrebleu's score name: `BLEU`, `chrF2`, `chrF2++`, ...
+    name: String,
+    signature: Signature,
+    body: Body,
+}
+
+/// One system's cell of the several-systems table.
 struct Row {
     score: f64,
     /// Paired tests, systems after the baseline.
@@ -371,35 +457,109 @@ struct Row {
     mean_ci: Option<(f64, f64)>,
 }
 
-fn bleu_error(e: BleuError) -> Failure {
+fn metric_error(e: MetricError) -> Failure {
     e.to_string()
 }
 
-/// Tokenizes and counts the corpus, then scores it as the options ask: sentence by sentence,
-/// one corpus (with `-ci`, its bootstrap estimate), or several systems (with `-pbs`/`-par`,
-/// paired tests against the first). Records the resample count and seed in `signature`.
-fn score(
+/// How one metric counts and scores a corpus.
+trait CliMetric {
+    /// The library's configuration, which the bootstrap resamples with.
+    type Cfg: Metric;
+    fn cfg(&self) -> &Self::Cfg;
+    /// Per-segment statistics of system `system`.
+    fn segments(&self, system: usize) -> Result<Vec<<Self::Cfg as Metric>::Counts>, MetricError>;
+    /// The corpus score of system `system` (summed without keeping the segments).
+    fn corpus(&self, system: usize) -> Result<Scored, MetricError>;
+    /// The score of the sum of `stats`.
+    fn score(&self, stats: &[<Self::Cfg as Metric>::Counts]) -> Result<Scored, MetricError>;
+}
+
+/// BLEU: the binary's own tokenizing counter (`count`), scored by the library.
+struct BleuCli<'c> {
+    corpus: &'c Corpus<'c>,
+    counting: Counting,
+    cfg: BleuConfig,
+}
+
+impl CliMetric for BleuCli<'_> {
+    type Cfg = BleuConfig;
+    fn cfg(&self) -> &BleuConfig {
+        &self.cfg
+    }
+    fn segments(&self, system: usize) -> Result<Vec<BleuCounts>, MetricError> {
+        self.counting.segment_stats(self.corpus, system)
+    }
+    fn corpus(&self, system: usize) -> Result<Scored, MetricError> {
+        let stats = self.counting.stats_sum(self.corpus, system)?;
+        self.score(std::slice::from_ref(&stats))
+    }
+    fn score(&self, stats: &[BleuCounts]) -> Result<Scored, MetricError> {
+        let sum: BleuCounts = stats.iter().sum();
+        let score = score_from_stats(&sum, &self.cfg)?;
+        Ok(Scored {
+            score: score.score,
+            extras: bleu_extras(&score),
+        })
+    }
+}
+
+/// chrF: the library's counter on the lines (references by segment).
+struct ChrfCli<'c> {
+    corpus: &'c Corpus<'c>,
+    refs: Vec<Vec<&'c str>>,
+    cfg: ChrfConfig,
+}
+
+impl CliMetric for ChrfCli<'_> {
+    type Cfg = ChrfConfig;
+    fn cfg(&self) -> &ChrfConfig {
+        &self.cfg
+    }
+    fn segments(&self, system: usize) -> Result<Vec<ChrfCounts>, MetricError> {
+        corpus_chrf_stats(&self.corpus.systems[system].1, &self.refs, self.cfg)
+    }
+    fn corpus(&self, system: usize) -> Result<Scored, MetricError> {
+        let score = corpus_chrf(&self.corpus.systems[system].1, &self.refs, self.cfg)?;
+        Ok(Scored {
+            score: score.score,
+            extras: ScoreExtras {
+                verbose: None,
+                json: Vec::new(),
+            },
+        })
+    }
+    fn score(&self, stats: &[ChrfCounts]) -> Result<Scored, MetricError> {
+        let sum: ChrfCounts = stats.iter().sum();
+        let score = score_chrf_stats(&sum, self.cfg)?;
+        Ok(Scored {
+            score: score.score,
+            extras: ScoreExtras {
+                verbose: None,
+                json: Vec::new(),
+            },
+        })
+    }
+}
+
+/// Counts and scores one metric as the options ask: sentence by sentence, one corpus (with
+/// `-ci`, its bootstrap estimate), or several systems (with `-pbs`/`-par`, paired tests
+/// against the first). Records the resample count and seed in `signature`.
+fn score_metric<C: CliMetric>(
     args: &Args,
     opts: &Options,
-    corpus: &Corpus<'_>,
+    num_sys: usize,
+    metric: &C,
     signature: &mut Signature,
-) -> Result<Scores, Failure> {
-    let cfg = &opts.cfg;
-    let counting = Counting {
-        tok: opts.tok,
-        lowercase: args.lowercase,
-        max_order: cfg.max_order,
-    };
-    let score = |stats: &BleuStats| score_from_stats(stats, cfg).map_err(bleu_error);
-    let num_sys = corpus.systems.len();
+) -> Result<Body, Failure> {
+    let cfg = metric.cfg();
     if args.sentence_level {
-        return counting
-            .segment_stats(corpus, 0)
-            .map_err(bleu_error)?
+        return metric
+            .segments(0)
+            .map_err(metric_error)?
             .iter()
-            .map(score)
+            .map(|s| metric.score(std::slice::from_ref(s)).map_err(metric_error))
             .collect::<Result<_, _>>()
-            .map(Scores::Sentences);
+            .map(Body::Sentences);
     }
     if num_sys == 1 {
         let n_bootstrap = if args.confidence {
@@ -408,20 +568,19 @@ fn score(
             1
         };
         if n_bootstrap <= 1 {
-            let stats = counting.stats_sum(corpus, 0).map_err(bleu_error)?;
-            return Ok(Scores::Corpus {
-                score: score(&stats)?,
+            return Ok(Body::Corpus {
+                scored: metric.corpus(0).map_err(metric_error)?,
                 ci: None,
             });
         }
         let n = n_bootstrap as usize;
         let (seed, seed_text) = seed_from_env()?;
-        let stats = counting.segment_stats(corpus, 0).map_err(bleu_error)?;
-        let conf = bootstrap_confidence(&stats, cfg, n, seed).map_err(bleu_error)?;
+        let stats = metric.segments(0).map_err(metric_error)?;
+        let conf = bootstrap_confidence(&stats, cfg, n, seed).map_err(metric_error)?;
         signature.bs = Some(n);
         signature.seed = Some(seed_text);
-        return Ok(Scores::Corpus {
-            score: score(&stats.iter().sum())?,
+        return Ok(Body::Corpus {
+            scored: metric.score(&stats).map_err(metric_error)?,
             ci: Some(Ci {
                 mean: conf.mean,
                 ci: conf.ci,
@@ -431,15 +590,14 @@ fn score(
     if !opts.paired {
         return (0..num_sys)
             .map(|s| {
-                let stats = counting.stats_sum(corpus, s).map_err(bleu_error)?;
                 Ok(Row {
-                    score: score(&stats)?.score,
+                    score: metric.corpus(s).map_err(metric_error)?.score,
                     p_value: None,
                     mean_ci: None,
                 })
             })
             .collect::<Result<_, Failure>>()
-            .map(Scores::Table);
+            .map(Body::Rows);
     }
     let (seed, _) = seed_from_env()?;
     signature.seed = Some(
@@ -449,11 +607,11 @@ fn score(
             seed.to_string()
         },
     );
-    let stats: Vec<Vec<BleuStats>> = (0..num_sys)
-        .map(|s| counting.segment_stats(corpus, s))
+    let stats: Vec<Vec<_>> = (0..num_sys)
+        .map(|s| metric.segments(s))
         .collect::<Result<_, _>>()
-        .map_err(bleu_error)?;
-    let others: Vec<&[BleuStats]> = stats[1..].iter().map(Vec::as_slice).collect();
+        .map_err(metric_error)?;
+    let others: Vec<&[_]> = stats[1..].iter().map(Vec::as_slice).collect();
     let mut rows = Vec::with_capacity(num_sys);
     if args.paired_bs {
         let n = if args.paired_bs_n > 0 {
@@ -463,7 +621,7 @@ fn score(
         };
         signature.bs = Some(n);
         let (baseline, results) =
-            paired_bootstrap_many(&stats[0], &others, cfg, n, seed).map_err(bleu_error)?;
+            paired_bootstrap_many(&stats[0], &others, cfg, n, seed).map_err(metric_error)?;
         rows.push(Row {
             score: baseline.score,
             p_value: None,
@@ -482,13 +640,13 @@ fn score(
         };
         signature.ar = Some(n);
         rows.push(Row {
-            score: score(&stats[0].iter().sum())?.score,
+            score: metric.score(&stats[0]).map_err(metric_error)?.score,
             p_value: None,
             mean_ci: None,
         });
         for other in &others {
             let r = paired_approximate_randomization(&stats[0], other, cfg, n, seed)
-                .map_err(bleu_error)?;
+                .map_err(metric_error)?;
             rows.push(Row {
                 score: r.score,
                 p_value: Some(r.p_value),
@@ -496,77 +654,180 @@ fn score(
             });
         }
     }
-    Ok(Scores::Table(rows))
+    Ok(Body::Rows(rows))
 }
 
-/// Prints the scores as sacrebleu does: one line per sentence, one score (JSON or text), or
-/// the several-systems table (JSON list, `fancy_grid` text or LaTeX) with its notes.
-fn render(
-    args: &Args,
-    opts: &Options,
-    names: &[String],
-    signature: &Signature,
-    scores: &Scores,
-) -> String {
-    match scores {
-        Scores::Sentences(sentences) => {
-            let sig = signature.format(args.short);
-            let mut out = String::new();
-            for s in sentences {
-                out.push_str(&score_format(
-                    s,
+/// Scores every metric, in the order sacrebleu prints them: sorted (`BLEU`, then `chrF`),
+/// except for the paired tests, which keep the order of `-m`.
+fn score_all(args: &Args, opts: &Options, corpus: &Corpus<'_>) -> Result<Vec<MetricOut>, Failure> {
+    let mut kinds = opts.metrics.clone();
+    if !opts.paired {
+        kinds.sort();
+    }
+    let num_sys = corpus.systems.len();
+    let nrefs = corpus.refs.len();
+    let mut outs = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        let out = match kind {
+            MetricKind::Bleu => {
+                let mut signature = Signature {
+                    nrefs,
+                    bs: None,
+                    ar: None,
+                    seed: None,
+                    metric: MetricSignature::Bleu {
+                        lowercase: args.lowercase,
+                        effective_order: args.sentence_level,
+                        tok: opts.tok.name(),
+                        smooth: opts.smooth_text.clone(),
+                        max_order: opts.cfg.max_order,
+                    },
+                };
+                let metric = BleuCli {
+                    corpus,
+                    counting: Counting {
+                        tok: opts.tok,
+                        lowercase: args.lowercase,
+                        max_order: opts.cfg.max_order,
+                    },
+                    cfg: opts.cfg.clone(),
+                };
+                let body = score_metric(args, opts, num_sys, &metric, &mut signature)?;
+                MetricOut {
+                    name: "BLEU".into(),
+                    signature,
+                    body,
+                }
+            }
+            MetricKind::Chrf => {
+                let cfg = opts.chrf;
+                let mut signature = Signature {
+                    nrefs,
+                    bs: None,
+                    ar: None,
+                    seed: None,
+                    metric: MetricSignature::Chrf {
+                        lowercase: cfg.lowercase,
+                        eps_smoothing: cfg.eps_smoothing,
+                        char_order: cfg.char_order,
+                        word_order: cfg.word_order,
+                        whitespace: cfg.whitespace,
+                    },
+                };
+                let refs: Vec<Vec<&str>> = (0..corpus.systems[0].1.len())
+                    .map(|i| corpus.refs.iter().map(|r| r[i]).collect())
+                    .collect();
+                let metric = ChrfCli { corpus, refs, cfg };
+                let body = score_metric(args, opts, num_sys, &metric, &mut signature)?;
+                MetricOut {
+                    name: cfg.name(),
+                    signature,
+                    body,
+                }
+            }
+        };
+        outs.push(out);
+    }
+    Ok(outs)
+}
+
+/// Prints the scores as sacrebleu does: one line per sentence, one score per metric (JSON or
+/// text, several metrics as a JSON list or aligned lines), or the several-systems table (JSON
+/// list, `fancy_grid` text or LaTeX) with its notes.
+fn render(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
+    if outs.iter().any(|o| matches!(o.body, Body::Rows(_))) {
+        return render_table(args, opts, names, outs);
+    }
+    let is_json = opts.format == Format::Json;
+    let mut results = Vec::with_capacity(outs.len());
+    let mut out = String::new();
+    for metric in outs {
+        match &metric.body {
+            Body::Sentences(sentences) => {
+                let sig = metric.signature.format(args.short);
+                for s in sentences {
+                    let line = ScoreLine {
+                        name: &metric.name,
+                        score: s.score,
+                        extras: &s.extras,
+                        ci: None,
+                    };
+                    out.push_str(&score_format(
+                        &line,
+                        opts.width,
+                        args.score_only,
+                        &sig,
+                        false,
+                    ));
+                    out.push('\n');
+                }
+            }
+            Body::Corpus { scored, ci } => {
+                let sig = metric.signature.format(args.short && !is_json);
+                let line = ScoreLine {
+                    name: &metric.name,
+                    score: scored.score,
+                    extras: &scored.extras,
+                    ci: *ci,
+                };
+                results.push(score_format(
+                    &line,
                     opts.width,
                     args.score_only,
                     &sig,
-                    false,
-                    None,
+                    is_json,
                 ));
-                out.push('\n');
             }
-            out
+            Body::Rows(_) => {}
         }
-        Scores::Corpus { score, ci } => {
-            let is_json = opts.format == Format::Json;
-            let sig = signature.format(args.short && !is_json);
-            let mut out = score_format(score, opts.width, args.score_only, &sig, is_json, *ci);
-            out.push('\n');
-            out
+    }
+    if results.is_empty() {
+        return out;
+    }
+    if is_json {
+        if results.len() > 1 {
+            format!("[\n{}\n]\n", results.join(",\n"))
+        } else {
+            format!("{}\n", results[0])
         }
-        Scores::Table(rows) => render_table(args, opts, names, signature, rows),
+    } else {
+        format::align_single_results(&results)
     }
 }
 
 /// The several-systems output: a JSON list, or a table with the paired-test notes and the
-/// signature.
-fn render_table(
-    args: &Args,
-    opts: &Options,
-    names: &[String],
-    signature: &Signature,
-    rows: &[Row],
-) -> String {
-    let metric = "BLEU";
+/// signatures.
+fn render_table(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
     let width = opts.width;
+    let columns: Vec<(&MetricOut, &[Row])> = outs
+        .iter()
+        .filter_map(|o| match &o.body {
+            Body::Rows(rows) => Some((o, rows.as_slice())),
+            _ => None,
+        })
+        .collect();
     if opts.format == Format::Json {
         let opt = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
         let list: Vec<Json> = names
             .iter()
-            .zip(rows)
-            .map(|(name, row)| {
-                let value = if opts.paired {
-                    Json::Object(vec![
-                        ("score".into(), Json::Float(row.score)),
-                        ("p_value".into(), opt(row.p_value)),
-                        ("mean".into(), opt(row.mean_ci.map(|m| m.0))),
-                        ("ci".into(), opt(row.mean_ci.map(|m| m.1))),
-                    ])
-                } else {
-                    Json::Str(format::fixed(row.score, width))
-                };
-                Json::Object(vec![
-                    ("system".into(), Json::Str(name.clone())),
-                    (metric.into(), value),
-                ])
+            .enumerate()
+            .map(|(i, name)| {
+                let mut fields = vec![("system".to_owned(), Json::Str(name.clone()))];
+                for (metric, rows) in &columns {
+                    let row = &rows[i];
+                    let value = if opts.paired {
+                        Json::Object(vec![
+                            ("score".into(), Json::Float(row.score)),
+                            ("p_value".into(), opt(row.p_value)),
+                            ("mean".into(), opt(row.mean_ci.map(|m| m.0))),
+                            ("ci".into(), opt(row.mean_ci.map(|m| m.1))),
+                        ])
+                    } else {
+                        Json::Str(format::fixed(row.score, width))
+                    };
+                    fields.push((metric.name.clone(), value));
+                }
+                Json::Object(fields)
             })
             .collect();
         let mut out = Json::Array(list).dumps(4, true);
@@ -574,36 +835,38 @@ fn render_table(
         return out;
     }
     let multiline = opts.format != Format::Latex;
-    let cells = rows.iter().map(|row| {
-        let mut cell = format::fixed(row.score, width);
-        if let Some((mean, ci)) = row.mean_ci {
-            cell.push_str(&format!(
-                " ({} ± {})",
-                format::fixed(mean, width),
-                format::fixed(ci, width)
-            ));
-        }
-        if let Some(p) = row.p_value {
-            cell.push(if multiline { '\n' } else { ' ' });
-            cell.push_str(&format!("(p = {p:.4})"));
-            if p <= 0.05 {
-                cell.push('*');
+    let mut headers = vec!["System".to_owned()];
+    let mut table_rows: Vec<Vec<String>> = names.iter().map(|n| vec![n.clone()]).collect();
+    // sacrebleu's `is_bootstrap` is set by the first cell with a mean and never reset.
+    let mut is_bootstrap = false;
+    for (metric, rows) in &columns {
+        for (row, cells) in rows.iter().zip(&mut table_rows) {
+            let mut cell = format::fixed(row.score, width);
+            if let Some((mean, ci)) = row.mean_ci {
+                is_bootstrap = true;
+                cell.push_str(&format!(
+                    " ({} ± {})",
+                    format::fixed(mean, width),
+                    format::fixed(ci, width)
+                ));
             }
+            if let Some(p) = row.p_value {
+                cell.push(if multiline { '\n' } else { ' ' });
+                cell.push_str(&format!("(p = {p:.4})"));
+                if p <= 0.05 {
+                    cell.push('*');
+                }
+            }
+            cells.push(cell);
         }
-        cell
-    });
-    let title = if rows.iter().any(|r| r.mean_ci.is_some()) {
-        format!("{metric} (μ ± 95% CI)")
-    } else {
-        metric.to_owned()
-    };
-    let headers = vec!["System".to_owned(), title];
-    let table_rows: Vec<Vec<String>> = names
-        .iter()
-        .zip(cells)
-        .map(|(name, cell)| vec![name.clone(), cell])
-        .collect();
-    let aligns = [Align::Right, Align::Center];
+        headers.push(if is_bootstrap {
+            format!("{} (μ ± 95% CI)", metric.name)
+        } else {
+            metric.name.clone()
+        });
+    }
+    let mut aligns = vec![Align::Right];
+    aligns.resize(headers.len(), Align::Center);
     let table = match opts.format {
         Format::Latex => latex_booktabs(&headers, &table_rows, &aligns),
         _ => fancy_grid(&headers, &table_rows, &aligns),
@@ -638,10 +901,13 @@ fn render_table(
         out.push_str(PAIRED_EXPLANATION);
     }
     out.push_str("-----------------\nMetric signatures\n-----------------\n");
-    out.push_str(&format!(
-        " - {metric:<10} {}\n",
-        signature.format(args.short)
-    ));
+    for (metric, _) in &columns {
+        out.push_str(&format!(
+            " - {:<10} {}\n",
+            metric.name,
+            metric.signature.format(args.short)
+        ));
+    }
     out
 }
 
@@ -650,19 +916,8 @@ fn run(args: &Args) -> Result<String, Failure> {
     let opts = options(args)?;
     let inputs = read_inputs(args)?;
     let (corpus, names) = parse_corpus(args, &opts, &inputs)?;
-    let mut signature = Signature {
-        nrefs: corpus.refs.len(),
-        bs: None,
-        ar: None,
-        seed: None,
-        lowercase: args.lowercase,
-        effective_order: args.sentence_level,
-        tok: opts.tok.name(),
-        smooth: opts.smooth_text.clone(),
-        max_order: opts.cfg.max_order,
-    };
-    let scores = score(args, &opts, &corpus, &mut signature)?;
-    Ok(render(args, &opts, &names, &signature, &scores))
+    let outs = score_all(args, &opts, &corpus)?;
+    Ok(render(args, &opts, &names, &outs))
 }
 
 /// sacrebleu's explanation of the paired tests, after the first two lines.

@@ -1,5 +1,5 @@
-//! Bootstrap confidence intervals and paired significance tests over per-segment BLEU
-//! statistics, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
+//! Bootstrap confidence intervals and paired significance tests over per-segment statistics of
+//! BLEU or chrF, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
 //! `metrics/base.py`), **with sacrebleu's random numbers**.
 //!
 //! sacrebleu draws its resamples with NumPy: `np.random.default_rng(seed)` (seed 12345 unless
@@ -8,47 +8,61 @@
 //! `Generator.integers(2, dtype=bool)` on top) bit for bit, so the resamples, and with them the
 //! means, intervals and p-values, are sacrebleu's own.
 //!
+//! Every function takes the metric's configuration (a [`Metric`]): a [`BleuConfig`] with
+//! [`BleuCounts`] per segment (from [`corpus_stats`](super::corpus_stats)), or a
+//! [`ChrfConfig`] with [`ChrfCounts`] (from
+//! [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+//!
 //! # Definitions
-//! Statistics `s_1..s_S` (one [`BleuStats`] per segment), `B` resamples, seed `σ`:
+//! Statistics `s_1..s_S` (one per segment), `B` resamples, seed `σ`, `M` the metric:
 //! - resample `b` draws `S` segment indices `i_{b,1..S}` uniformly with replacement
-//!   (`rng.choice(S, size=(B, S))`, row `b`) and scores `x_b = BLEU(Σ_j s_{i_{b,j}})`;
+//!   (`rng.choice(S, size=(B, S))`, row `b`) and scores `x_b = M(Σ_j s_{i_{b,j}})`;
 //! - **confidence** ([`bootstrap_confidence`], `sacrebleu -ci`): sort `x`, `k = ⌊B/40⌋`,
 //!   `lower = x_(k)`, `upper = x_(B-k-1)` (0-based order statistics), `ci = (upper - lower)/2`,
 //!   `mean = (Σ x_b)/B`. Reported as `μ = mean ± ci`: a 95% percentile interval's half-width
 //!   around the bootstrap mean, not `mean ± 1.96·sd`;
 //! - **paired bootstrap** ([`paired_bootstrap`], `sacrebleu -pbs`; Koehn 2004 as in Moses'
 //!   `bootstrap-hypothesis-difference-significance.pl`): baseline and system are resampled
-//!   with the SAME indices; `d_b = |y_b - x_b|`, `δ = |BLEU(system) - BLEU(baseline)|` on the full
+//!   with the SAME indices; `d_b = |y_b - x_b|`, `δ = |M(system) - M(baseline)|` on the full
 //!   corpus, `c = #{b : d_b - mean(d) > δ}`, `p = (c + 1)/(B + 1)`. The system's and baseline's
 //!   mean and `ci` are computed as above;
 //! - **approximate randomization** ([`paired_approximate_randomization`], `sacrebleu -par`):
 //!   trial `t` swaps each segment's statistics between the two systems with probability 1/2
-//!   (`rng.integers(2, size=(T, S), dtype=bool)`), `d_t = |BLEU(A_t) - BLEU(B_t)|`,
+//!   (`rng.integers(2, size=(T, S), dtype=bool)`), `d_t = |M(A_t) - M(B_t)|`,
 //!   `c = #{t : d_t > δ}`, `p = (c + 1)/(T + 1)`.
 //!
 //! # Arithmetic, as sacrebleu's
 //! - Bootstrap resamples are summed from a `float32` copy of the statistics and scored with
-//!   NumPy 2's promotion rules (a Python float times a `float32` stays `float32`): every
-//!   precision `100·m/t` (and `exp`'s `100/(2^k·t)`, `floor`'s `100·v/t`, add-k's `m + k`) is
-//!   rounded to `f32`; the logarithms, mean, exponential and brevity penalty are `f64`.
-//!   NumPy 1.x promoted those products to `float64`; its last digits can differ.
-//! - AR trials are scored in `f64` (NumPy `int64` matrix products); add-k on them truncates
-//!   `m + k` to an integer (sacrebleu assigns the float into an `int64` array).
-//! - `-ci` means are `statistics.mean` (exact, correctly rounded); the paired tests use
-//!   `numpy.mean` (pairwise summation), both reproduced.
+//!   NumPy 2's promotion rules (a Python float meeting a `float32` becomes a `float32`).
+//!   - BLEU: every precision `100·m/t` (and `exp`'s `100/(2^k·t)`, `floor`'s `100·v/t`, add-k's
+//!     `m + k`) is rounded to `f32`; the logarithms, mean, exponential and brevity penalty are
+//!     `f64`, and the score is a Python float. NumPy 1.x promoted those products to
+//!     `float64`; its last digits can differ.
+//!   - chrF: every precision, recall, average and F-score is `f32` arithmetic, and so is the
+//!     score (a NumPy `float32`); so are then the means, the `ci` and the paired differences
+//!     (`float32` arrays), and the observed difference is rounded to `f32` before the paired
+//!     bootstrap compares against it. A resample whose score sacrebleu returns as a Python
+//!     `0.0` (no order with both hypothesis and reference n-grams) makes its array `float64`,
+//!     as NumPy does (sacrebleu's `-ci` then raises `TypeError`; this module averages in
+//!     `f64`).
+//! - AR trials are scored in `f64` (NumPy `int64` matrix products); BLEU's add-k on them
+//!   truncates `m + k` to an integer (sacrebleu assigns the float into an `int64` array).
+//! - `-ci` means are `statistics.mean` (exact, correctly rounded; for chrF then rounded to
+//!   `f32`); the paired tests use `numpy.mean` (pairwise summation), both reproduced.
 //! - The only deliberate difference: resample sums are exact integers, while NumPy sums
 //!   `float32` values, which stops being exact once a summed count exceeds 2^24 (a corpus of
-//!   more than ~16.7 million tokens).
+//!   more than ~16.7 million tokens, or characters for chrF).
 //!
-//! Only sacrebleu's smoothings (`None`, `Floor`, `AddK`, `Exp`) are supported; custom weights are
-//! scored with [`score_from_stats`] in `f64` (sacrebleu has no weights).
+//! For BLEU, only sacrebleu's smoothings (`None`, `Floor`, `AddK`, `Exp`) are supported; custom
+//! weights are scored with [`score_from_stats`] in `f64` (sacrebleu has no weights).
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::ToPrimitive;
 
+use super::chrf::{f_score, f_score_f32, ChrfConfig, ChrfCounts};
 use super::sacre::{brevity_penalty, my_log};
-use super::{invalid, score_from_stats, BleuConfig, BleuError, BleuStats, Smoothing};
+use super::{invalid, score_from_stats, BleuConfig, BleuCounts, MetricError, SmoothMethod};
 
 /// sacrebleu's default seed (`SACREBLEU_SEED` unset).
 pub const SACREBLEU_SEED: u64 = 12345;
@@ -228,10 +242,161 @@ impl NumpyBools {
     }
 }
 
-/// The score of one bootstrap resample as sacrebleu computes it: `compute_bleu` on a `float32`
-/// NumPy vector under NumPy 2 promotion (see the module docs). `cfg` is validated, its
-/// smoothing is a sacrebleu one and `stats` has `cfg.max_order` orders.
-fn score_f32(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
+/// A metric whose statistics [`bootstrap_confidence`], [`paired_bootstrap_many`] and
+/// [`paired_approximate_randomization`] resample: its corpus score is a function of the sum of
+/// per-segment statistics. Implemented (and only implementable) by
+/// - [`BleuConfig`] with a sacrebleu smoothing (`None`, `Floor`, `AddK`, `Exp`), statistics
+///   [`BleuCounts`] (from [`corpus_stats`](super::corpus_stats));
+/// - [`ChrfConfig`], statistics [`ChrfCounts`] (from
+///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+///
+/// Each reproduces sacrebleu's arithmetic on a resample (see the module docs).
+pub trait Metric: sealed::Sealed {
+    /// One segment's statistics.
+    type Counts;
+
+    /// Checks the configuration for resampling.
+    #[doc(hidden)]
+    fn check_resample(&self) -> Result<(), MetricError>;
+    /// Length of the flat statistics of a segment.
+    #[doc(hidden)]
+    fn width(&self) -> usize;
+    /// Appends `counts` in sacrebleu's flat layout; `false` (nothing appended) if it does not
+    /// hold this metric's orders.
+    #[doc(hidden)]
+    fn flatten(&self, counts: &Self::Counts, out: &mut Vec<u64>) -> bool;
+    /// What `flatten` expects, for error messages.
+    #[doc(hidden)]
+    fn orders_text(&self) -> String;
+    /// The full-precision score (0..=100) of summed flat statistics.
+    #[doc(hidden)]
+    fn score_flat(&self, sum: &[u64]) -> f64;
+    /// The score of a bootstrap resample as sacrebleu computes it (from a `float32` vector),
+    /// and whether sacrebleu holds it as a NumPy `float32` (else a Python `float`).
+    #[doc(hidden)]
+    fn resample_flat(&self, sum: &[u64]) -> (f64, bool);
+    /// The score of an approximate-randomization trial as sacrebleu computes it (`int64`
+    /// statistics).
+    #[doc(hidden)]
+    fn trial_flat(&self, sum: &[u64]) -> f64;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::BleuConfig {}
+    impl Sealed for super::ChrfConfig {}
+}
+
+/// `BleuCounts` from sacrebleu's flat layout `[c, r, m_1..m_N, t_1..t_N]`.
+fn bleu_from_flat(flat: &[u64]) -> BleuCounts {
+    let k = (flat.len() - 2) / 2;
+    BleuCounts {
+        hyp_len: flat[0],
+        ref_len: flat[1],
+        matches: flat[2..2 + k].to_vec(),
+        totals: flat[2 + k..].to_vec(),
+    }
+}
+
+impl Metric for BleuConfig {
+    type Counts = BleuCounts;
+
+    fn check_resample(&self) -> Result<(), MetricError> {
+        self.validate()?;
+        if let SmoothMethod::Nltk(_) = self.smoothing {
+            return Err(invalid(
+                "cfg.smoothing",
+                "bootstrap resampling follows sacrebleu: use SmoothMethod::None, Floor, AddK or Exp",
+            ));
+        }
+        Ok(())
+    }
+
+    fn width(&self) -> usize {
+        2 + 2 * self.max_order
+    }
+
+    fn flatten(&self, counts: &BleuCounts, out: &mut Vec<u64>) -> bool {
+        if counts.matches.len() != self.max_order || counts.totals.len() != self.max_order {
+            return false;
+        }
+        out.push(counts.hyp_len);
+        out.push(counts.ref_len);
+        out.extend_from_slice(&counts.matches);
+        out.extend_from_slice(&counts.totals);
+        true
+    }
+
+    fn orders_text(&self) -> String {
+        format!("cfg.max_order = {} orders", self.max_order)
+    }
+
+    fn score_flat(&self, sum: &[u64]) -> f64 {
+        score_from_stats(&bleu_from_flat(sum), self).map_or(0.0, |s| s.score)
+    }
+
+    fn resample_flat(&self, sum: &[u64]) -> (f64, bool) {
+        (score_f32(&bleu_from_flat(sum), self), false)
+    }
+
+    fn trial_flat(&self, sum: &[u64]) -> f64 {
+        score_ar(&bleu_from_flat(sum), self)
+    }
+}
+
+impl Metric for ChrfConfig {
+    type Counts = ChrfCounts;
+
+    fn check_resample(&self) -> Result<(), MetricError> {
+        self.validate()
+    }
+
+    fn width(&self) -> usize {
+        3 * self.orders()
+    }
+
+    fn flatten(&self, counts: &ChrfCounts, out: &mut Vec<u64>) -> bool {
+        if !counts.has_orders(self.orders()) {
+            return false;
+        }
+        out.extend(counts.to_sacrebleu_vec());
+        true
+    }
+
+    fn orders_text(&self) -> String {
+        format!("cfg.char_order + cfg.word_order = {} orders", self.orders())
+    }
+
+    fn score_flat(&self, sum: &[u64]) -> f64 {
+        chrf_flat(sum, self)
+    }
+
+    fn resample_flat(&self, sum: &[u64]) -> (f64, bool) {
+        f_score_f32(sum, self.beta * self.beta, self.eps_smoothing)
+    }
+
+    fn trial_flat(&self, sum: &[u64]) -> f64 {
+        chrf_flat(sum, self)
+    }
+}
+
+/// chrF of flat statistics `[hyp, ref, match]` per order, in `f64` (Python's and NumPy
+/// `int64`'s arithmetic alike).
+fn chrf_flat(sum: &[u64], cfg: &ChrfConfig) -> f64 {
+    let pick = |k: usize| -> Vec<u64> { sum.iter().skip(k).step_by(3).copied().collect() };
+    f_score(
+        &pick(0),
+        &pick(1),
+        &pick(2),
+        cfg.beta * cfg.beta,
+        cfg.eps_smoothing,
+    )
+}
+
+/// The score of one bootstrap resample as sacrebleu computes BLEU: `compute_bleu` on a
+/// `float32` NumPy vector under NumPy 2 promotion (see the module docs). `cfg` is validated,
+/// its smoothing is a sacrebleu one and `stats` has `cfg.max_order` orders.
+fn score_f32(stats: &BleuCounts, cfg: &BleuConfig) -> f64 {
     if cfg.weights.is_some() {
         return score_from_stats(stats, cfg).map_or(0.0, |s| s.score);
     }
@@ -253,7 +418,7 @@ fn score_f32(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
     for n in 1..=n_max {
         let mut correct = stats.matches[n - 1] as f32;
         let mut total = stats.totals[n - 1] as f32;
-        if let Smoothing::AddK(k) = cfg.smoothing {
+        if let SmoothMethod::AddK(k) = cfg.smoothing {
             if n > 1 {
                 correct += k as f32;
                 total += k as f32;
@@ -267,11 +432,11 @@ fn score_f32(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
         }
         precisions[n - 1] = if correct == 0.0 {
             match cfg.smoothing {
-                Smoothing::Exp => {
+                SmoothMethod::Exp => {
                     smooth_mteval *= 2.0;
                     100f32 / (smooth_mteval as f32 * total)
                 }
-                Smoothing::Floor(v) => (100.0 * v) as f32 / total,
+                SmoothMethod::Floor(v) => (100.0 * v) as f32 / total,
                 _ => 0.0,
             }
         } else {
@@ -284,19 +449,18 @@ fn score_f32(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
     bp * (log_sum / eff_order as f64).exp()
 }
 
-/// Checks the arguments shared by every test.
-fn check(cfg: &BleuConfig, n_samples: usize, segments: &[&[BleuStats]]) -> Result<(), BleuError> {
-    cfg.validate()?;
-    if let Smoothing::Nltk(_) = cfg.smoothing {
-        return Err(invalid(
-            "cfg.smoothing",
-            "bootstrap resampling follows sacrebleu: use Smoothing::None, Floor, AddK or Exp",
-        ));
-    }
+/// Checks the arguments shared by every test and flattens every system's statistics
+/// (`segments × width`, sacrebleu's layout).
+fn check<M: Metric>(
+    cfg: &M,
+    n_samples: usize,
+    systems: &[&[M::Counts]],
+) -> Result<Vec<Vec<u64>>, MetricError> {
+    cfg.check_resample()?;
     if n_samples == 0 {
         return Err(invalid("n_samples", "must be >= 1, got 0"));
     }
-    let n = segments.first().map_or(0, |s| s.len());
+    let n = systems.first().map_or(0, |s| s.len());
     if n == 0 {
         return Err(invalid("stats", "no segment to resample"));
     }
@@ -306,7 +470,9 @@ fn check(cfg: &BleuConfig, n_samples: usize, segments: &[&[BleuStats]]) -> Resul
     // A resample sums `n` segments, and approximate randomization adds two systems in `i64`:
     // every count times `2n` must fit an `i64`.
     let limit = (i64::MAX as u64) / (2 * n as u64);
-    for (k, s) in segments.iter().enumerate() {
+    let width = cfg.width();
+    let mut flat_systems = Vec::with_capacity(systems.len());
+    for (k, s) in systems.iter().enumerate() {
         if s.len() != n {
             return Err(invalid(
                 "stats",
@@ -316,39 +482,36 @@ fn check(cfg: &BleuConfig, n_samples: usize, segments: &[&[BleuStats]]) -> Resul
                 ),
             ));
         }
-        if let Some(i) = s
-            .iter()
-            .position(|st| st.matches.len() != cfg.max_order || st.totals.len() != cfg.max_order)
-        {
-            return Err(invalid(
-                "stats",
-                format!(
-                    "segment {i} of system {k} does not hold cfg.max_order = {} orders",
-                    cfg.max_order
-                ),
-            ));
+        let mut flat = Vec::with_capacity(n * width);
+        for (i, segment) in s.iter().enumerate() {
+            if !cfg.flatten(segment, &mut flat) {
+                return Err(invalid(
+                    "stats",
+                    format!(
+                        "segment {i} of system {k} does not hold {}",
+                        cfg.orders_text()
+                    ),
+                ));
+            }
+            if flat[flat.len() - width..].iter().any(|&c| c > limit) {
+                return Err(invalid(
+                    "stats",
+                    format!(
+                        "segment {i} of system {k} has a count above {limit}: sums of {n} \
+                         segments would overflow"
+                    ),
+                ));
+            }
         }
-        if let Some(i) = s.iter().position(|st| {
-            st.hyp_len > limit
-                || st.ref_len > limit
-                || st.matches.iter().chain(&st.totals).any(|&c| c > limit)
-        }) {
-            return Err(invalid(
-                "stats",
-                format!(
-                    "segment {i} of system {k} has a count above {limit}: sums of {n} segments \
-                     would overflow"
-                ),
-            ));
-        }
+        flat_systems.push(flat);
     }
-    Ok(())
+    Ok(flat_systems)
 }
 
 /// A bootstrap estimate: the bootstrap mean and the half-width of the 95% percentile interval.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Confidence {
-    /// BLEU (0..=100) of the full corpus.
+    /// The metric's score (0..=100) on the full corpus.
     pub score: f64,
     /// Mean of the resample scores (sacrebleu's `μ`).
     pub mean: f64,
@@ -363,30 +526,52 @@ pub struct Confidence {
 /// How the mean of the resample scores is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mean {
-    /// Python's `statistics.mean`: exact sum, one rounding.
+    /// Python's `statistics.mean`: exact sum, one rounding (to the scores' type).
     Exact,
-    /// `numpy.mean`: NumPy's pairwise summation, then `/ n`.
+    /// `numpy.mean`: NumPy's pairwise summation in the array's type, then `/ n`.
     Numpy,
 }
 
-/// NumPy's `pairwise_sum` of `float64` (unrolled by 8, blocks of 128).
-fn numpy_pairwise_sum(a: &[f64]) -> f64 {
+/// Resample scores as sacrebleu holds them: Python floats (`f64`, BLEU), or NumPy `float32`
+/// (chrF; the values are exactly `f32`s). An array of scores is `float32` only when every
+/// score is (NumPy's array creation from a list that mixes the two gives `float64`).
+#[derive(Debug, Clone)]
+struct Scores {
+    values: Vec<f64>,
+    single: bool,
+}
+
+impl Scores {
+    fn from_samples(samples: Vec<(f64, bool)>) -> Self {
+        let single = !samples.is_empty() && samples.iter().all(|s| s.1);
+        Self {
+            values: samples.into_iter().map(|s| s.0).collect(),
+            single,
+        }
+    }
+}
+
+/// NumPy's `pairwise_sum` (unrolled by 8, blocks of 128), in `T`'s arithmetic.
+fn numpy_pairwise_sum<T>(a: &[T]) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T>,
+{
     let n = a.len();
     if n < 8 {
-        a.iter().fold(0.0, |acc, &x| acc + x)
+        a.iter().fold(T::default(), |acc, &x| acc + x)
     } else if n <= 128 {
-        let mut r = [0f64; 8];
+        let mut r = [T::default(); 8];
         r.copy_from_slice(&a[..8]);
         let mut i = 8;
         while i < n - n % 8 {
             for j in 0..8 {
-                r[j] += a[i + j];
+                r[j] = r[j] + a[i + j];
             }
             i += 8;
         }
         let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
         for &x in &a[i..] {
-            res += x;
+            res = res + x;
         }
         res
     } else {
@@ -408,101 +593,121 @@ fn exact_mean(values: &[f64]) -> f64 {
     (sum / n).to_f64().unwrap_or(f64::NAN)
 }
 
-fn mean(values: &[f64], how: Mean) -> f64 {
-    match how {
-        Mean::Exact => exact_mean(values),
-        Mean::Numpy => numpy_pairwise_sum(values) / values.len() as f64,
+/// The mean of `values` taken `how`, in `f32` when `single` (`statistics.mean` converts its
+/// exact result to `numpy.float32` through a Python float; NumPy sums `float32` pairwise).
+fn mean(values: &[f64], how: Mean, single: bool) -> f64 {
+    match (how, single) {
+        (Mean::Exact, false) => exact_mean(values),
+        (Mean::Exact, true) => f64::from(exact_mean(values) as f32),
+        (Mean::Numpy, false) => numpy_pairwise_sum(values) / values.len() as f64,
+        (Mean::Numpy, true) => {
+            let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+            f64::from(numpy_pairwise_sum(&v) / values.len() as f32)
+        }
     }
 }
 
 /// sacrebleu's `estimate_ci` on resample scores (sorted here).
-fn estimate_ci(score: f64, scores: &mut [f64], how: Mean) -> Confidence {
+fn estimate_ci(score: f64, scores: &mut Scores, how: Mean) -> Confidence {
     // sacrebleu sorts first, then takes the mean (which matters for NumPy's pairwise sum).
-    scores.sort_by(f64::total_cmp);
-    let mean = mean(scores, how);
-    let n = scores.len();
+    let values = &mut scores.values;
+    values.sort_by(f64::total_cmp);
+    let mean = mean(values, how, scores.single);
+    let n = values.len();
     let lower_idx = n / 40;
     let upper_idx = n - lower_idx - 1;
-    let (lower, upper) = (scores[lower_idx], scores[upper_idx]);
+    let (lower, upper) = (values[lower_idx], values[upper_idx]);
+    let ci = if scores.single {
+        f64::from(0.5f32 * (upper as f32 - lower as f32))
+    } else {
+        0.5 * (upper - lower)
+    };
     Confidence {
         score,
         mean,
-        ci: 0.5 * (upper - lower),
+        ci,
         lower,
         upper,
     }
 }
 
-/// Scores `B = n_samples` bootstrap resamples of each system, all with the same indices
-/// (sacrebleu draws one `(B, S)` index matrix from `default_rng(seed)` per call, so every call
-/// with the same seed resamples the same way). Returns `scores[system][b]`.
-fn resample_all(
-    systems: &[&[BleuStats]],
-    cfg: &BleuConfig,
+/// Scores `B = n_samples` bootstrap resamples of each system (flat statistics, `width` per
+/// segment), all with the same indices (sacrebleu draws one `(B, S)` index matrix from
+/// `default_rng(seed)` per call, so every call with the same seed resamples the same way).
+/// Returns the scores of each system.
+fn resample_all<M: Metric>(
+    systems: &[Vec<u64>],
+    cfg: &M,
     n_samples: usize,
     seed: u64,
-) -> Vec<Vec<f64>> {
-    let n = systems[0].len();
+) -> Vec<Scores> {
+    let width = cfg.width();
+    let n = systems[0].len() / width;
     let mut rng = NumpyPcg64::new(seed);
     let mut row = vec![0u32; n];
-    let mut sums: Vec<BleuStats> = systems
-        .iter()
-        .map(|_| BleuStats::zeros(cfg.max_order))
-        .collect();
-    let mut scores: Vec<Vec<f64>> = systems
+    let mut sum = vec![0u64; width];
+    let mut samples: Vec<Vec<(f64, bool)>> = systems
         .iter()
         .map(|_| Vec::with_capacity(n_samples.min(1 << 20)))
         .collect();
     for _ in 0..n_samples {
         rng.choice_into(n as u64, &mut row);
-        for ((stats, sum), out) in systems.iter().zip(&mut sums).zip(&mut scores) {
-            sum.matches.fill(0);
-            sum.totals.fill(0);
-            sum.hyp_len = 0;
-            sum.ref_len = 0;
+        for (flat, out) in systems.iter().zip(&mut samples) {
+            sum.fill(0);
             for &i in &row {
-                let s = &stats[i as usize];
-                for (a, b) in sum.matches.iter_mut().zip(&s.matches) {
+                let segment = &flat[i as usize * width..(i as usize + 1) * width];
+                for (a, b) in sum.iter_mut().zip(segment) {
                     *a += b;
                 }
-                for (a, b) in sum.totals.iter_mut().zip(&s.totals) {
-                    *a += b;
-                }
-                sum.hyp_len += s.hyp_len;
-                sum.ref_len += s.ref_len;
             }
-            out.push(score_f32(sum, cfg));
+            out.push(cfg.resample_flat(&sum));
         }
     }
-    scores
+    samples.into_iter().map(Scores::from_samples).collect()
+}
+
+/// The summed flat statistics of a system.
+fn flat_sum(flat: &[u64], width: usize) -> Vec<u64> {
+    let mut sum = vec![0u64; width];
+    for segment in flat.chunks_exact(width) {
+        for (a, b) in sum.iter_mut().zip(segment) {
+            *a += b;
+        }
+    }
+    sum
 }
 
 /// The scores of `n_samples` bootstrap resamples of a corpus (per-segment `stats`, e.g. from
-/// [`super::corpus_stats`]), drawn and computed exactly as sacrebleu's `_bootstrap_resample`
-/// with `SACREBLEU_SEED = seed`.
+/// [`corpus_stats`](super::corpus_stats) or
+/// [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)), drawn and computed exactly as
+/// sacrebleu's `_bootstrap_resample` with `SACREBLEU_SEED = seed`. chrF's scores are `f32`
+/// values, as sacrebleu's are.
 ///
 /// Errors: invalid `cfg`, NLTK smoothing, `n_samples == 0`, no segment, segments without
-/// `cfg.max_order` orders.
-pub fn resample_scores(
-    stats: &[BleuStats],
-    cfg: &BleuConfig,
+/// the orders of `cfg`.
+pub fn resample_scores<M: Metric>(
+    stats: &[M::Counts],
+    cfg: &M,
     n_samples: usize,
     seed: u64,
-) -> Result<Vec<f64>, BleuError> {
-    check(cfg, n_samples, &[stats])?;
-    Ok(resample_all(&[stats], cfg, n_samples, seed).remove(0))
+) -> Result<Vec<f64>, MetricError> {
+    let flat = check(cfg, n_samples, &[stats])?;
+    Ok(resample_all(&flat, cfg, n_samples, seed).remove(0).values)
 }
 
 /// sacrebleu's `corpus_score(..., n_bootstrap=n_samples)` confidence estimate (`sacrebleu -ci
 /// -cin n_samples`): the corpus score, the mean of `n_samples` resample scores and the
 /// half-width of their 95% percentile interval (see the module docs for the formulas).
-/// `seed` is `SACREBLEU_SEED` ([`SACREBLEU_SEED`] = 12345 by default).
+/// `seed` is `SACREBLEU_SEED` ([`SACREBLEU_SEED`] = 12345 by default). `cfg` is a
+/// [`BleuConfig`] (statistics from [`corpus_stats`](super::corpus_stats)) or a [`ChrfConfig`]
+/// (from [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
 ///
 /// sacrebleu only estimates the interval for `n_samples > 1`, and prints it only when the mean
 /// is positive. Errors as [`resample_scores`].
 ///
 /// ```
 /// use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap, SACREBLEU_SEED};
+/// use candle_bleu::exact::chrf::{corpus_chrf_stats, ChrfConfig};
 /// use candle_bleu::exact::{corpus_stats, BleuConfig};
 /// let refs: Vec<Vec<Vec<u32>>> = (0..50u32).map(|i| vec![(i..i + 12).collect()]).collect();
 /// // A baseline with one wrong token per segment, a system with two.
@@ -516,24 +721,32 @@ pub fn resample_scores(
 /// assert!((ci.mean - ci.score).abs() < 1e-3 && ci.ci < 1e-3);
 /// let (_, result) = paired_bootstrap(&base_stats, &sys_stats, &cfg, 1000, SACREBLEU_SEED)?;
 /// assert!(result.score < ci.score && result.p_value < 0.05);
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+///
+/// // chrF: the same functions on chrF statistics.
+/// let hyps = ["the cat sat", "a dog barked", "birds sing"];
+/// let refs = [vec!["the cat sat down"], vec!["the dog barked"], vec!["birds sing"]];
+/// let chrf = ChrfConfig::default();
+/// let stats = corpus_chrf_stats(&hyps, &refs, chrf)?;
+/// let ci = bootstrap_confidence(&stats, &chrf, 100, SACREBLEU_SEED)?;
+/// assert!(ci.lower <= ci.upper && ci.ci >= 0.0);
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
-pub fn bootstrap_confidence(
-    stats: &[BleuStats],
-    cfg: &BleuConfig,
+pub fn bootstrap_confidence<M: Metric>(
+    stats: &[M::Counts],
+    cfg: &M,
     n_samples: usize,
     seed: u64,
-) -> Result<Confidence, BleuError> {
-    check(cfg, n_samples, &[stats])?;
-    let score = score_from_stats(&stats.iter().sum(), cfg)?.score;
-    let mut scores = resample_all(&[stats], cfg, n_samples, seed).remove(0);
+) -> Result<Confidence, MetricError> {
+    let flat = check(cfg, n_samples, &[stats])?;
+    let score = cfg.score_flat(&flat_sum(&flat[0], cfg.width()));
+    let mut scores = resample_all(&flat, cfg, n_samples, seed).remove(0);
     Ok(estimate_ci(score, &mut scores, Mean::Exact))
 }
 
 /// The result of a paired test of one system against the baseline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PairedResult {
-    /// BLEU (0..=100) of the system on the full corpus.
+    /// The metric's score (0..=100) of the system on the full corpus.
     pub score: f64,
     /// `(c + 1) / (n + 1)`.
     pub p_value: f64,
@@ -548,21 +761,21 @@ pub struct PairedResult {
 ///
 /// Errors: as [`resample_scores`], and systems with another number of segments than the
 /// baseline.
-pub fn paired_bootstrap_many(
-    baseline: &[BleuStats],
-    systems: &[&[BleuStats]],
-    cfg: &BleuConfig,
+pub fn paired_bootstrap_many<M: Metric>(
+    baseline: &[M::Counts],
+    systems: &[&[M::Counts]],
+    cfg: &M,
     n_samples: usize,
     seed: u64,
-) -> Result<(Confidence, Vec<PairedResult>), BleuError> {
-    let mut all: Vec<&[BleuStats]> = vec![baseline];
+) -> Result<(Confidence, Vec<PairedResult>), MetricError> {
+    let mut all: Vec<&[M::Counts]> = vec![baseline];
     all.extend_from_slice(systems);
-    check(cfg, n_samples, &all)?;
-    let actual: Vec<f64> = all
+    let flat = check(cfg, n_samples, &all)?;
+    let actual: Vec<f64> = flat
         .iter()
-        .map(|s| score_from_stats(&s.iter().sum(), cfg).map(|b| b.score))
-        .collect::<Result<_, _>>()?;
-    let mut scores = resample_all(&all, cfg, n_samples, seed);
+        .map(|f| cfg.score_flat(&flat_sum(f, cfg.width())))
+        .collect();
+    let mut scores = resample_all(&flat, cfg, n_samples, seed);
     let bl_scores = scores.remove(0);
     let mut bl_sorted = bl_scores.clone();
     let bl_conf = estimate_ci(actual[0], &mut bl_sorted, Mean::Numpy);
@@ -571,13 +784,32 @@ pub fn paired_bootstrap_many(
         .zip(&actual[1..])
         .map(|(mut sys_scores, &score)| {
             let diff = (actual[0] - score).abs();
+            // `np.abs(scores_sys - scores_bl)`: float32 when both arrays are.
+            let single = sys_scores.single && bl_scores.single;
             let sample_diffs: Vec<f64> = sys_scores
+                .values
                 .iter()
-                .zip(&bl_scores)
-                .map(|(y, x)| (y - x).abs())
+                .zip(&bl_scores.values)
+                .map(|(&y, &x)| {
+                    if single {
+                        f64::from((y as f32 - x as f32).abs())
+                    } else {
+                        (y - x).abs()
+                    }
+                })
                 .collect();
-            let m = mean(&sample_diffs, Mean::Numpy);
-            let c = sample_diffs.iter().filter(|&&d| d - m > diff).count();
+            let m = mean(&sample_diffs, Mean::Numpy, single);
+            // `sample_diffs - mean > diff`: a Python float compared with float32 values is
+            // converted to float32 first.
+            let c = if single {
+                let (m, diff) = (m as f32, diff as f32);
+                sample_diffs
+                    .iter()
+                    .filter(|&&d| d as f32 - m > diff)
+                    .count()
+            } else {
+                sample_diffs.iter().filter(|&&d| d - m > diff).count()
+            };
             let p_value = (c + 1) as f64 / (n_samples + 1) as f64;
             let confidence = estimate_ci(score, &mut sys_scores, Mean::Numpy);
             PairedResult {
@@ -592,23 +824,23 @@ pub fn paired_bootstrap_many(
 
 /// Paired bootstrap resampling of one system against a baseline ([`paired_bootstrap_many`]
 /// with one system): `(baseline estimate, system result)`.
-pub fn paired_bootstrap(
-    baseline: &[BleuStats],
-    system: &[BleuStats],
-    cfg: &BleuConfig,
+pub fn paired_bootstrap<M: Metric>(
+    baseline: &[M::Counts],
+    system: &[M::Counts],
+    cfg: &M,
     n_samples: usize,
     seed: u64,
-) -> Result<(Confidence, PairedResult), BleuError> {
+) -> Result<(Confidence, PairedResult), MetricError> {
     let (bl, mut results) = paired_bootstrap_many(baseline, &[system], cfg, n_samples, seed)?;
     Ok((bl, results.remove(0)))
 }
 
-/// sacrebleu's scoring of an AR trial: `f64`, add-k truncated to an integer `k`.
-fn score_ar(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
+/// sacrebleu's scoring of a BLEU AR trial: `f64`, add-k truncated to an integer `k`.
+fn score_ar(stats: &BleuCounts, cfg: &BleuConfig) -> f64 {
     let score = |cfg: &BleuConfig| score_from_stats(stats, cfg).map_or(0.0, |s| s.score);
     match cfg.smoothing {
-        Smoothing::AddK(k) if k.fract() != 0.0 => score(&BleuConfig {
-            smoothing: Smoothing::AddK(k.trunc()),
+        SmoothMethod::AddK(k) if k.fract() != 0.0 => score(&BleuConfig {
+            smoothing: SmoothMethod::AddK(k.trunc()),
             ..cfg.clone()
         }),
         _ => score(cfg),
@@ -622,54 +854,37 @@ fn score_ar(stats: &BleuStats, cfg: &BleuConfig) -> f64 {
 /// every system, as sacrebleu does, so all systems see the same swaps.
 ///
 /// Errors: as [`paired_bootstrap_many`].
-pub fn paired_approximate_randomization(
-    baseline: &[BleuStats],
-    system: &[BleuStats],
-    cfg: &BleuConfig,
+pub fn paired_approximate_randomization<M: Metric>(
+    baseline: &[M::Counts],
+    system: &[M::Counts],
+    cfg: &M,
     n_trials: usize,
     seed: u64,
-) -> Result<PairedResult, BleuError> {
-    check(cfg, n_trials, &[baseline, system])?;
-    let bl_sum: BleuStats = baseline.iter().sum();
-    let sys_sum: BleuStats = system.iter().sum();
-    let bl_score = score_from_stats(&bl_sum, cfg)?.score;
-    let score = score_from_stats(&sys_sum, cfg)?.score;
+) -> Result<PairedResult, MetricError> {
+    let flat = check(cfg, n_trials, &[baseline, system])?;
+    let width = cfg.width();
+    let bl_sum = flat_sum(&flat[0], width);
+    let sys_sum = flat_sum(&flat[1], width);
+    let bl_score = cfg.score_flat(&bl_sum);
+    let score = cfg.score_flat(&sys_sum);
     let diff = (bl_score - score).abs();
-    let k = cfg.max_order;
     // A_t = Σ_{pos} bl_i + Σ_{neg} sys_i = sys_sum + Σ_{pos} (bl_i - sys_i); B_t = bl + sys - A_t.
-    let width = 2 + 2 * k;
-    let flat = |s: &BleuStats, out: &mut Vec<i64>| {
-        out.push(s.hyp_len as i64);
-        out.push(s.ref_len as i64);
-        out.extend(s.matches.iter().map(|&m| m as i64));
-        out.extend(s.totals.iter().map(|&t| t as i64));
-    };
-    let mut delta = Vec::with_capacity(baseline.len() * width);
-    let mut a = Vec::with_capacity(width);
-    let mut b = Vec::with_capacity(width);
-    for (x, y) in baseline.iter().zip(system) {
-        a.clear();
-        b.clear();
-        flat(x, &mut a);
-        flat(y, &mut b);
-        delta.extend(a.iter().zip(&b).map(|(p, q)| p - q));
-    }
-    let (mut base_a, mut both) = (Vec::with_capacity(width), Vec::with_capacity(width));
-    flat(&sys_sum, &mut base_a);
-    flat(&bl_sum, &mut both);
-    for (x, y) in both.iter_mut().zip(&base_a) {
-        *x += y;
-    }
-    let to_stats = |v: &[i64]| BleuStats {
-        hyp_len: v[0] as u64,
-        ref_len: v[1] as u64,
-        matches: v[2..2 + k].iter().map(|&x| x as u64).collect(),
-        totals: v[2 + k..].iter().map(|&x| x as u64).collect(),
-    };
+    let delta: Vec<i64> = flat[0]
+        .iter()
+        .zip(&flat[1])
+        .map(|(&p, &q)| p as i64 - q as i64)
+        .collect();
+    let base_a: Vec<i64> = sys_sum.iter().map(|&x| x as i64).collect();
+    let both: Vec<i64> = bl_sum
+        .iter()
+        .zip(&sys_sum)
+        .map(|(&x, &y)| x as i64 + y as i64)
+        .collect();
     let mut rng = NumpyPcg64::new(seed);
     let mut bools = NumpyBools::default();
     let mut acc = vec![0i64; width];
-    let mut rest = vec![0i64; width];
+    let mut sum_a = vec![0u64; width];
+    let mut sum_b = vec![0u64; width];
     let mut c = 0usize;
     for _ in 0..n_trials {
         acc.copy_from_slice(&base_a);
@@ -680,11 +895,12 @@ pub fn paired_approximate_randomization(
                 }
             }
         }
-        for ((r, t), x) in rest.iter_mut().zip(&both).zip(&acc) {
-            *r = t - x;
+        for (((a, b), t), x) in sum_a.iter_mut().zip(&mut sum_b).zip(&both).zip(&acc) {
+            *a = *x as u64;
+            *b = (t - x) as u64;
         }
-        let sa = score_ar(&to_stats(&acc), cfg);
-        let sb = score_ar(&to_stats(&rest), cfg);
+        let sa = cfg.trial_flat(&sum_a);
+        let sb = cfg.trial_flat(&sum_b);
         if (sa - sb).abs() > diff {
             c += 1;
         }
@@ -750,12 +966,12 @@ mod tests {
         assert_eq!(numpy_pairwise_sum(&[1.0, 2.0]), 3.0);
     }
 
-    fn toy_stats() -> Vec<BleuStats> {
+    fn toy_stats() -> Vec<BleuCounts> {
         (0..50)
             .map(|i| {
                 let c = 10 + i % 7;
                 let m1 = c - i % 4;
-                BleuStats {
+                BleuCounts {
                     matches: vec![m1, m1 / 2, m1 / 3, m1 / 5],
                     totals: vec![c, c - 1, c - 2, c - 3],
                     hyp_len: c,
@@ -781,9 +997,9 @@ mod tests {
     #[test]
     fn paired_tests_give_p_values_in_range() {
         let bl = toy_stats();
-        let sys: Vec<BleuStats> = bl
+        let sys: Vec<BleuCounts> = bl
             .iter()
-            .map(|s| BleuStats {
+            .map(|s| BleuCounts {
                 matches: s.matches.iter().map(|m| m.saturating_sub(1)).collect(),
                 ..s.clone()
             })

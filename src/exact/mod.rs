@@ -11,11 +11,11 @@
 //! over segments and computes one score; a sentence is a corpus of one segment. Segments may
 //! have different numbers of references (sacrebleu's variable reference count).
 //!
-//! The [`Smoothing`] chooses whose score formula applies:
-//! - [`Smoothing::None`], [`Smoothing::Floor`], [`Smoothing::AddK`], [`Smoothing::Exp`]:
+//! The [`SmoothMethod`] chooses whose score formula applies:
+//! - [`SmoothMethod::None`], [`SmoothMethod::Floor`], [`SmoothMethod::AddK`], [`SmoothMethod::Exp`]:
 //!   sacrebleu's `BLEU.compute_bleu`, operation for operation (see [`score_from_stats`]);
 //!   [`BleuScore::score`] is bit-for-bit sacrebleu's 0–100 `score` under uniform weights.
-//! - [`Smoothing::Nltk`]`(k)`: the whole computation follows NLTK's `corpus_bleu` with
+//! - [`SmoothMethod::Nltk`]`(k)`: the whole computation follows NLTK's `corpus_bleu` with
 //!   `SmoothingFunction().method{k}` (see [`NltkStats`] and [`score_nltk_stats`]).
 //!
 //! # Edge cases and whose behaviour is followed
@@ -37,26 +37,54 @@
 //! [`BleuScore::score`] is on 0..=100.
 //!
 //! # Statistics and speed
-//! [`corpus_stats`] (per segment, for bootstrap resampling), [`corpus_stats_sum`] and
-//! [`score_from_stats`] split the computation; [`StatsCounter`] counts segment by segment,
-//! reusing its tables. [`corpus_bleu_par`] counts on rayon's pool when `T: Sync` (3000
-//! segments of 26 ids: ~3.1 ms on one core, ~1.6 ms on two; sacrebleu ~230 ms; BENCHMARKS.md).
+//! [`corpus_stats`] gives the statistics of every segment ([`BleuCounts`], additive: sum them
+//! with `iter().sum()`), for bootstrap resampling ([`bootstrap`]) or to score any subset with
+//! [`score_from_stats`]; [`segment_stats`] counts one segment. [`corpus_bleu`] counts corpora
+//! of 512 segments or more on rayon's pool (3000 segments of 26 ids: ~3.1 ms on one core,
+//! ~1.6 ms on two; sacrebleu ~230 ms; BENCHMARKS.md).
+//!
+//! # chrF and chrF++
+//! [`chrf`] reproduces sacrebleu's `CHRF` ([`chrf::corpus_chrf`], [`chrf::sentence_chrf`],
+//! [`chrf::ChrfConfig`]), with additive per-segment statistics ([`chrf::ChrfCounts`]) that
+//! [`bootstrap`] resamples as it does BLEU's.
 
 use std::hash::Hash;
 
 pub mod bootstrap;
+pub mod chrf;
 mod nltk;
 mod sacre;
 mod stats;
 pub mod tokenize;
 
 pub use nltk::NltkStats;
-pub use stats::{closest_ref_len, segment_stats, InternedStatsCounter, StatsCounter};
-pub use tokenize::{tokenize, Tokenizer};
+pub use stats::segment_stats;
 
-/// Errors of the exact BLEU: each names the offending argument and its value.
+pub(crate) use stats::StatsCounter;
+
+/// Not part of the API: what the `candle-bleu` binary, the fuzz targets and the tests need
+/// besides it (Python's string functions, the literal reference tokenizer, the interned
+/// counter). It may change in any release.
+#[doc(hidden)]
+pub mod cli_support {
+    pub use super::stats::InternedStatsCounter;
+    pub use super::tokenize::python::{
+        is_python_whitespace, python_lower, python_lower_into, python_rstrip, python_split,
+        python_strip,
+    };
+    use super::tokenize::Tokenizer;
+
+    /// The tokens of `exact::tokenize::tokenize` computed the slow, literal way (every regular
+    /// expression of 13a and zh applied as a whole-line pass, as sacrebleu does), for
+    /// differential tests of the one-scan tokenizers.
+    pub fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
+        super::tokenize::tokenize_reference(text, tok, lowercase)
+    }
+}
+
+/// Errors of the exact metrics (BLEU and chrF): each names the offending argument and its value.
 #[derive(Debug, Clone, PartialEq)]
-pub enum BleuError {
+pub enum MetricError {
     /// A malformed argument: which one, and what is wrong with it.
     InvalidArgument {
         /// The argument's name as in the signature (`"refs"`, `"cfg.max_order"`, ...).
@@ -66,21 +94,21 @@ pub enum BleuError {
     },
 }
 
-impl std::fmt::Display for BleuError {
+impl std::fmt::Display for MetricError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            BleuError::InvalidArgument { argument, message } => {
+            MetricError::InvalidArgument { argument, message } => {
                 write!(f, "invalid `{argument}`: {message}")
             }
         }
     }
 }
 
-impl std::error::Error for BleuError {}
+impl std::error::Error for MetricError {}
 
-impl From<crate::ngram::NgramError> for BleuError {
+impl From<crate::ngram::NgramError> for MetricError {
     fn from(e: crate::ngram::NgramError) -> Self {
-        BleuError::InvalidArgument {
+        MetricError::InvalidArgument {
             argument: e.argument,
             message: e.message,
         }
@@ -95,7 +123,7 @@ impl From<crate::ngram::NgramError> for BleuError {
 pub const MAX_ORDER: usize = 1024;
 
 /// Checks `1 <= max_order <= MAX_ORDER`, naming `argument` in the error.
-fn check_max_order(argument: &'static str, max_order: usize) -> Result<(), BleuError> {
+fn check_max_order(argument: &'static str, max_order: usize) -> Result<(), MetricError> {
     if !(1..=MAX_ORDER).contains(&max_order) {
         return Err(invalid(
             argument,
@@ -105,16 +133,17 @@ fn check_max_order(argument: &'static str, max_order: usize) -> Result<(), BleuE
     Ok(())
 }
 
-pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> BleuError {
-    BleuError::InvalidArgument {
+pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> MetricError {
+    MetricError::InvalidArgument {
         argument,
         message: message.into(),
     }
 }
 
-/// Smoothing of zero n-gram precisions, and with it whose semantics apply.
+/// How zero n-gram precisions are smoothed (sacrebleu's `smooth_method`), and with it whose
+/// semantics apply.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Smoothing {
+pub enum SmoothMethod {
     /// sacrebleu `none`: a zero-match order makes the score 0.
     None,
     /// sacrebleu `floor` (Chen & Cherry method 1): a zero-match order gets precision
@@ -139,9 +168,9 @@ pub struct BleuConfig {
     pub weights: Option<Vec<f64>>,
     /// How zero precisions are smoothed, and with it whose semantics apply (sacrebleu's or
     /// NLTK's).
-    pub smoothing: Smoothing,
+    pub smoothing: SmoothMethod,
     /// sacrebleu's `effective_order`: average only over the orders before the first one with
-    /// zero total. Ignored under [`Smoothing::Nltk`].
+    /// zero total. Ignored under [`SmoothMethod::Nltk`].
     pub effective_order: bool,
 }
 
@@ -152,7 +181,7 @@ impl Default for BleuConfig {
         Self {
             max_order: 4,
             weights: None,
-            smoothing: Smoothing::Exp,
+            smoothing: SmoothMethod::Exp,
             effective_order: false,
         }
     }
@@ -171,13 +200,13 @@ impl BleuConfig {
     /// default weights `(0.25,) * 4`.
     pub fn nltk(method: u8) -> Self {
         Self {
-            smoothing: Smoothing::Nltk(method),
+            smoothing: SmoothMethod::Nltk(method),
             ..Self::default()
         }
     }
 
     /// Checks `max_order`, `weights` and the smoothing parameters.
-    pub fn validate(&self) -> Result<(), BleuError> {
+    pub fn validate(&self) -> Result<(), MetricError> {
         check_max_order("cfg.max_order", self.max_order)?;
         crate::orders::check_orders(self.max_order, self.weights.as_deref()).map_err(|e| {
             let argument = match e.field {
@@ -187,15 +216,15 @@ impl BleuConfig {
             invalid(argument, e.message)
         })?;
         match self.smoothing {
-            Smoothing::Floor(v) if !v.is_finite() || v < 0.0 => Err(invalid(
+            SmoothMethod::Floor(v) if !v.is_finite() || v < 0.0 => Err(invalid(
                 "cfg.smoothing",
                 format!("Floor value must be finite and >= 0, got {v}"),
             )),
-            Smoothing::AddK(k) if !k.is_finite() || k < 0.0 => Err(invalid(
+            SmoothMethod::AddK(k) if !k.is_finite() || k < 0.0 => Err(invalid(
                 "cfg.smoothing",
                 format!("AddK k must be finite and >= 0, got {k}"),
             )),
-            Smoothing::Nltk(k) if k > 7 => Err(invalid(
+            SmoothMethod::Nltk(k) if k > 7 => Err(invalid(
                 "cfg.smoothing",
                 format!("NLTK smoothing method must be 0..=7, got {k}"),
             )),
@@ -214,7 +243,7 @@ impl BleuConfig {
 
 /// Sufficient statistics of BLEU, summable over segments (`+`, `+=`, `.sum()`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct BleuStats {
+pub struct BleuCounts {
     /// Clipped matches `m_n`, orders `1..=N`.
     pub matches: Vec<u64>,
     /// Totals `t_n = max(0, c - n + 1)`, orders `1..=N`.
@@ -265,7 +294,7 @@ fn validate_corpus<T>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
-) -> Result<(), BleuError> {
+) -> Result<(), MetricError> {
     check_max_order("max_order", max_order)?;
     if hyps.len() != refs.len() {
         return Err(invalid(
@@ -287,33 +316,54 @@ fn validate_corpus<T>(
     Ok(())
 }
 
-/// Per-segment statistics of a corpus, orders `1..=max_order` (for bootstrap resampling, or
-/// to sum and score with [`score_from_stats`]). `refs[i]` are the references of `hyps[i]`.
+/// Per-segment statistics of a corpus, orders `1..=max_order`: `stats[i]` are those of
+/// `hyps[i]` against its references `refs[i]`. For bootstrap resampling ([`bootstrap`]), or to
+/// sum (`stats.iter().sum()`) and score any subset with [`score_from_stats`]. Corpora of
+/// 512 segments or more are counted on rayon's pool (the same numbers).
 ///
-/// Errors: `max_order == 0`, `hyps.len() != refs.len()`, a segment with no reference.
-pub fn corpus_stats<T: Eq + Hash>(
+/// Errors: `max_order` outside `1..=`[`MAX_ORDER`], `hyps.len() != refs.len()`, a segment
+/// with no reference.
+///
+/// ```
+/// use candle_bleu::exact::{corpus_stats, score_from_stats, BleuConfig, BleuCounts};
+/// let hyps = [vec!["the", "cat", "sat"], vec!["a", "dog"]];
+/// let refs = [vec![vec!["the", "cat", "sat", "down"]], vec![vec!["a", "dog"]]];
+/// let stats = corpus_stats(&hyps, &refs, 2)?;
+/// assert_eq!((stats[0].matches.clone(), stats[0].totals.clone()), (vec![3, 2], vec![3, 2]));
+/// assert_eq!((stats[0].hyp_len, stats[0].ref_len), (3, 4));
+/// let total: BleuCounts = stats.iter().sum();
+/// let cfg = BleuConfig { max_order: 2, ..BleuConfig::default() };
+/// assert_eq!(score_from_stats(&total, &cfg)?.bp, (1.0f64 - 6.0 / 5.0).exp());
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
+/// ```
+pub fn corpus_stats<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
-) -> Result<Vec<BleuStats>, BleuError> {
+) -> Result<Vec<BleuCounts>, MetricError> {
+    use rayon::prelude::*;
     validate_corpus(hyps, refs, max_order)?;
-    let mut counter = StatsCounter::new_unchecked(max_order);
+    let count = |h: &[Vec<T>], r: &[Vec<Vec<T>>]| -> Vec<BleuCounts> {
+        let mut counter = StatsCounter::new_unchecked(max_order);
+        h.iter()
+            .zip(r)
+            .map(|(h, r)| counter.segment(h, r))
+            .collect()
+    };
+    if hyps.len() < PARALLEL_MIN_SEGMENTS {
+        return Ok(count(hyps, refs));
+    }
+    let chunk = parallel_chunk(hyps.len());
     Ok(hyps
-        .iter()
-        .zip(refs)
-        .map(|(h, r)| counter.segment(h, r))
+        .par_chunks(chunk)
+        .zip(refs.par_chunks(chunk))
+        .flat_map_iter(|(h, r)| count(h, r))
         .collect())
 }
 
-/// The summed statistics of a corpus (what [`corpus_bleu`] scores), counted with one
-/// [`StatsCounter`]. Errors as [`corpus_stats`].
-pub fn corpus_stats_sum<T: Eq + Hash>(
-    hyps: &[Vec<T>],
-    refs: &[Vec<Vec<T>>],
-    max_order: usize,
-) -> Result<BleuStats, BleuError> {
-    validate_corpus(hyps, refs, max_order)?;
-    Ok(sum_segment_stats(hyps, refs, max_order))
+/// Segments per rayon task: about four tasks per thread, at least 256 segments each.
+fn parallel_chunk(segments: usize) -> usize {
+    (segments / (4 * rayon::current_num_threads()).max(1)).max(256)
 }
 
 /// The summed statistics of already validated segments, counted by one [`StatsCounter`].
@@ -321,31 +371,31 @@ fn sum_segment_stats<T: Eq + Hash>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
-) -> BleuStats {
+) -> BleuCounts {
     let mut counter = StatsCounter::new_unchecked(max_order);
-    let mut total = BleuStats::zeros(max_order);
+    let mut total = BleuCounts::zeros(max_order);
     for (h, r) in hyps.iter().zip(refs) {
         counter.add_segment(h, r, &mut total);
     }
     total
 }
 
-/// [`corpus_stats_sum`] on rayon's thread pool: the corpus is cut into chunks of at least
-/// 256 segments, each counted by its own [`StatsCounter`], and the chunk sums are added.
-/// Identical results (integer sums); needs `T: Sync`, which [`corpus_stats_sum`] does not.
-pub fn corpus_stats_sum_par<T: Eq + Hash + Sync>(
+/// The summed statistics of a validated corpus, on rayon's pool from
+/// [`PARALLEL_MIN_SEGMENTS`] segments on (integer sums: the same numbers).
+fn corpus_stats_sum<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
-) -> Result<BleuStats, BleuError> {
+) -> BleuCounts {
     use rayon::prelude::*;
-    validate_corpus(hyps, refs, max_order)?;
-    let chunk = (hyps.len() / (4 * rayon::current_num_threads()).max(1)).max(256);
-    Ok(hyps
-        .par_chunks(chunk)
+    if hyps.len() < PARALLEL_MIN_SEGMENTS {
+        return sum_segment_stats(hyps, refs, max_order);
+    }
+    let chunk = parallel_chunk(hyps.len());
+    hyps.par_chunks(chunk)
         .zip(refs.par_chunks(chunk))
         .map(|(h, r)| sum_segment_stats(h, r, max_order))
-        .reduce(|| BleuStats::zeros(max_order), |a, b| a + b))
+        .reduce(|| BleuCounts::zeros(max_order), |a, b| a + b)
 }
 
 /// NLTK's corpus statistics (see [`NltkStats`]): per-segment floored denominators, and the
@@ -354,11 +404,11 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
-) -> Result<NltkStats, BleuError> {
+) -> Result<NltkStats, MetricError> {
     validate_corpus(hyps, refs, max_order)?;
     let mut stats = NltkStats::new(max_order);
     let mut counter = StatsCounter::new_unchecked(max_order);
-    let mut segment = BleuStats::zeros(max_order);
+    let mut segment = BleuCounts::zeros(max_order);
     let last = hyps.len().saturating_sub(1);
     for (i, (h, r)) in hyps.iter().zip(refs).enumerate() {
         if i == last && max_order < 5 {
@@ -379,7 +429,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
 }
 
 /// Checks that summed statistics have `cfg.max_order` orders.
-fn check_stats_orders(matches: usize, totals: usize, cfg: &BleuConfig) -> Result<(), BleuError> {
+fn check_stats_orders(matches: usize, totals: usize, cfg: &BleuConfig) -> Result<(), MetricError> {
     if matches != cfg.max_order || totals != cfg.max_order {
         return Err(invalid(
             "stats",
@@ -407,11 +457,11 @@ fn check_stats_orders(matches: usize, totals: usize, cfg: &BleuConfig) -> Result
 /// all weights that enter are 0, the mean is 1 and the score is BP). Uniform weights give
 /// sacrebleu's value up to rounding; `None` gives its bits.
 ///
-/// Errors: invalid `cfg`, `stats` without `cfg.max_order` orders, and `Smoothing::Nltk`
+/// Errors: invalid `cfg`, `stats` without `cfg.max_order` orders, and `SmoothMethod::Nltk`
 /// (NLTK needs per-segment information: use [`nltk_corpus_stats`] and [`score_nltk_stats`]).
-pub fn score_from_stats(stats: &BleuStats, cfg: &BleuConfig) -> Result<BleuScore, BleuError> {
+pub fn score_from_stats(stats: &BleuCounts, cfg: &BleuConfig) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
-    if let Smoothing::Nltk(_) = cfg.smoothing {
+    if let SmoothMethod::Nltk(_) = cfg.smoothing {
         return Err(invalid(
             "cfg.smoothing",
             "NLTK semantics need per-segment floored denominators and the last segment: \
@@ -453,15 +503,15 @@ pub fn score_from_stats(stats: &BleuStats, cfg: &BleuConfig) -> Result<BleuScore
 /// assert_eq!(stats.denominators, [9, 7, 5, 4]); // Σ max(1, t_n) per segment
 /// let score = score_nltk_stats(&stats, &BleuConfig::nltk(4))?;
 /// assert_eq!(score.bleu, 0.2643415812880757); // NLTK's corpus_bleu, method4
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
-pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore, BleuError> {
+pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
-    let Smoothing::Nltk(method) = cfg.smoothing else {
+    let SmoothMethod::Nltk(method) = cfg.smoothing else {
         return Err(invalid(
             "cfg.smoothing",
             format!(
-                "score_nltk_stats needs Smoothing::Nltk(k), got {:?}",
+                "score_nltk_stats needs SmoothMethod::Nltk(k), got {:?}",
                 cfg.smoothing
             ),
         ));
@@ -473,16 +523,16 @@ pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore
 /// Corpus BLEU of `hyps[i]` against the references `refs[i]` (`[segment][reference]`;
 /// segments may have different numbers of references): statistics summed over segments,
 /// then one score — sacrebleu's `BLEU(...).corpus_score` on the same tokens, or NLTK's
-/// `corpus_bleu` under [`Smoothing::Nltk`] (see the module docs for every edge case).
+/// `corpus_bleu` under [`SmoothMethod::Nltk`] (see the module docs for every edge case).
 ///
 /// Errors (naming the argument): invalid `cfg` (`max_order` 0, weights of the wrong length,
 /// negative or not finite, NLTK method > 7, negative or non-finite smoothing values),
 /// `hyps.len() != refs.len()`, a segment with no reference, an empty corpus (sacrebleu raises
 /// `IndexError`, NLTK `ZeroDivisionError`), and NLTK method6 where NLTK raises.
 ///
-/// Speed: corpora of [`PARALLEL_MIN_SEGMENTS`] segments or more are counted on rayon's
-/// thread pool ([`corpus_stats_sum_par`]; integer sums, so the result is identical), which is
-/// why `T` must be `Sync` (every token type in practice: ids, `String`, `&str`).
+/// Speed: corpora of 512 segments or more are counted on rayon's thread pool (integer sums,
+/// so the result is identical), which is why `T` must be `Sync` (every token type in
+/// practice: ids, `String`, `&str`).
 ///
 /// ```
 /// use candle_bleu::exact::{corpus_bleu, BleuConfig};
@@ -497,13 +547,13 @@ pub fn score_nltk_stats(stats: &NltkStats, cfg: &BleuConfig) -> Result<BleuScore
 /// // NLTK: corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method4).
 /// let nltk = corpus_bleu(&hyps, &refs, &BleuConfig::nltk(4))?;
 /// assert_eq!(nltk.bleu, 0.2643415812880757);
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
 pub fn corpus_bleu<T: Eq + Hash + Sync>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     cfg: &BleuConfig,
-) -> Result<BleuScore, BleuError> {
+) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
     if hyps.is_empty() {
         return Err(invalid(
@@ -512,47 +562,20 @@ pub fn corpus_bleu<T: Eq + Hash + Sync>(
         ));
     }
     match cfg.smoothing {
-        Smoothing::Nltk(_) => {
+        SmoothMethod::Nltk(_) => {
             let stats = nltk_corpus_stats(hyps, refs, cfg.max_order)?;
             score_nltk_stats(&stats, cfg)
         }
         _ => {
-            let stats = if hyps.len() >= PARALLEL_MIN_SEGMENTS {
-                corpus_stats_sum_par(hyps, refs, cfg.max_order)?
-            } else {
-                corpus_stats_sum(hyps, refs, cfg.max_order)?
-            };
-            score_from_stats(&stats, cfg)
+            validate_corpus(hyps, refs, cfg.max_order)?;
+            score_from_stats(&corpus_stats_sum(hyps, refs, cfg.max_order), cfg)
         }
     }
 }
 
-/// From this many segments on, [`corpus_bleu`] counts in parallel: below it a thread pool's
-/// start-up costs more than the counting (about 1 µs a segment).
-pub const PARALLEL_MIN_SEGMENTS: usize = 512;
-
-/// [`corpus_bleu`] with the statistics counted on rayon's thread pool
-/// ([`corpus_stats_sum_par`]) under sacrebleu semantics: the same result, faster on large
-/// corpora when `T: Sync`. Under [`Smoothing::Nltk`] it is [`corpus_bleu`] (NLTK scoring needs
-/// per-segment floors and the last segment; it is not the speed-critical path).
-pub fn corpus_bleu_par<T: Eq + Hash + Sync>(
-    hyps: &[Vec<T>],
-    refs: &[Vec<Vec<T>>],
-    cfg: &BleuConfig,
-) -> Result<BleuScore, BleuError> {
-    if matches!(cfg.smoothing, Smoothing::Nltk(_)) {
-        return corpus_bleu(hyps, refs, cfg);
-    }
-    cfg.validate()?;
-    if hyps.is_empty() {
-        return Err(invalid(
-            "hyps",
-            "the corpus is empty (sacrebleu raises IndexError, NLTK ZeroDivisionError)",
-        ));
-    }
-    let stats = corpus_stats_sum_par(hyps, refs, cfg.max_order)?;
-    score_from_stats(&stats, cfg)
-}
+/// From this many segments on, [`corpus_bleu`] and [`corpus_stats`] count in parallel: below
+/// it a thread pool's start-up costs more than the counting (about 1 µs a segment).
+const PARALLEL_MIN_SEGMENTS: usize = 512;
 
 /// Sentence BLEU of `hyp` against `refs`: [`corpus_bleu`] of a one-segment corpus, as both
 /// sacrebleu's `sentence_score` and NLTK's `sentence_bleu` define it. Note that sacrebleu's
@@ -570,13 +593,13 @@ pub fn corpus_bleu_par<T: Eq + Hash + Sync>(
 /// assert_eq!(sacre.score, 37.99178428257963);
 /// let nltk = sentence_bleu(&hyp, &refs, &BleuConfig::nltk(1))?;
 /// assert_eq!(nltk.bleu, 0.25406637407730737);
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
 pub fn sentence_bleu<T: Eq + Hash>(
     hyp: &[T],
     refs: &[Vec<T>],
     cfg: &BleuConfig,
-) -> Result<BleuScore, BleuError> {
+) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
     if refs.is_empty() {
         return Err(invalid(
@@ -586,7 +609,7 @@ pub fn sentence_bleu<T: Eq + Hash>(
     }
     let mut counter = StatsCounter::new_unchecked(cfg.max_order);
     match cfg.smoothing {
-        Smoothing::Nltk(_) => {
+        SmoothMethod::Nltk(_) => {
             let seg = if cfg.max_order < 5 {
                 StatsCounter::new_unchecked(5).segment(hyp, refs)
             } else {

@@ -10,9 +10,9 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use super::{invalid, sacre::length_ratio, BleuError, BleuScore, BleuStats};
+use super::{invalid, sacre::length_ratio, BleuCounts, BleuScore, MetricError};
 
-/// NLTK's corpus statistics. More than [`BleuStats`], because NLTK:
+/// NLTK's corpus statistics. More than [`BleuCounts`], because NLTK:
 /// - floors each segment's denominator at 1 before summing (`max(1, t_n)` per segment), so
 ///   empty or short hypotheses change the corpus precision;
 /// - hands the LAST segment's hypothesis to the smoothing function: methods 4 and 7 fall back
@@ -49,11 +49,11 @@ impl NltkStats {
         }
     }
 
-    /// Adds one segment's statistics (as counted by [`super::StatsCounter`]) and records it as
+    /// Adds one segment's statistics (as counted by [`super::segment_stats`]) and records it as
     /// the last segment. `seg` may hold more orders than `self` (the extra ones are not
     /// summed); when it holds order 5, `last_fivegram` is set from it, otherwise to `None`
     /// (set it yourself if you score with method 5 or 7).
-    pub fn push_segment(&mut self, seg: &BleuStats) {
+    pub fn push_segment(&mut self, seg: &BleuCounts) {
         for (n, (num, den)) in self
             .numerators
             .iter_mut()
@@ -236,7 +236,7 @@ const K: f64 = 5.0;
 /// converted to a float for the division, which raises `OverflowError` once it exceeds
 /// `f64::MAX` (from the 1022nd zero-numerator order on). `5 · 2^k` is exact in `f64` up to
 /// there, so this is NLTK's arithmetic, and the overflow is an error naming `cfg.max_order`.
-fn method4(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), BleuError> {
+fn method4(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), MetricError> {
     let hyp_len = if stats.hyp_len != 0 {
         stats.hyp_len
     } else {
@@ -267,7 +267,7 @@ fn method4(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(),
 
 /// Method 5: `p'_i = (p'_{i-1} + p_i + p_{i+1}) / 3` with `p'_{-1} = p_0 + 1` and `p_{N}` the
 /// last segment's 5-gram precision.
-fn method5(p: &mut [PyNum], stats: &NltkStats) -> Result<(), BleuError> {
+fn method5(p: &mut [PyNum], stats: &NltkStats) -> Result<(), MetricError> {
     let (m5, d5) = stats.last_fivegram.ok_or_else(|| {
         invalid(
             "stats.last_fivegram",
@@ -294,7 +294,7 @@ fn method5(p: &mut [PyNum], stats: &NltkStats) -> Result<(), BleuError> {
 /// Method 6: for orders `i >= 2` (0-based), `p'_i = (m_i + α·π0) / (l + α)` with
 /// `π0 = p'_{i-1}² / p'_{i-2}` (0 if `p'_{i-2} == 0`), `m_i` the corpus numerator and
 /// `l = max(0, len(last hyp) - i)`.
-fn method6(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), BleuError> {
+fn method6(p: &mut [PyNum], raw: &[(u64, u64)], stats: &NltkStats) -> Result<(), MetricError> {
     if p.len() < 3 {
         return Err(invalid(
             "cfg.max_order",
@@ -335,7 +335,7 @@ pub(crate) fn score(
     stats: &NltkStats,
     weights: &[f64],
     method: u8,
-) -> Result<BleuScore, BleuError> {
+) -> Result<BleuScore, MetricError> {
     if let Some(n) = stats.denominators.iter().position(|&d| d == 0) {
         return Err(invalid(
             "stats.denominators",

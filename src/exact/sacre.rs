@@ -1,7 +1,7 @@
 //! sacrebleu 2.6.0 semantics: `BLEU.compute_bleu` on summed statistics, operation for operation
 //! (same float operations in the same order, so uniform weights give sacrebleu's bits).
 
-use super::{BleuScore, BleuStats, Smoothing};
+use super::{BleuCounts, BleuScore, SmoothMethod};
 
 /// sacrebleu's `my_log`: `ln(x)`, and `-9999999999` for `x == 0` (which makes the score 0).
 /// Shared with the bootstrap's `float32` scoring (`bootstrap::score_f32`).
@@ -38,9 +38,9 @@ pub(crate) fn length_ratio(hyp_len: u64, ref_len: u64) -> f64 {
 /// Scores summed statistics as sacrebleu's `compute_bleu`. `stats` has `max_order` orders,
 /// `smoothing` is not `Nltk`, arguments are validated by the caller.
 pub(crate) fn score(
-    stats: &BleuStats,
+    stats: &BleuCounts,
     weights: Option<&[f64]>,
-    smoothing: Smoothing,
+    smoothing: SmoothMethod,
     effective_order: bool,
 ) -> BleuScore {
     let max_order = stats.matches.len();
@@ -78,7 +78,7 @@ pub(crate) fn score(
     let mut eff_order = max_order;
     for n in 1..=max_order {
         let i = n - 1;
-        if let Smoothing::AddK(k) = smoothing {
+        if let SmoothMethod::AddK(k) = smoothing {
             if n > 1 {
                 counts[i] += k;
                 totals[i] += k;
@@ -93,12 +93,12 @@ pub(crate) fn score(
         }
         if counts[i] == 0.0 {
             match smoothing {
-                Smoothing::Exp => {
+                SmoothMethod::Exp => {
                     smooth_mteval *= 2.0;
                     precisions_pct[i] = 100.0 / (smooth_mteval * totals[i]);
                     precisions[i] = 1.0 / (smooth_mteval * totals[i]);
                 }
-                Smoothing::Floor(v) => {
+                SmoothMethod::Floor(v) => {
                     precisions_pct[i] = 100.0 * v / totals[i];
                     precisions[i] = v / totals[i];
                 }

@@ -8,9 +8,9 @@ use std::ops::{Add, AddAssign};
 
 use crate::ngram::{ClippedMatcher, InternedMatcher};
 
-use super::{check_max_order, BleuError, BleuStats};
+use super::{check_max_order, BleuCounts, MetricError};
 
-impl BleuStats {
+impl BleuCounts {
     /// All-zero statistics for orders `1..=max_order`.
     pub fn zeros(max_order: usize) -> Self {
         Self {
@@ -49,10 +49,10 @@ fn add_counts(a: &mut Vec<u64>, b: &[u64]) {
 }
 
 /// Sums statistics element-wise. Both sides normally have the same `max_order`; where they do
-/// not (e.g. adding to `BleuStats::default()`), the shorter one counts as zero in the missing
+/// not (e.g. adding to `BleuCounts::default()`), the shorter one counts as zero in the missing
 /// orders, so the sum never panics.
-impl AddAssign<&BleuStats> for BleuStats {
-    fn add_assign(&mut self, other: &BleuStats) {
+impl AddAssign<&BleuCounts> for BleuCounts {
+    fn add_assign(&mut self, other: &BleuCounts) {
         add_counts(&mut self.matches, &other.matches);
         add_counts(&mut self.totals, &other.totals);
         self.hyp_len = self.hyp_len.saturating_add(other.hyp_len);
@@ -60,44 +60,47 @@ impl AddAssign<&BleuStats> for BleuStats {
     }
 }
 
-impl AddAssign for BleuStats {
-    fn add_assign(&mut self, other: BleuStats) {
+impl AddAssign for BleuCounts {
+    fn add_assign(&mut self, other: BleuCounts) {
         *self += &other;
     }
 }
 
-impl Add for BleuStats {
-    type Output = BleuStats;
-    fn add(mut self, other: BleuStats) -> BleuStats {
+impl Add for BleuCounts {
+    type Output = BleuCounts;
+    fn add(mut self, other: BleuCounts) -> BleuCounts {
         self += &other;
         self
     }
 }
 
-impl Add<&BleuStats> for BleuStats {
-    type Output = BleuStats;
-    fn add(mut self, other: &BleuStats) -> BleuStats {
+impl Add<&BleuCounts> for BleuCounts {
+    type Output = BleuCounts;
+    fn add(mut self, other: &BleuCounts) -> BleuCounts {
         self += other;
         self
     }
 }
 
-impl Sum for BleuStats {
-    fn sum<I: Iterator<Item = BleuStats>>(iter: I) -> Self {
-        iter.fold(BleuStats::default(), |acc, s| acc + s)
+impl Sum for BleuCounts {
+    fn sum<I: Iterator<Item = BleuCounts>>(iter: I) -> Self {
+        iter.fold(BleuCounts::default(), |acc, s| acc + s)
     }
 }
 
-impl<'a> Sum<&'a BleuStats> for BleuStats {
-    fn sum<I: Iterator<Item = &'a BleuStats>>(iter: I) -> Self {
-        iter.fold(BleuStats::default(), |acc, s| acc + s)
+impl<'a> Sum<&'a BleuCounts> for BleuCounts {
+    fn sum<I: Iterator<Item = &'a BleuCounts>>(iter: I) -> Self {
+        iter.fold(BleuCounts::default(), |acc, s| acc + s)
     }
 }
 
 /// The effective reference length of a segment: the reference length closest to `hyp_len`,
 /// the shorter one on a tie (sacrebleu `_get_closest_ref_len` and NLTK `closest_ref_length`
 /// agree). An empty reference counts, with length 0. `None` when there is no reference.
-pub fn closest_ref_len(hyp_len: usize, ref_lens: impl IntoIterator<Item = usize>) -> Option<usize> {
+pub(crate) fn closest_ref_len(
+    hyp_len: usize,
+    ref_lens: impl IntoIterator<Item = usize>,
+) -> Option<usize> {
     ref_lens
         .into_iter()
         .min_by_key(|&r| (r.abs_diff(hyp_len), r))
@@ -109,33 +112,13 @@ pub fn closest_ref_len(hyp_len: usize, ref_lens: impl IntoIterator<Item = usize>
 ///
 /// The maps borrow the tokens, so every segment given to one counter must outlive it: create
 /// one counter per corpus.
-pub struct StatsCounter<'a, T> {
+pub(crate) struct StatsCounter<'a, T> {
     max_order: usize,
     matcher: ClippedMatcher<'a, T>,
 }
 
 impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
-    /// A counter of the orders `1..=max_order`.
-    ///
-    /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
-    ///
-    /// ```
-    /// use candle_bleu::exact::StatsCounter;
-    /// let hyps = [vec!["a", "b", "c"], vec!["d"]];
-    /// let refs = [vec![vec!["a", "b", "d"]], vec![vec!["d"], vec!["e", "f"]]];
-    /// let mut counter = StatsCounter::new(2)?;
-    /// let first = counter.segment(&hyps[0], &refs[0]);
-    /// assert_eq!((first.matches, first.totals), (vec![2, 1], vec![3, 2]));
-    /// let second = counter.segment(&hyps[1], &refs[1]);
-    /// assert_eq!((second.hyp_len, second.ref_len), (1, 1)); // "d" is closest in length
-    /// # Ok::<(), candle_bleu::exact::BleuError>(())
-    /// ```
-    pub fn new(max_order: usize) -> Result<Self, BleuError> {
-        check_max_order("max_order", max_order)?;
-        Ok(Self::new_unchecked(max_order))
-    }
-
-    /// [`StatsCounter::new`] for an already validated `max_order`.
+    /// A counter of the orders `1..=max_order` (validated by the caller).
     pub(crate) fn new_unchecked(max_order: usize) -> Self {
         Self {
             max_order,
@@ -143,21 +126,16 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
         }
     }
 
-    /// The largest order counted.
-    pub fn max_order(&self) -> usize {
-        self.max_order
-    }
-
     /// Adds the statistics of one segment to `stats` (grown to `max_order` orders if shorter):
     /// clipped matches `m_n = Σ_g min(count_hyp(g), max_r count_ref_r(g))`, totals
     /// `t_n = max(0, c - n + 1)`, `c = hyp.len()`, and the closest reference length (tie:
     /// shorter). A segment with no reference adds `ref_len` 0 and no match (the corpus
     /// functions reject such segments before counting).
-    pub fn add_segment<R: AsRef<[T]>>(
+    pub(crate) fn add_segment<R: AsRef<[T]>>(
         &mut self,
         hyp: &'a [T],
         refs: &'a [R],
-        stats: &mut BleuStats,
+        stats: &mut BleuCounts,
     ) {
         let n = self.max_order;
         grow_orders(stats, n);
@@ -167,15 +145,15 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
     }
 
     /// The statistics of one segment (see [`StatsCounter::add_segment`]).
-    pub fn segment<R: AsRef<[T]>>(&mut self, hyp: &'a [T], refs: &'a [R]) -> BleuStats {
-        let mut stats = BleuStats::zeros(self.max_order);
+    pub(crate) fn segment<R: AsRef<[T]>>(&mut self, hyp: &'a [T], refs: &'a [R]) -> BleuCounts {
+        let mut stats = BleuCounts::zeros(self.max_order);
         self.add_segment(hyp, refs, &mut stats);
         stats
     }
 }
 
 /// Grows `stats` to `n` orders (with zeros) if it holds fewer.
-fn grow_orders(stats: &mut BleuStats, n: usize) {
+fn grow_orders(stats: &mut BleuCounts, n: usize) {
     if stats.matches.len() < n {
         stats.matches.resize(n, 0);
     }
@@ -186,7 +164,7 @@ fn grow_orders(stats: &mut BleuStats, n: usize) {
 
 /// Adds everything of one segment but its matches: totals `t_n = max(0, c - n + 1)` for orders
 /// `1..=n`, `c` and the closest reference length (0 without a reference).
-fn add_lengths(stats: &mut BleuStats, n: usize, c: usize, ref_lens: impl Iterator<Item = usize>) {
+fn add_lengths(stats: &mut BleuCounts, n: usize, c: usize, ref_lens: impl Iterator<Item = usize>) {
     for (order, total) in stats.totals.iter_mut().take(n).enumerate() {
         *total += c.saturating_sub(order) as u64;
     }
@@ -194,16 +172,16 @@ fn add_lengths(stats: &mut BleuStats, n: usize, c: usize, ref_lens: impl Iterato
     stats.ref_len += closest_ref_len(c, ref_lens).unwrap_or(0) as u64;
 }
 
-/// [`StatsCounter`] for segments whose tokens the caller has interned into segment-local ids
-/// (see [`InternedMatcher`]): hypothesis ids `1..=vocab`, and each reference token the id of
+/// BLEU statistics of segments whose tokens the caller has interned into segment-local ids: hypothesis ids `1..=vocab`, and each reference token the id of
 /// the equal hypothesis token or 0. Borrows nothing, so one counter serves any number of
 /// segments, each tokenized into reused buffers (what the `candle-bleu` binary does).
 ///
 /// ```
-/// use candle_bleu::exact::{segment_stats, BleuStats, InternedStatsCounter};
+/// use candle_bleu::exact::cli_support::InternedStatsCounter;
+/// use candle_bleu::exact::{segment_stats, BleuCounts};
 /// // "the cat sat" against "the cat" and "a cat sat": the = 1, cat = 2, sat = 3, a = 0.
 /// let mut counter = InternedStatsCounter::new(2)?;
-/// let mut stats = BleuStats::zeros(2);
+/// let mut stats = BleuCounts::zeros(2);
 /// counter.add_segment(&[1, 2, 3], &[vec![1, 2], vec![0, 2, 3]], 3, &mut stats)?;
 /// let words = segment_stats(
 ///     &["the", "cat", "sat"],
@@ -212,7 +190,7 @@ fn add_lengths(stats: &mut BleuStats, n: usize, c: usize, ref_lens: impl Iterato
 /// )?;
 /// assert_eq!(stats, words);
 /// assert_eq!(stats.matches, [3, 2]);
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
 #[derive(Default)]
 pub struct InternedStatsCounter {
@@ -224,7 +202,7 @@ impl InternedStatsCounter {
     /// A counter of the orders `1..=max_order`.
     ///
     /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
-    pub fn new(max_order: usize) -> Result<Self, BleuError> {
+    pub fn new(max_order: usize) -> Result<Self, MetricError> {
         check_max_order("max_order", max_order)?;
         Ok(Self {
             max_order,
@@ -232,13 +210,8 @@ impl InternedStatsCounter {
         })
     }
 
-    /// The largest order counted.
-    pub fn max_order(&self) -> usize {
-        self.max_order
-    }
-
     /// Adds the statistics of one segment to `stats` (grown to `max_order` orders if
-    /// shorter), as [`StatsCounter::add_segment`] does on the tokens the ids stand for.
+    /// shorter), as [`segment_stats`] counts the tokens the ids stand for.
     ///
     /// Errors (nothing is added): `vocab > hyp.len()`, a hypothesis id outside `1..=vocab`, a
     /// reference id above `vocab`.
@@ -247,8 +220,8 @@ impl InternedStatsCounter {
         hyp: &[u32],
         refs: &[R],
         vocab: u32,
-        stats: &mut BleuStats,
-    ) -> Result<(), BleuError> {
+        stats: &mut BleuCounts,
+    ) -> Result<(), MetricError> {
         let n = self.max_order;
         grow_orders(stats, n);
         self.matcher
@@ -258,8 +231,10 @@ impl InternedStatsCounter {
     }
 }
 
-/// The statistics of one segment, orders `1..=max_order` (see [`StatsCounter::add_segment`];
-/// to score many segments, reuse a [`StatsCounter`]).
+/// The statistics of one segment, orders `1..=max_order`: clipped matches
+/// `m_n = Σ_g min(count_hyp(g), max_r count_ref_r(g))`, totals `t_n = max(0, c - n + 1)`,
+/// `c = hyp.len()`, and the reference length closest to `c` (the shorter on a tie). For a
+/// corpus, [`corpus_stats`](super::corpus_stats) reuses its tables across segments.
 ///
 /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
 ///
@@ -269,13 +244,13 @@ impl InternedStatsCounter {
 /// assert_eq!(stats.matches, [4, 1]); // 1 twice, 2, 3; the bigram (1, 2)
 /// assert_eq!(stats.totals, [4, 3]);
 /// assert_eq!((stats.hyp_len, stats.ref_len), (4, 3));
-/// # Ok::<(), candle_bleu::exact::BleuError>(())
+/// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
 pub fn segment_stats<T: Eq + Hash, R: AsRef<[T]>>(
     hyp: &[T],
     refs: &[R],
     max_order: usize,
-) -> Result<BleuStats, BleuError> {
+) -> Result<BleuCounts, MetricError> {
     check_max_order("max_order", max_order)?;
     Ok(StatsCounter::new_unchecked(max_order).segment(hyp, refs))
 }

@@ -17,6 +17,12 @@ multi-system tables, so both tools are run with the same relative paths). sacreb
 no max-n-gram-order option: the `api` cases build `BLEU(max_ngram_order=N, ...)` in-process and
 print what the CLI would print with that metric (`Score.format` with its signature).
 
+chrF cases (`-m chrf`, `-m bleu chrf`, the `--chrf-*` options, `-ci`, `-pbs`, `-par`) run the
+real CLI too, except two: sacrebleu 2.6.0's `-pbs -f json` raises TypeError on chrF (its
+bootstrap means are numpy.float32, which `json` cannot serialize), so those cases run
+sacrebleu's own `main()` with `json.dumps(..., default=float)` and are marked
+`sacrebleu_json_float32_patched`.
+
 Single-system corpus cases also record sacrebleu's full-precision statistics (`full`: score,
 counts, totals, precisions, bp, ratio, sys_len, ref_len) for the numeric checks of the extra
 JSON fields. tests/cli.rs replays all cases against the release binary.
@@ -402,6 +408,104 @@ def main():
     case("paired_ar_default_n", [R, "-i", H, S2, "--paired-ar", "-f", "text"])
     case("paired_ar_add_k_trunc", [R, "-i", H, S2, "-par", "-parn", "1000", "-s", "add-k", "-sv", "0.5"])
     case("paired_ar_three_latex", [R, "-i", H, S2, R, "-par", "-parn", "500", "-f", "latex"])
+
+    # chrF and chrF++ (-m chrf), alone and with BLEU.
+    U = [I("unicode.ref.txt"), "-i", I("unicode.hyp.txt")]
+    case("chrf_json", [R, "-i", H, "-m", "chrf"])
+    case("chrf_text", [R, "-i", H, "-m", "chrf", "-f", "text"])
+    case("chrf_b", [R, "-i", H, "-m", "chrf", "-b"])
+    case("chrf_short", [R, "-i", H, "-m", "chrf", "-f", "text", "--short"])
+    for w in [0, 3, 10]:
+        case(f"chrf_w{w}", [R, "-i", H, "-m", "chrf", "-f", "text", "-w", str(w)])
+    case("chrfpp_json", [R, "-i", H, "-m", "chrf", "--chrf-word-order", "2", "-w", "10"])
+    case("chrfpp_text_short_flags", [R, "-i", H, "-m", "chrf", "-cw", "2", "-cc", "4", "-f", "text", "-w", "8"])
+    for beta in ["1", "3"]:
+        case(f"chrf_beta{beta}", [R, "-i", H, "-m", "chrf", "--chrf-beta", beta, "-f", "text", "-w", "8"])
+    case("chrf_whitespace", [R, "-i", H, "-m", "chrf", "--chrf-whitespace", "-w", "8"])
+    case("chrf_lowercase", [R, "-i", H, "-m", "chrf", "--chrf-lowercase", "-cw", "2", "-w", "8"])
+    case("chrf_eps", [R, "-i", H, "-m", "chrf", "--chrf-eps-smoothing", "-f", "text", "-w", "8"])
+    case("chrf_all_flags", [R, "-i", H, "-m", "chrf", "-cc", "3", "-cw", "3", "--chrf-beta", "1",
+                            "--chrf-whitespace", "--chrf-lowercase", "--chrf-eps-smoothing", "-w", "8"])
+    case("chrf_word_only", [R, "-i", H, "-m", "chrf", "-cc", "0", "-cw", "2", "-f", "text", "-w", "8"])
+    case("chrf_unicode", U + ["-m", "chrf", "-f", "text", "-w", "8"])
+    case("chrfpp_unicode_lc_ws", U + ["-m", "chrf", "-cw", "2", "--chrf-lowercase", "--chrf-whitespace", "-w", "8"])
+    case("chrf_unicode_sl", U + ["-m", "chrf", "-cw", "2", "-sl", "-w", "6"])
+    case("chrf_whitespace_file", [I("ws.ref.txt"), "-i", I("ws.hyp.txt"), "-m", "chrf", "--chrf-whitespace", "-w", "8"])
+    case("chrf_whitespace_file_sl", [I("ws.ref.txt"), "-i", I("ws.hyp.txt"), "-m", "chrf", "-cw", "2", "-sl", "-w", "4"])
+    case("chrf_short_lines", [I("short.ref.txt"), "-i", I("short.hyp.txt"), "-m", "chrf", "-cw", "2", "-f", "text", "-w", "8"])
+    case("chrf_short_lines_eps_sl", [I("short.ref.txt"), "-i", I("short.hyp.txt"), "-m", "chrf", "--chrf-eps-smoothing", "-sl", "-w", "8"])
+    case("chrf_crlf", [I("crlf.ref.txt"), "-i", I("crlf.hyp.txt"), "-m", "chrf", "-w", "8"])
+    case("chrf_two_refs", [R, I("ref2.txt"), "-i", H, "-m", "chrf", "-cw", "2", "-f", "text", "-w", "8"])
+    case("chrf_num_refs_3", [I("nr3.ref.txt"), "-i", H, "-nr", "3", "-m", "chrf", "-w", "8"])
+    case("chrf_sl", [R, "-i", H, "-m", "chrf", "-sl"])
+    case("chrf_sl_b", [R, "-i", H, "-m", "chrf", "-sl", "-b", "-w", "3"])
+    case("chrf_sl_multi_ref_short", [R, I("ref2.txt"), "-i", H, "-m", "chrf", "-sl", "--short", "-w", "5"])
+    case("chrf_stdin", [R, "-m", "chrf", "-cw", "2"], stdin=hyp_text)
+    case("chrf_identical", [R, "-i", R, "-m", "chrf", "-w", "14"])
+    case("chrf_zero_matches", [I("ref40.txt"), "-i", I("zero.hyp.txt"), "-m", "chrf", "-w", "8"])
+    # Both metrics: sacrebleu prints them sorted (BLEU first) whatever the order given.
+    case("both_json", [R, "-i", H, "-m", "bleu", "chrf"])
+    case("both_json_reversed", [R, "-i", H, "-m", "chrf", "bleu", "-w", "6"])
+    case("both_text", [R, "-i", H, "-m", "chrf", "bleu", "-f", "text"])
+    case("both_text_short_w4", [R, "-i", H, "-m", "bleu", "chrf", "-cw", "2", "-f", "text", "-w", "4", "-sh"])
+    case("both_b", [R, "-i", H, "-m", "bleu", "chrf", "-b"])
+    case("both_b_text", [R, "-i", H, "-m", "bleu", "chrf", "-b", "-f", "text", "-w", "3"])
+    case("both_repeated", [R, "-i", H, "-m", "chrf", "bleu", "chrf", "-f", "text"])
+    case("both_unicode_tok_lc", U + ["-m", "bleu", "chrf", "-tok", "intl", "-lc", "--chrf-lowercase", "-f", "text", "-w", "6"])
+    # Confidence intervals on chrF (float32 resamples).
+    case("chrf_ci", [R, "-i", H, "-m", "chrf", "-ci", "-w", "10"])
+    case("chrf_ci_text", [R, "-i", H, "-m", "chrf", "-ci", "-f", "text"])
+    case("chrfpp_ci_n300", [R, "-i", H, "-m", "chrf", "-cw", "2", "-ci", "-cin", "300", "-f", "text", "-w", "10"])
+    case("chrf_ci_eps_seed", [R, "-i", H, "-m", "chrf", "--chrf-eps-smoothing", "-ci", "-cin", "200", "-w", "10"],
+         env={"SACREBLEU_SEED": "42"})
+    case("chrf_ci_short_lines", [I("short.ref.txt"), "-i", I("short.hyp.txt"), "-m", "chrf", "-ci", "-cin", "100", "-f", "text", "-w", "8"])
+    case("both_ci", [R, "-i", H, "-m", "bleu", "chrf", "-ci", "-cin", "200", "-w", "10"])
+    case("both_ci_text", [R, "-i", H, "-m", "chrf", "bleu", "-ci", "-f", "text", "-w", "4"])
+    case("both_ci_b_text", [R, "-i", H, "-m", "chrf", "bleu", "-ci", "-cin", "100", "-b", "-f", "text"])
+    # Several systems, and paired tests on chrF.
+    case("chrf_multi_text", [R, "-i", H, S2, "-m", "chrf", "-f", "text", "-w", "6"])
+    case("chrf_multi_json", [R, "-i", H, S2, "-m", "chrf", "-cw", "2"])
+    case("both_multi_text", [R, "-i", H, S2, R, "-m", "chrf", "bleu", "-f", "text"])
+    case("both_multi_json", [R, "-i", H, S2, "-m", "bleu", "chrf", "-w", "3"])
+    case("both_multi_latex", [R, "-i", H, S2, "-m", "chrf", "bleu", "-f", "latex"])
+    case("chrf_paired_bs_text", [R, "-i", H, S2, "-m", "chrf", "-pbs", "-f", "text", "-w", "10"])
+    case("chrfpp_paired_bs_three", [R, "-i", H, S2, R, "-m", "chrf", "-cw", "2", "-pbs", "-pbsn", "300", "-f", "text", "-w", "8"])
+    case("chrf_paired_bs_latex_seed", [R, "-i", S2, H, "-m", "chrf", "-pbs", "-pbsn", "250", "-f", "latex", "-w", "6"],
+         env={"SACREBLEU_SEED": "7"})
+    case("both_paired_bs_text", [R, "-i", H, S2, "-m", "chrf", "bleu", "-pbs", "-pbsn", "400", "-f", "text", "-w", "6"])
+    case("both_paired_bs_text_bleu_first", [R, "-i", H, S2, "-m", "bleu", "chrf", "-pbs", "-pbsn", "200", "-f", "text", "-sh"])
+    case("chrf_paired_ar_text", [R, "-i", H, S2, "-m", "chrf", "-par", "-parn", "2000", "-f", "text", "-w", "10"])
+    case("chrf_paired_ar_json", [R, "-i", H, S2, R, "-m", "chrf", "-cw", "2", "-par", "-parn", "1000"])
+    case("both_paired_ar_latex", [R, "-i", H, S2, "-m", "chrf", "bleu", "-par", "-parn", "500", "-f", "latex"])
+    case("both_paired_ar_json", [R, "-i", H, S2, "-m", "bleu", "chrf", "-par", "-parn", "500"])
+    case("chrf_stdin_paired_bs", [R, "-m", "chrf", "-pbs", "-pbsn", "200", "-f", "text"], stdin=paste)
+
+    # sacrebleu 2.6.0's -pbs -f json dies on chrF (json cannot serialize its numpy.float32
+    # means: TypeError, exit 1, nothing on stdout). These cases run sacrebleu's own CLI code
+    # with json.dumps(..., default=float), i.e. what it would print if it could.
+    def patched_case(name, args):
+        code, out = run_cli(args)
+        assert code == 1 and out == "", (name, code, out)
+        script = (
+            "import sys, json, sacrebleu.utils as u\n"
+            "class J:\n"
+            "    dumps = staticmethod(lambda o, **k: json.dumps(o, default=float, **k))\n"
+            "u.json = J\n"
+            "from sacrebleu.sacrebleu import main\n"
+            "sys.argv = ['sacrebleu'] + sys.argv[1:]\n"
+            "main()\n"
+        )
+        full_env = dict(os.environ)
+        full_env.pop("SACREBLEU_FORMAT", None)
+        full_env.pop("SACREBLEU_SEED", None)
+        proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        cases.append({"name": name, "args": args, "exit": 0, "stdout": proc.stdout.decode("utf-8"),
+                      "sacrebleu_json_float32_patched": True})
+
+    patched_case("chrf_paired_bs_json", [R, "-i", H, S2, "-m", "chrf", "-pbs", "-pbsn", "300"])
+    patched_case("both_paired_bs_json", [R, "-i", H, S2, R, "-m", "bleu", "chrf", "-cw", "2", "-pbs", "-pbsn", "200"])
 
     # --max-ngram-order: not a sacrebleu CLI option; the API's max_ngram_order, printed the
     # way the CLI prints a score (signature without an n-gram field).

@@ -337,7 +337,7 @@ fn main() -> Result<()> {
     // Paired bootstrap (sacrebleu's, from `exact::bootstrap`): per seed, and pooled over seeds,
     // where the test outputs of all seeds form one corpus whose segment (seed k, sentence i)
     // is paired with the same (k, i) of the other objective.
-    let stats_of = |objective: Objective| -> Result<Vec<Vec<candle_bleu::exact::BleuStats>>> {
+    let stats_of = |objective: Objective| -> Result<Vec<Vec<candle_bleu::exact::BleuCounts>>> {
         runs.iter()
             .filter(|r| r.objective == objective)
             .map(|r| eval::segment_stats(&r.test_hyps, &test_refs))

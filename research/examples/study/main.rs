@@ -493,7 +493,7 @@ fn main() -> Result<()> {
     // seed k paired with segment i of seed k) and per seed.
     let names: Vec<&str> = arms.iter().map(|a| a.name).collect();
     let seeds: Vec<u64> = (1..=args.seeds).collect();
-    let stats_of = |name: &str, seed: u64| -> Result<Option<Vec<candle_bleu::exact::BleuStats>>> {
+    let stats_of = |name: &str, seed: u64| -> Result<Option<Vec<candle_bleu::exact::BleuCounts>>> {
         runs.iter()
             .find(|r| r.arm.name == name && r.seed == seed)
             .map(|r| eval::segment_stats(&r.test_hyps, &test_refs))

@@ -1,7 +1,7 @@
-//! Command-line arguments: sacrebleu 2.6.0's BLEU options, long and short spellings.
+//! Command-line arguments: sacrebleu 2.6.0's BLEU and chrF options, long and short spellings.
 //!
 //! sacrebleu (argparse) has single-dash options of several letters (`-tok`, `-lc`, `-sl`,
-//! `-nr`, `-ci`, `-pbs`, ...), which clap cannot express; [`rewrite_argv`] turns them into their
+//! `-nr`, `-ci`, `-pbs`, `-cc`, ...), which clap cannot express; [`rewrite_argv`] turns them into their
 //! long forms before clap parses the command line.
 
 use std::ffi::OsString;
@@ -28,6 +28,8 @@ const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-sh", "--short"),
     ("-nc", "--no-color"),
     ("-ol", "--origlang"),
+    ("-cc", "--chrf-char-order"),
+    ("-cw", "--chrf-word-order"),
 ];
 
 /// Rewrites sacrebleu's multi-letter single-dash options (`-tok 13a`, `-tok=13a`) into long
@@ -65,7 +67,7 @@ pub fn rewrite_argv(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
 
 /// `--smooth-method` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SmoothMethod {
+pub enum SmoothArg {
     None,
     Floor,
     #[value(name = "add-k")]
@@ -73,22 +75,22 @@ pub enum SmoothMethod {
     Exp,
 }
 
-impl SmoothMethod {
+impl SmoothArg {
     /// sacrebleu's name (signature `smooth:` field).
     pub fn name(self) -> &'static str {
         match self {
-            SmoothMethod::None => "none",
-            SmoothMethod::Floor => "floor",
-            SmoothMethod::AddK => "add-k",
-            SmoothMethod::Exp => "exp",
+            SmoothArg::None => "none",
+            SmoothArg::Floor => "floor",
+            SmoothArg::AddK => "add-k",
+            SmoothArg::Exp => "exp",
         }
     }
 
     /// sacrebleu's `BLEU.SMOOTH_DEFAULTS`: the value used when `--smooth-value` is not given.
     pub fn default_value(self) -> Option<f64> {
         match self {
-            SmoothMethod::Floor => Some(0.1),
-            SmoothMethod::AddK => Some(1.0),
+            SmoothArg::Floor => Some(0.1),
+            SmoothArg::AddK => Some(1.0),
             _ => None,
         }
     }
@@ -102,7 +104,7 @@ pub enum Format {
     Latex,
 }
 
-/// Computes BLEU exactly as sacrebleu 2.6.0 does, much faster.
+/// Computes BLEU and chrF exactly as sacrebleu 2.6.0 does, much faster.
 ///
 /// Reads the hypotheses from the -i files (one system per file) or from standard input (one
 /// system per tab-separated field), and the references from the REF files (one line per
@@ -110,14 +112,14 @@ pub enum Format {
 #[derive(Debug, Parser)]
 #[command(
     name = "candle-bleu",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (sacrebleu 2.6.0 compatible BLEU)"),
+    version = concat!(env!("CARGO_PKG_VERSION"), " (sacrebleu 2.6.0 compatible BLEU and chrF)"),
     infer_long_args = true,
     allow_negative_numbers = true,
     args_override_self = true,
     after_help = "Exit status: 0 on success, 2 on any error (bad arguments or input: the message \
                   on stderr names the file and line). sacrebleu's multi-letter short options \
-                  (-tok, -lc, -sv, -sl, -nr, -ci, -cin, -pbs, -pbsn, -par, -parn, -sh, -nc) are \
-                  accepted. See docs/CLI.md."
+                  (-tok, -lc, -sv, -sl, -nr, -ci, -cin, -pbs, -pbsn, -par, -parn, -sh, -nc, -cc, \
+                  -cw) are accepted. See docs/CLI.md."
 )]
 pub struct Args {
     /// Reference files, one segment per line (give them before -i).
@@ -136,7 +138,7 @@ pub struct Args {
     #[arg(short = 'e', long = "encoding", default_value = "utf-8")]
     pub encoding: String,
 
-    /// Metrics; only bleu is supported (-m).
+    /// Metrics: bleu, chrf, or both (-m bleu chrf).
     #[arg(short = 'm', long = "metrics", num_args = 1.., default_value = "bleu")]
     pub metrics: Vec<String>,
 
@@ -146,7 +148,7 @@ pub struct Args {
 
     /// Smoothing: exp (NIST), floor, add-k or none (-s).
     #[arg(short = 's', long = "smooth-method", value_enum, default_value = "exp")]
-    pub smooth_method: SmoothMethod,
+    pub smooth_method: SmoothArg,
 
     /// Value for floor (default 0.1) and add-k (default 1) (-sv).
     #[arg(long = "smooth-value", value_name = "V")]
@@ -173,6 +175,30 @@ pub struct Args {
         value_name = "N"
     )]
     pub max_ngram_order: i64,
+
+    /// chrF: character n-gram order (-cc).
+    #[arg(long = "chrf-char-order", default_value_t = 6, value_name = "N")]
+    pub chrf_char_order: i64,
+
+    /// chrF: word n-gram order; 2 is chrF++ (-cw).
+    #[arg(long = "chrf-word-order", default_value_t = 0, value_name = "N")]
+    pub chrf_word_order: i64,
+
+    /// chrF: importance of recall against precision.
+    #[arg(long = "chrf-beta", default_value_t = 2, value_name = "B")]
+    pub chrf_beta: i64,
+
+    /// chrF: keep whitespace in the character n-grams.
+    #[arg(long = "chrf-whitespace")]
+    pub chrf_whitespace: bool,
+
+    /// chrF: case-insensitive.
+    #[arg(long = "chrf-lowercase")]
+    pub chrf_lowercase: bool,
+
+    /// chrF: epsilon smoothing (chrF++.py, NLTK, Moses) instead of effective order.
+    #[arg(long = "chrf-eps-smoothing")]
+    pub chrf_eps_smoothing: bool,
 
     /// Report a bootstrap 95% confidence interval (-ci).
     #[arg(long = "confidence")]

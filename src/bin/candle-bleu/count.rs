@@ -10,10 +10,11 @@
 //! threads share nothing and nothing is merged but the statistics.
 //!
 //! Part of the binary; the fuzz target `fuzz/fuzz_targets/cli_input.rs` includes this file
-//! with `#[path]` and checks it against `exact::corpus_stats_sum` on `String` tokens.
+//! with `#[path]` and checks it against `exact::corpus_stats` on `String` tokens.
 
+use candle_bleu::exact::cli_support::InternedStatsCounter;
 use candle_bleu::exact::tokenize::{TokenizeBuffer, Tokenizer};
-use candle_bleu::exact::{BleuError, BleuStats, InternedStatsCounter};
+use candle_bleu::exact::{BleuCounts, MetricError};
 use rayon::prelude::*;
 
 use crate::input::Corpus;
@@ -210,7 +211,7 @@ impl SegmentCounter {
         lowercase: bool,
         max_order: usize,
         refs: usize,
-    ) -> Result<Self, BleuError> {
+    ) -> Result<Self, MetricError> {
         Ok(Self {
             tok,
             lowercase,
@@ -227,8 +228,8 @@ impl SegmentCounter {
         &mut self,
         hyp: &str,
         refs: impl Iterator<Item = &'r str>,
-        stats: &mut BleuStats,
-    ) -> Result<(), BleuError> {
+        stats: &mut BleuCounts,
+    ) -> Result<(), MetricError> {
         self.vocab.reset(hyp.len() / 4 + 8);
         self.hyp_ids.clear();
         for token in self.buf.tokenize(hyp, self.tok, self.lowercase) {
@@ -281,9 +282,9 @@ impl Counting {
         &self,
         corpus: &Corpus<'_>,
         system: usize,
-    ) -> Result<Vec<BleuStats>, BleuError> {
+    ) -> Result<Vec<BleuCounts>, MetricError> {
         let hyps = &corpus.systems[system].1;
-        let chunks: Vec<Vec<BleuStats>> = Self::chunks(hyps.len())
+        let chunks: Vec<Vec<BleuCounts>> = Self::chunks(hyps.len())
             .into_par_iter()
             .map(|range| {
                 let mut counter = SegmentCounter::new(
@@ -294,7 +295,7 @@ impl Counting {
                 )?;
                 range
                     .map(|i| {
-                        let mut stats = BleuStats::zeros(self.max_order);
+                        let mut stats = BleuCounts::zeros(self.max_order);
                         counter.add_segment(
                             hyps[i],
                             corpus.refs.iter().map(|r| r[i]),
@@ -304,14 +305,14 @@ impl Counting {
                     })
                     .collect()
             })
-            .collect::<Result<_, BleuError>>()?;
+            .collect::<Result<_, MetricError>>()?;
         Ok(chunks.into_iter().flatten().collect())
     }
 
     /// Summed statistics of system `system` (what its corpus score is computed from).
-    pub fn stats_sum(&self, corpus: &Corpus<'_>, system: usize) -> Result<BleuStats, BleuError> {
+    pub fn stats_sum(&self, corpus: &Corpus<'_>, system: usize) -> Result<BleuCounts, MetricError> {
         let hyps = &corpus.systems[system].1;
-        let sums: Vec<BleuStats> = Self::chunks(hyps.len())
+        let sums: Vec<BleuCounts> = Self::chunks(hyps.len())
             .into_par_iter()
             .map(|range| {
                 let mut counter = SegmentCounter::new(
@@ -320,13 +321,13 @@ impl Counting {
                     self.max_order,
                     corpus.refs.len(),
                 )?;
-                let mut sum = BleuStats::zeros(self.max_order);
+                let mut sum = BleuCounts::zeros(self.max_order);
                 for i in range {
                     counter.add_segment(hyps[i], corpus.refs.iter().map(|r| r[i]), &mut sum)?;
                 }
                 Ok(sum)
             })
-            .collect::<Result<_, BleuError>>()?;
+            .collect::<Result<_, MetricError>>()?;
         Ok(sums.into_iter().sum())
     }
 }
@@ -335,7 +336,7 @@ impl Counting {
 mod tests {
     use super::*;
     use crate::input::{read_corpus, HypInput, Source};
-    use candle_bleu::exact::corpus_stats_sum;
+    use candle_bleu::exact::corpus_stats;
     use candle_bleu::exact::tokenize::tokenize;
 
     #[test]
@@ -444,13 +445,14 @@ mod tests {
             let sum = counting.stats_sum(&corpus, 0).unwrap();
             let segments = counting.segment_stats(&corpus, 0).unwrap();
             assert_eq!(segments.len(), n);
-            assert_eq!(segments.iter().sum::<BleuStats>(), sum);
+            assert_eq!(segments.iter().sum::<BleuCounts>(), sum);
             let words = |l: &str| tokenize(l, tok, lowercase);
             let hyps: Vec<Vec<String>> = corpus.systems[0].1.iter().map(|l| words(l)).collect();
             let refs: Vec<Vec<Vec<String>>> = (0..n)
                 .map(|i| corpus.refs.iter().map(|r| words(r[i])).collect())
                 .collect();
-            assert_eq!(sum, corpus_stats_sum(&hyps, &refs, 4).unwrap(), "{tok:?}");
+            let strings: BleuCounts = corpus_stats(&hyps, &refs, 4).unwrap().iter().sum();
+            assert_eq!(sum, strings, "{tok:?}");
             assert!(
                 sum.matches[3] > 0 && sum.matches[0] < sum.totals[0],
                 "{sum:?}"

@@ -165,20 +165,36 @@ fn write_json_str(out: &mut String, s: &str, ascii: bool) {
     out.push('"');
 }
 
-/// sacrebleu's reproducibility signature (`Signature`/`BLEUSignature`): fields in sacrebleu's
-/// order, `None` ones left out; `ngram` is this tool's, present only when the order is not 4.
+/// sacrebleu's reproducibility signature (`Signature` and `BLEUSignature`/`CHRFSignature`):
+/// fields in sacrebleu's order, `None` ones left out.
 #[derive(Debug, Clone)]
 pub struct Signature {
     pub nrefs: usize,
     pub bs: Option<usize>,
     pub ar: Option<usize>,
     pub seed: Option<String>,
-    pub lowercase: bool,
-    pub effective_order: bool,
-    pub tok: &'static str,
-    /// `exp`, `none`, `floor[0.10]`, `add-k[1.00]`.
-    pub smooth: String,
-    pub max_order: usize,
+    pub metric: MetricSignature,
+}
+
+/// The metric's own signature fields.
+#[derive(Debug, Clone)]
+pub enum MetricSignature {
+    Bleu {
+        lowercase: bool,
+        effective_order: bool,
+        tok: &'static str,
+        /// `exp`, `none`, `floor[0.10]`, `add-k[1.00]`.
+        smooth: String,
+        /// This tool's `ngram` field, present only when the order is not 4.
+        max_order: usize,
+    },
+    Chrf {
+        lowercase: bool,
+        eps_smoothing: bool,
+        char_order: usize,
+        word_order: usize,
+        whitespace: bool,
+    },
 }
 
 /// The sacrebleu version whose numbers (and signature) this tool reproduces.
@@ -197,20 +213,37 @@ impl Signature {
         if let Some(seed) = &self.seed {
             pairs.push(("seed", "rs", seed.clone()));
         }
-        pairs.push((
-            "case",
-            "c",
-            if self.lowercase { "lc" } else { "mixed" }.into(),
-        ));
-        pairs.push((
-            "eff",
-            "e",
-            if self.effective_order { "yes" } else { "no" }.into(),
-        ));
-        pairs.push(("tok", "tok", self.tok.into()));
-        pairs.push(("smooth", "s", self.smooth.clone()));
-        if self.max_order != 4 {
-            pairs.push(("ngram", "n", self.max_order.to_string()));
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
+        let case = |lc: bool| if lc { "lc" } else { "mixed" }.to_owned();
+        match &self.metric {
+            MetricSignature::Bleu {
+                lowercase,
+                effective_order,
+                tok,
+                smooth,
+                max_order,
+            } => {
+                pairs.push(("case", "c", case(*lowercase)));
+                pairs.push(("eff", "e", yes_no(*effective_order)));
+                pairs.push(("tok", "tok", (*tok).to_owned()));
+                pairs.push(("smooth", "s", smooth.clone()));
+                if *max_order != 4 {
+                    pairs.push(("ngram", "n", max_order.to_string()));
+                }
+            }
+            MetricSignature::Chrf {
+                lowercase,
+                eps_smoothing,
+                char_order,
+                word_order,
+                whitespace,
+            } => {
+                pairs.push(("case", "c", case(*lowercase)));
+                pairs.push(("eff", "e", yes_no(!eps_smoothing)));
+                pairs.push(("nc", "nc", char_order.to_string()));
+                pairs.push(("nw", "nw", word_order.to_string()));
+                pairs.push(("space", "s", yes_no(*whitespace)));
+            }
         }
         pairs.push(("version", "v", SACREBLEU_VERSION.into()));
         pairs
@@ -241,23 +274,68 @@ pub struct Ci {
     pub ci: f64,
 }
 
-/// `Score.format(width, score_only, signature, is_json)` for BLEU, plus (JSON only) this
-/// tool's extra fields after sacrebleu's: counts, totals, precisions, bp, ratio, hyp_len,
-/// ref_len.
+/// What a score prints besides its number: sacrebleu's `_verbose` text and (JSON only) this
+/// tool's extra fields after sacrebleu's.
+pub struct ScoreExtras {
+    pub verbose: Option<String>,
+    pub json: Vec<(String, Json)>,
+}
+
+/// A BLEU score's extras: its verbose text and the JSON fields counts, totals, precisions,
+/// bp, ratio, hyp_len, ref_len.
+pub fn bleu_extras(score: &BleuScore) -> ScoreExtras {
+    let nums = |v: &[f64]| Json::Array(v.iter().map(|&x| Json::number(x)).collect());
+    ScoreExtras {
+        verbose: Some(verbose(score)),
+        json: vec![
+            ("counts".into(), nums(&score.counts)),
+            ("totals".into(), nums(&score.totals)),
+            (
+                "precisions".into(),
+                Json::Array(
+                    score
+                        .precisions_pct
+                        .iter()
+                        .map(|&p| Json::Float(p))
+                        .collect(),
+                ),
+            ),
+            ("bp".into(), Json::Float(score.bp)),
+            ("ratio".into(), Json::Float(score.ratio)),
+            ("hyp_len".into(), Json::Int(score.hyp_len as i64)),
+            ("ref_len".into(), Json::Int(score.ref_len as i64)),
+        ],
+    }
+}
+
+/// One score to print: its name (`BLEU`, `chrF2`, ...), value, extras and bootstrap estimate.
+pub struct ScoreLine<'a> {
+    pub name: &'a str,
+    pub score: f64,
+    pub extras: &'a ScoreExtras,
+    pub ci: Option<Ci>,
+}
+
+/// `Score.format(width, score_only, signature, is_json)`.
 pub fn score_format(
-    score: &BleuScore,
+    line: &ScoreLine<'_>,
     width: usize,
     score_only: bool,
     signature: &str,
     is_json: bool,
-    ci: Option<Ci>,
 ) -> String {
-    let mut sc = fixed(score.score, width);
+    let ScoreLine {
+        name,
+        score,
+        extras,
+        ci,
+    } = *line;
+    let mut sc = fixed(score, width);
     let mut d: Vec<(String, Json)> = vec![
-        ("name".into(), Json::Str("BLEU".into())),
+        ("name".into(), Json::Str(name.into())),
         (
             "score".into(),
-            Json::Float(sc.parse::<f64>().unwrap_or(score.score)),
+            Json::Float(sc.parse::<f64>().unwrap_or(score)),
         ),
         ("signature".into(), Json::Str(signature.into())),
     ];
@@ -279,34 +357,62 @@ pub fn score_format(
     if score_only {
         return sc;
     }
-    let verbose = verbose(score);
     if is_json {
-        d.push(("verbose_score".into(), Json::Str(verbose)));
+        if let Some(v) = &extras.verbose {
+            d.push(("verbose_score".into(), Json::Str(v.clone())));
+        }
         for param in signature.split('|') {
             if let Some((k, v)) = param.split_once(':') {
                 d.push((k.into(), Json::Str(v.into())));
             }
         }
-        let nums = |v: &[f64]| Json::Array(v.iter().map(|&x| Json::number(x)).collect());
-        d.push(("counts".into(), nums(&score.counts)));
-        d.push(("totals".into(), nums(&score.totals)));
-        d.push((
-            "precisions".into(),
-            Json::Array(
-                score
-                    .precisions_pct
-                    .iter()
-                    .map(|&p| Json::Float(p))
-                    .collect(),
-            ),
-        ));
-        d.push(("bp".into(), Json::Float(score.bp)));
-        d.push(("ratio".into(), Json::Float(score.ratio)));
-        d.push(("hyp_len".into(), Json::Int(score.hyp_len as i64)));
-        d.push(("ref_len".into(), Json::Int(score.ref_len as i64)));
+        d.extend(extras.json.iter().cloned());
         return Json::Object(d).dumps(1, false);
     }
-    format!("BLEU|{signature} = {sc} {verbose}")
+    match &extras.verbose {
+        Some(v) => format!("{name}|{signature} = {sc} {v}"),
+        None => format!("{name}|{signature} = {sc}"),
+    }
+}
+
+/// sacrebleu's `print_single_results` for text output: one line per metric, aligned on each
+/// line's first `=` (lines without one, e.g. `-b`, printed first, as they are).
+pub fn align_single_results(results: &[String]) -> String {
+    let mut out = String::new();
+    if results.len() == 1 {
+        out.push_str(&results[0]);
+        out.push('\n');
+        return out;
+    }
+    let mut lens = Vec::new();
+    for line in results {
+        match line.chars().position(|c| c == '=') {
+            Some(i) => lens.push(i as isize - 1),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if let Some(&w) = lens.iter().max() {
+        for (&len, line) in lens.iter().zip(results) {
+            let chars: Vec<char> = line.chars().collect();
+            // Python slices with a negative index count from the end.
+            let cut = if len < 0 {
+                (chars.len() as isize + len).max(0) as usize
+            } else {
+                (len as usize).min(chars.len())
+            };
+            let left: String = chars[..cut].iter().collect();
+            let right: String = chars[cut..].iter().collect();
+            let pad = (w.max(0) as usize).saturating_sub(cut);
+            out.push_str(&" ".repeat(pad));
+            out.push_str(&left);
+            out.push_str(&right);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Column alignment in a table.
@@ -318,7 +424,7 @@ pub enum Align {
 
 /// Python's `str.strip()` (Python whitespace).
 fn py_strip(s: &str) -> &str {
-    candle_bleu::exact::tokenize::python_strip(s)
+    candle_bleu::exact::cli_support::python_strip(s)
 }
 
 fn width_of(s: &str) -> usize {

@@ -30,7 +30,7 @@
 
 use std::fmt;
 
-use candle_bleu::exact::tokenize::python_rstrip;
+use candle_bleu::exact::cli_support::python_rstrip;
 
 /// A malformed input. Every variant names the input (a file name, or `<stdin>`) and, where there
 /// is one, the 1-based line.

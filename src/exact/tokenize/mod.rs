@@ -2,7 +2,7 @@
 //!
 //! sacrebleu's pipeline per segment is `line.lower()` (if `lowercase`), then
 //! `tokenizer(line.rstrip())`, then `str.split()`; [`tokenize`] reproduces all three steps, with
-//! Python's string semantics (see [`python`]):
+//! Python's string semantics:
 //!
 //! - whitespace is Python's `str.isspace`: the ASCII whitespace, U+001C..U+001F (not whitespace
 //!   for Rust's `char::is_whitespace`), U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
@@ -18,7 +18,7 @@
 //! - `intl` (mteval-v14 international): Unicode punctuation split off unless between digits,
 //!   symbols always (module `intl`); a sentence-final `1998.` stays one token.
 //! - `char`: every non-whitespace code point is a token (code points, not graphemes).
-//! - `zh`: "Chinese" code points split off, then the 13a expressions ([`zh`] module); includes
+//! - `zh`: "Chinese" code points split off, then the 13a expressions (module `zh`); includes
 //!   sacrebleu's `'\u20000'` bug (U+2001..U+2A6D are split, CJK Extension B is not).
 //!
 //! # Unicode versions
@@ -39,16 +39,15 @@ use std::fmt;
 use std::str::FromStr;
 
 mod intl;
-pub mod python;
+pub(super) mod python;
 mod regexp;
 #[rustfmt::skip]
 mod tables;
 mod v13a;
-pub mod zh;
+mod zh;
 
-pub use python::{
-    is_python_whitespace, python_lower, python_lower_into, python_rstrip, python_split,
-    python_strip, PythonSplit,
+pub(crate) use python::{
+    is_python_whitespace, python_lower, python_lower_into, python_rstrip, python_split, PythonSplit,
 };
 
 /// One of sacrebleu's tokenizers; parsed from and displayed as sacrebleu's `--tokenize` names.
@@ -221,8 +220,7 @@ impl TokenizeBuffer {
 /// The tokens of [`tokenize`], computed the slow, literal way: every regular expression of 13a
 /// and zh applied as a whole-line pass, as sacrebleu does. For differential testing of the
 /// one-scan tokenizers (it is the same as [`tokenize`] for none, char and intl).
-#[doc(hidden)]
-pub fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
+pub(crate) fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
     let text = if lowercase {
         python_lower(text)
     } else {

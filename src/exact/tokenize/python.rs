@@ -13,6 +13,7 @@ pub(super) fn in_ranges(table: &[(u32, u32)], c: u32) -> bool {
 /// Python's `chr(c).isspace()`: the ASCII whitespace plus U+001C..U+001F (which Rust's
 /// `char::is_whitespace` does not count), U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
 /// U+2029, U+202F, U+205F, U+3000.
+#[inline]
 pub fn is_python_whitespace(c: char) -> bool {
     let c = c as u32;
     if c < 0x80 {

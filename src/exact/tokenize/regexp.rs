@@ -25,15 +25,9 @@ use super::python::{self, in_ranges};
 use super::tables::ZH_CHINESE;
 
 /// Whether sacrebleu's zh tokenizer treats `c` as a Chinese character (its `'\u20000'` bug
-/// included: see the `zh` module).
-///
-/// ```
-/// use candle_bleu::exact::tokenize::zh::is_zh_split_char;
-/// assert!(is_zh_split_char('中'));
-/// assert!(is_zh_split_char('…')); // U+2026: inside sacrebleu's accidental U+2001..U+2A6D range
-/// assert!(!is_zh_split_char('a'));
-/// ```
-pub fn is_zh_split_char(c: char) -> bool {
+/// included: see the `zh` module): '中', and '…' (U+2026, inside sacrebleu's accidental
+/// U+2001..U+2A6D range), but not 'a'.
+pub(crate) fn is_zh_split_char(c: char) -> bool {
     in_ranges(ZH_CHINESE, c as u32)
 }
 

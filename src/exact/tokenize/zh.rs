@@ -11,8 +11,7 @@
 //! sacrebleu itself.
 
 use super::python::python_strip;
-pub use super::regexp::is_zh_split_char;
-use super::regexp::{regexp_passes, regexp_spans, PassBuffers};
+use super::regexp::{is_zh_split_char, regexp_passes, regexp_spans, PassBuffers};
 
 /// `TokenizerZh.__call__` then `str.split()`, on a line that is already lowercased (if asked) and
 /// right-stripped: appends the token spans to `spans` and returns the text they index (`line`
