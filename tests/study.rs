@@ -330,6 +330,24 @@ fn study_command(args: &[&str]) -> Command {
     command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["run", "--quiet", "--example", "study"]);
+    // The features this test was built with: `cargo run` then reuses this build of the crate
+    // instead of compiling another.
+    let features: Vec<&str> = [
+        ("cli", cfg!(feature = "cli")),
+        ("cuda", cfg!(feature = "cuda")),
+        ("cudnn", cfg!(feature = "cudnn")),
+        ("metal", cfg!(feature = "metal")),
+        ("mkl", cfg!(feature = "mkl")),
+        ("accelerate", cfg!(feature = "accelerate")),
+        ("mpi", cfg!(feature = "mpi")),
+        ("nccl", cfg!(feature = "nccl")),
+    ]
+    .into_iter()
+    .filter_map(|(feature, on)| on.then_some(feature))
+    .collect();
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("release") => command.arg("--release"),
         Some("debug") | None => command.args(["--profile", "test"]),

@@ -31,8 +31,9 @@ const REFS: [[[u32; 6]; 2]; BATCH] = [
 /// Hypothesis lengths (for the `Given` and `NotEos` length models).
 const LENGTHS: [u32; BATCH] = [6, 4, 5, 3, 6];
 
-/// The model, inputs and targets; `pad_shard` makes every target of element 4 padding, so that
-/// the last worker of a group of 3 (or of 5) holds only padding.
+/// The model, inputs and targets; `pad_shard` makes every target of elements 3 and 4 padding,
+/// so that the last worker of a group of 2, 3 or 5 holds only padding (the shards of 5 are
+/// 3 + 2, 2 + 2 + 1, 1 each).
 pub struct Fixture {
     /// `[B, S, D]` input features.
     pub x: Tensor,
@@ -74,6 +75,7 @@ impl Fixture {
         // Some padding inside the batch.
         targets[2][5] = PAD;
         if pad_shard {
+            targets[3] = [PAD; SEQ];
             targets[4] = [PAD; SEQ];
         }
         let targets = Tensor::from_vec(targets.concat(), (BATCH, SEQ), &dev)?;

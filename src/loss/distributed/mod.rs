@@ -51,10 +51,13 @@
 //!     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.0 },
 //!     ..Default::default()
 //! };
-//! let mut opt = SGD::new(varmap.all_vars(), 0.1)?;
+//! // The same variables in the same order on every worker, starting from worker 0's values.
+//! let vars = distributed::vars_by_name(&varmap);
+//! distributed::broadcast_parameters(&vars, &reduce)?;
+//! let mut opt = SGD::new(vars.clone(), 0.1)?;
 //! let step = distributed::ce_bleu_from_logits(&logits, None, &refs, &targets, &cfg, &reduce)?;
 //! let mut grads = step.loss.backward()?;
-//! distributed::sum_gradients(&mut grads, &varmap.all_vars(), &reduce)?; // Σ over workers
+//! distributed::sum_gradients(&mut grads, &vars, &reduce)?; // Σ over workers
 //! opt.step(&grads)?;
 //! // The loss of the global batch, the same on every rank.
 //! assert!(step.loss.to_scalar::<f32>()? > 0.0);
@@ -569,26 +572,32 @@ pub fn ce_bleu_from_logits(
     })
 }
 
+/// `vars` grouped by dtype, in order of first appearance, each group in the order of `vars`.
+fn by_dtype(vars: &[Var]) -> Vec<Vec<&Var>> {
+    let mut groups: Vec<Vec<&Var>> = Vec::new();
+    for var in vars {
+        match groups.iter_mut().find(|g| g[0].dtype() == var.dtype()) {
+            Some(group) => group.push(var),
+            None => groups.push(vec![var]),
+        }
+    }
+    groups
+}
+
 /// Replaces the gradient of every variable in `vars` by its sum over all workers, in one
 /// all-reduce per dtype (the gradients flattened into one buffer).
 ///
 /// A variable with no gradient on this worker contributes zeros (and receives the sum, so that
 /// every worker applies the same update). Every worker must pass the same variables in the same
-/// order (`VarMap::all_vars` of identically built models is; sort by name if in doubt). After
-/// this, `optimizer.step(grads)` applies the gradient of the global batch's loss.
+/// order: [`vars_by_name`] gives that order for a `VarMap` (`VarMap::all_vars` does not: it
+/// lists a `HashMap`, whose order differs between processes). After this,
+/// `optimizer.step(grads)` applies the gradient of the global batch's loss.
 pub fn sum_gradients(
     grads: &mut GradStore,
     vars: &[Var],
     reduce: &(impl AllReduce + ?Sized),
 ) -> Result<()> {
-    let mut dtypes: Vec<DType> = Vec::new();
-    for var in vars {
-        if !dtypes.contains(&var.dtype()) {
-            dtypes.push(var.dtype());
-        }
-    }
-    for dtype in dtypes {
-        let group: Vec<&Var> = vars.iter().filter(|v| v.dtype() == dtype).collect();
+    for group in by_dtype(vars) {
         let flat: Vec<Tensor> = group
             .iter()
             .map(|var| match grads.get(var.as_tensor()) {
@@ -603,6 +612,49 @@ pub fn sum_gradients(
             let g = total.narrow(0, offset, n)?.reshape(var.shape())?;
             offset += n;
             grads.insert(var.as_tensor(), g);
+        }
+    }
+    Ok(())
+}
+
+/// The variables of `varmap` sorted by name: the same order in every process, as
+/// [`sum_gradients`] and [`broadcast_parameters`] need (`VarMap::all_vars` lists a `HashMap`,
+/// whose order differs between processes).
+pub fn vars_by_name(varmap: &candle_nn::VarMap) -> Vec<Var> {
+    let data = varmap
+        .data()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut named: Vec<(&String, &Var)> = data.iter().collect();
+    named.sort_by(|a, b| a.0.cmp(b.0));
+    named.into_iter().map(|(_, v)| v.clone()).collect()
+}
+
+/// Sets every variable to worker 0's value, so that all workers start from the same
+/// parameters (random initialisation differs between processes): one sum all-reduce per
+/// dtype in which the other workers contribute zeros (exact: `x + 0 = x`).
+///
+/// Every worker must pass the same variables in the same order ([`vars_by_name`]).
+pub fn broadcast_parameters(vars: &[Var], reduce: &(impl AllReduce + ?Sized)) -> Result<()> {
+    let first = reduce.rank() == 0;
+    for group in by_dtype(vars) {
+        let flat: Vec<Tensor> = group
+            .iter()
+            .map(|var| {
+                let t = var.as_tensor().detach().flatten_all()?;
+                if first {
+                    Ok(t)
+                } else {
+                    t.zeros_like()
+                }
+            })
+            .collect::<Result<_>>()?;
+        let values = reduce.sum(&Tensor::cat(&flat, 0)?)?;
+        let mut offset = 0;
+        for var in group {
+            let n = var.elem_count();
+            var.set(&values.narrow(0, offset, n)?.reshape(var.shape())?)?;
+            offset += n;
         }
     }
     Ok(())
