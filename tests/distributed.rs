@@ -304,3 +304,32 @@ fn mismatched_shapes_are_an_error_on_every_worker() {
         assert!(err.contains("same shape and dtype"), "{err}");
     }
 }
+
+#[test]
+fn broadcast_parameters_gives_every_worker_the_first_workers_values() -> Result<()> {
+    let results = in_threads(3, |r| -> Result<Vec<Vec<f64>>> {
+        let varmap = candle_nn::VarMap::new();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+        // Different random values on every worker, as separate processes would have.
+        let _ = vb.get_with_hints(
+            (2, 3),
+            "b",
+            candle_nn::Init::Randn {
+                mean: 0.0,
+                stdev: 1.0,
+            },
+        )?;
+        let _ = vb.get_with_hints(4, "a", candle_nn::Init::Const(r.rank() as f64))?;
+        let vars = distributed::vars_by_name(&varmap);
+        assert_eq!(vars[0].dims(), &[4]); // "a" before "b"
+        distributed::broadcast_parameters(&vars, r)?;
+        vars.iter()
+            .map(|v| v.as_tensor().flatten_all()?.to_vec1::<f64>())
+            .collect()
+    });
+    let results: Vec<Vec<Vec<f64>>> = results.into_iter().collect::<Result<_>>()?;
+    assert_eq!(results[0][0], vec![0.0; 4]);
+    assert_eq!(results[1], results[0]);
+    assert_eq!(results[2], results[0]);
+    Ok(())
+}

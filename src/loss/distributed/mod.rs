@@ -636,6 +636,9 @@ pub fn vars_by_name(varmap: &candle_nn::VarMap) -> Vec<Var> {
 ///
 /// Every worker must pass the same variables in the same order ([`vars_by_name`]).
 pub fn broadcast_parameters(vars: &[Var], reduce: &(impl AllReduce + ?Sized)) -> Result<()> {
+    if reduce.world_size() == 1 {
+        return Ok(()); // worker 0's values are already everyone's
+    }
     let first = reduce.rank() == 0;
     for group in by_dtype(vars) {
         let flat: Vec<Tensor> = group
