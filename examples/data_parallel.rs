@@ -5,6 +5,7 @@
 //! mpirun -np 2 target/release/examples/data_parallel --check      # add --allow-run-as-root as root,
 //!                                                                 # --oversubscribe on fewer cores
 //! RAYON_NUM_THREADS=1 mpirun -np 2 target/release/examples/data_parallel --time
+//! mpirun -np <GPUs> target/release/examples/data_parallel --nccl   # built with --features mpi,nccl
 //! ```
 //!
 //! Every rank builds the same model (rank 0's initial parameters are broadcast), generates the
@@ -94,6 +95,10 @@ struct Args {
     /// Held-out sentences for the evaluation.
     #[arg(long, default_value_t = 256)]
     eval_size: usize,
+    /// All-reduce with NCCL on GPUs (needs `--features nccl`): rank r uses CUDA device
+    /// `OMPI_COMM_WORLD_LOCAL_RANK` (else r); the NCCL id is broadcast over MPI.
+    #[arg(long)]
+    nccl: bool,
 }
 
 /// The synthetic translation task: two permutations of the words; a word's translation is
@@ -327,9 +332,14 @@ struct CheckLog {
     worst_curve: f64,
 }
 
-fn run(args: &Args, world: &mpi::topology::SimpleCommunicator) -> Result<()> {
+fn run<R: AllReduce>(
+    args: &Args,
+    world: &mpi::topology::SimpleCommunicator,
+    reduce: R,
+    device: Device,
+) -> Result<()> {
     let reduce = Timed {
-        inner: MpiAllReduce::new(world.duplicate()),
+        inner: reduce,
         spent: Cell::new(Duration::ZERO),
     };
     let (rank, size) = (reduce.rank(), reduce.world_size());
@@ -337,7 +347,6 @@ fn run(args: &Args, world: &mpi::topology::SimpleCommunicator) -> Result<()> {
     if args.vocab < 4 || args.seq < 2 || args.batch < size {
         bail!("need --vocab >= 4, --seq >= 2 and --batch >= the number of ranks ({size})");
     }
-    let device = Device::Cpu;
     let dtype = if args.f64 { DType::F64 } else { DType::F32 };
     let cfg = loss_config(args);
     let task = Task::new(args.vocab, args.seq, args.seed);
@@ -358,8 +367,9 @@ fn run(args: &Args, world: &mpi::topology::SimpleCommunicator) -> Result<()> {
     let (start, len) = distributed::shard_range(args.batch, rank, size)?;
     if leader {
         println!(
-            "data_parallel: {size} rank(s) x {} thread(s), global batch {} ({} per rank on rank 0), seq {}, vocab {}, {} parameters, {:?}",
+            "data_parallel: {size} rank(s) x {} thread(s) on {:?}, global batch {} ({} per rank on rank 0), seq {}, vocab {}, {} parameters, {:?}",
             candle_core::utils::get_num_threads(),
+            device,
             args.batch,
             len,
             args.seq,
@@ -409,8 +419,8 @@ fn run(args: &Args, world: &mpi::topology::SimpleCommunicator) -> Result<()> {
         let mut hash = parameter_hash(&dp.flat()?);
         let own = hash;
         world.process_at_rank(0).broadcast_into(&mut hash);
-        let mismatch = Tensor::new(&[f64::from(u8::from(own != hash))], &device)?;
-        let mismatches = reduce.inner.sum(&mismatch)?.to_vec1::<f64>()?[0];
+        let mismatch = Tensor::new(&[f32::from(u8::from(own != hash))], &device)?;
+        let mismatches = reduce.inner.sum(&mismatch)?.to_vec1::<f32>()?[0];
         if mismatches != 0.0 {
             bail!("step {step}: the parameters differ on {mismatches} rank(s)");
         }
@@ -531,11 +541,35 @@ fn twin_step(twin: &mut Trainer, global: &Batch, cfg: &TrainingLossConfig) -> Re
     Ok(loss)
 }
 
+/// Runs on the CPU with MPI's all-reduce, or with `--nccl` on this rank's GPU with NCCL's.
+fn start(args: &Args, world: &mpi::topology::SimpleCommunicator) -> Result<()> {
+    if args.nccl {
+        #[cfg(feature = "nccl")]
+        {
+            let local_rank = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(world.rank() as usize);
+            let device = Device::new_cuda(local_rank)?;
+            let reduce = distributed::NcclAllReduce::from_mpi(&device, world)?;
+            return run(args, world, reduce, device);
+        }
+        #[cfg(not(feature = "nccl"))]
+        bail!("--nccl needs the example built with `--features mpi,nccl`");
+    }
+    run(
+        args,
+        world,
+        MpiAllReduce::new(world.duplicate()),
+        Device::Cpu,
+    )
+}
+
 fn main() {
     let args = Args::parse();
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
-    if let Err(e) = run(&args, &world) {
+    if let Err(e) = start(&args, &world) {
         // A collective waits for every rank: abort all of them rather than leave them waiting.
         eprintln!("rank {}: error: {e:#}", world.rank());
         world.abort(1);
