@@ -13,15 +13,15 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 steps=${2:-60}
 exe=target/release/examples/data_parallel
-args=(--time --steps "$steps" --warmup 10 --eval-every 0 --eval-size 16)
+args=(--time --steps "$steps" --warmup 10 --eval-every 0 --eval-size 16 --allreduce-reps 50)
 mpirun_flags=(--oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpirun_flags+=(--allow-run-as-root)
 echo "# $(date -u +%FT%TZ) $(uname -n) $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $(lscpu | grep 'Model name' | sed 's/  */ /g')"
 for round in $(seq "$rounds"); do
     echo "## round $round"
-    RAYON_NUM_THREADS=1 mpirun "${mpirun_flags[@]}" -np 2 "$exe" "${args[@]}" | grep "step time"
-    RAYON_NUM_THREADS=1 "$exe" "${args[@]}" | grep "step time"
-    RAYON_NUM_THREADS=2 "$exe" "${args[@]}" | grep "step time"
+    RAYON_NUM_THREADS=1 mpirun "${mpirun_flags[@]}" -np 2 "$exe" "${args[@]}" | grep -E "step time|all-reduce alone"
+    RAYON_NUM_THREADS=1 "$exe" "${args[@]}" | grep -E "step time|all-reduce alone"
+    RAYON_NUM_THREADS=2 "$exe" "${args[@]}" | grep -E "step time|all-reduce alone"
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -95,6 +95,11 @@ struct Args {
     /// Held-out sentences for the evaluation.
     #[arg(long, default_value_t = 256)]
     eval_size: usize,
+    /// Also time this many all-reduces of a parameter-sized buffer alone (after a barrier, so
+    /// that the ranks start together): the collective's own cost, without waiting for a slower
+    /// rank's compute.
+    #[arg(long, default_value_t = 0)]
+    allreduce_reps: usize,
     /// All-reduce with NCCL on GPUs (needs `--features nccl`): rank r uses CUDA device
     /// `OMPI_COMM_WORLD_LOCAL_RANK` (else r); the NCCL id is broadcast over MPI.
     #[arg(long)]
@@ -452,6 +457,26 @@ fn run<R: AllReduce>(
         }
     }
 
+    if args.allreduce_reps > 0 {
+        let buffer = Tensor::ones(dp.flat()?.len(), dtype, &device)?;
+        let mut times = Vec::with_capacity(args.allreduce_reps);
+        for _ in 0..args.allreduce_reps {
+            mpi::collective::CommunicatorCollectives::barrier(world);
+            let started = Instant::now();
+            let total = reduce.inner.sum(&buffer)?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            drop(total);
+        }
+        if leader {
+            println!(
+                "all-reduce alone: {} elements {dtype:?} on {size} rank(s), {} reps: median {:.3} ms (min {:.3})",
+                buffer.elem_count(),
+                times.len(),
+                median(&mut times.clone()),
+                times.iter().copied().fold(f64::INFINITY, f64::min)
+            );
+        }
+    }
     if leader {
         println!(
             "parameters identical on all {size} ranks after each of the {} steps (hash compared every step)",

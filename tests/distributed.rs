@@ -333,3 +333,38 @@ fn broadcast_parameters_gives_every_worker_the_first_workers_values() -> Result<
     assert_eq!(results[2], results[0]);
     Ok(())
 }
+
+/// With `--features nccl` on a machine with a GPU: a one-rank NCCL communicator (every code
+/// path of `NcclAllReduce`, one GPU) gives the CPU's single-process numbers. Skipped with a
+/// note where no CUDA device opens. **Not yet run on a GPU.**
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_single_rank_on_a_gpu_gives_the_single_process_numbers() -> Result<()> {
+    use candle_bleu::loss::distributed::{nccl::Id, NcclAllReduce};
+    use std::io::Write;
+    let device = match Device::new_cuda(0) {
+        Ok(device) => device,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: NCCL test skipped: no CUDA device ({e})"
+            );
+            return Ok(());
+        }
+    };
+    let id = Id::new().map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
+    let reduce = NcclAllReduce::new(&device, 0, 1, id)?;
+    let t = Tensor::new(&[1.5f32, -2.0, 3.0], &device)?;
+    assert_eq!(reduce.sum(&t)?.to_vec1::<f32>()?, vec![1.5, -2.0, 3.0]);
+    for pad_shard in [false, true] {
+        let cpu = Fixture::new(pad_shard)?;
+        let gpu = cpu.on(&device)?;
+        for cfg in configs() {
+            let single = cpu.single(&cfg)?;
+            let outcome = gpu.worker(&cfg, &reduce)?;
+            let d = outcome.max_difference(&single);
+            assert!(d < 1e-10, "{}: {d:e}", describe(&cfg));
+        }
+    }
+    Ok(())
+}

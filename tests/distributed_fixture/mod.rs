@@ -90,6 +90,18 @@ impl Fixture {
         })
     }
 
+    /// The same fixture on `device`.
+    pub fn on(&self, device: &Device) -> Result<Self> {
+        Ok(Self {
+            x: self.x.to_device(device)?,
+            weight: self.weight.to_device(device)?,
+            bias: self.bias.to_device(device)?,
+            ref_ids: self.ref_ids.to_device(device)?,
+            targets: self.targets.to_device(device)?,
+            lengths: self.lengths.to_device(device)?,
+        })
+    }
+
     /// The parameters as fresh variables (each worker has its own copy).
     pub fn vars(&self) -> Result<[Var; 2]> {
         Ok([
