@@ -368,3 +368,34 @@ fn nccl_single_rank_on_a_gpu_gives_the_single_process_numbers() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn the_loss_reads_one_number_to_the_host() -> Result<()> {
+    // The global token count, checked to be positive: one counted copy per call, on any device;
+    // the single-process call makes none with id references.
+    let fixture = Fixture::new(false)?;
+    let vars = fixture.vars()?;
+    let logits = fixture.logits(&vars, 0, BATCH)?;
+    let refs = References::from_ids(&fixture.ref_ids, PAD)?;
+    let cfg = &configs()[0];
+    let before = candle_bleu::loss::host_copies();
+    let _ = candle_bleu::loss::ce_bleu_from_logits(
+        &logits,
+        Some(&fixture.lengths),
+        &refs,
+        &fixture.targets,
+        cfg,
+    )?;
+    assert_eq!(candle_bleu::loss::host_copies() - before, 0);
+    let before = candle_bleu::loss::host_copies();
+    let _ = distributed::ce_bleu_from_logits(
+        &logits,
+        Some(&fixture.lengths),
+        &refs,
+        &fixture.targets,
+        cfg,
+        &SingleWorker,
+    )?;
+    assert_eq!(candle_bleu::loss::host_copies() - before, 1);
+    Ok(())
+}

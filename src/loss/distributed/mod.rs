@@ -82,8 +82,8 @@
 //! # Costs
 //!
 //! [`ce_bleu_from_logits`] adds one all-reduce of `2·N + 4` numbers (corpus BLEU; 4 with
-//! `SentenceMean`) per call, a few scalar tensor ops, and one device-to-host read of one
-//! number (the global token count, checked to be non-zero; in place on the CPU). The gradient
+//! `SentenceMean`) per call, a few scalar tensor ops, and one read of one number to the host
+//! (the global token count, checked to be non-zero; counted by [`super::host_copies`]). The gradient
 //! all-reduce of [`sum_gradients`] moves the parameters' size once per step, in one call.
 //!
 //! # Errors and collectives
@@ -283,6 +283,7 @@ fn global_sums(parts: &[Tensor], reduce: &(impl AllReduce + ?Sized)) -> Result<V
 /// One all-reduce of `2·N + 2` numbers.
 pub fn global_stats(local: &BleuStats, reduce: &(impl AllReduce + ?Sized)) -> Result<BleuStats> {
     check_stats(local)?;
+    let local = stats_in(local, reduce_dtype(local.matches.device()))?;
     let sums = [
         local.matches.sum(0)?,
         local.totals.sum(0)?,
@@ -349,6 +350,9 @@ fn compute_dtype(dtype: DType) -> DType {
 /// shard's sentence losses and its size.
 fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
     check_stats(local)?;
+    let dtype = reduce_dtype(local.matches.device());
+    // Summed in the reduce dtype (f64), as the single-process score sums them.
+    let local = stats_in(local, dtype)?;
     match cfg.reduction {
         Reduction::Corpus => Ok(vec![
             local.matches.sum(0)?,
@@ -357,9 +361,8 @@ fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
             local.ref_len.sum_keepdim(0)?,
         ]),
         Reduction::SentenceMean => {
-            let dtype = reduce_dtype(local.matches.device());
             let batch = local.matches.dim(0)?;
-            let mean = loss_from_stats(&stats_in(local, dtype)?, cfg)?;
+            let mean = loss_from_stats(&local, cfg)?;
             let count = Tensor::full(batch as f64, 1, local.matches.device())?.to_dtype(dtype)?;
             Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
         }
@@ -478,11 +481,11 @@ pub fn cross_entropy_sum_and_count(
     Ok((sum, count))
 }
 
-/// Errors unless the global count of non-pad targets is positive: in place on the CPU, one
-/// device-to-host copy of one number elsewhere. Every worker holds the same count, so every
-/// worker errors alike.
+/// Errors unless the global count of non-pad targets is positive: one read of one number,
+/// counted by [`super::host_copies`] (a device-to-host copy off the CPU). Every worker holds
+/// the same count, so every worker errors alike.
 fn check_global_count(count: &Tensor) -> Result<()> {
-    let value = count.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
+    let value = super::host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
     if value <= 0.0 {
         bail!(
             "every `targets` position of every worker is `pad_id`: the mean cross-entropy over no positions is undefined"
@@ -497,8 +500,8 @@ fn check_global_count(count: &Tensor) -> Result<()> {
 ///
 /// Arguments as [`crate::loss::cross_entropy_from_logits`] (`logits` `[B_w, S, V]`, `targets`
 /// u32 `[B_w, S]`). Returns a scalar in the logits' compute dtype, the same on every worker.
-/// One all-reduce of 2 numbers and one read of the global count (in place on the CPU; one
-/// device-to-host copy of one number elsewhere). Errors as that function does on this
+/// One all-reduce of 2 numbers and one read of the global count to the host (one number,
+/// counted by [`crate::loss::host_copies`]). Errors as that function does on this
 /// worker's input, except on all padding, and on every worker when no worker has a non-pad
 /// target.
 pub fn cross_entropy_from_logits(
@@ -536,8 +539,8 @@ pub fn cross_entropy_from_logits(
 /// `bleu.stats` **this worker's** per-element statistics (`[B_w, N]`, `[B_w]`).
 ///
 /// Cost over the single-process call: one all-reduce of `2·N + 4` numbers (`Corpus`) or 4
-/// (`SentenceMean`), one read of the global token count (in place on the CPU; one copy of one
-/// number elsewhere), and on a shard of only padding nothing more (its cross-entropy is
+/// (`SentenceMean`), one read of the global token count to the host (one number, counted by
+/// [`crate::loss::host_copies`]), and on a shard of only padding nothing more (its cross-entropy is
 /// computed on filler targets and weighted by 0). Errors as the single-process function on
 /// this worker's input (before the all-reduce: see the module docs on errors), and on every
 /// worker when no worker has a non-pad target.
