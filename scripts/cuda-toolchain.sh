@@ -23,6 +23,9 @@
 set -euo pipefail
 
 TOOLKIT_VERSION=13.0.2
+# NCCL for CUDA 13 (the `nccl` feature links libnccl; cudarc's bindings are NCCL 2.30's API,
+# which 2.32 keeps).
+NCCL_VERSION=2.32.3
 CUDARC_VERSION_CODE=13000
 EXTRAS="nvcc,crt,cccl,cudart,cublas,curand,nvrtc,nvvm"
 CUDA_STUB_LIBRARY_ERROR=34
@@ -66,6 +69,17 @@ if [[ ! -f "$marker" ]]; then
     log "installed in $(($(date +%s) - start)) s"
 fi
 
+# 2b. NCCL (about 300 MB), with its own marker.
+nccl_marker="$toolchain_dir/.nvidia-nccl-cu13-$NCCL_VERSION"
+if [[ ! -f "$nccl_marker" ]]; then
+    log "installing nvidia-nccl-cu13==$NCCL_VERSION"
+    start=$(date +%s)
+    nice -n 10 "$toolchain_dir/bin/pip" install --quiet --disable-pip-version-check \
+        "nvidia-nccl-cu13==$NCCL_VERSION" >&2
+    touch "$nccl_marker"
+    log "installed in $(($(date +%s) - start)) s"
+fi
+
 cuda_root="$("$toolchain_dir/bin/python" -c \
     'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
 for needed in bin/nvcc include/cuda.h include/cuda_runtime.h lib; do
@@ -74,6 +88,14 @@ for needed in bin/nvcc include/cuda.h include/cuda_runtime.h lib; do
         exit 1
     }
 done
+
+nccl_lib="$("$toolchain_dir/bin/python" -c \
+    'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))')"
+[[ -e "$nccl_lib/libnccl.so.2" ]] || {
+    log "missing $nccl_lib/libnccl.so.2: delete $nccl_marker and rerun"
+    exit 1
+}
+[[ -e "$nccl_lib/libnccl.so" ]] || ln -s libnccl.so.2 "$nccl_lib/libnccl.so"
 
 # 3. Unversioned names for the linker (the wheels ship only libfoo.so.N[.M…]). For each library,
 #    link the shortest versioned name, e.g. libcublas.so -> libcublas.so.13.
@@ -135,8 +157,8 @@ export CUDA_PATH='$cuda_root'
 export PATH='$cuda_root/bin':"\$PATH"
 export CUDARC_CUDA_VERSION=$CUDARC_VERSION_CODE
 export CUDA_COMPUTE_CAP=$compute_cap
-export LIBRARY_PATH='$cuda_root/lib:$stub_dir'\${LIBRARY_PATH:+:\$LIBRARY_PATH}
-export LD_LIBRARY_PATH='$cuda_root/lib:$stub_dir'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+export LIBRARY_PATH='$cuda_root/lib:$nccl_lib:$stub_dir'\${LIBRARY_PATH:+:\$LIBRARY_PATH}
+export LD_LIBRARY_PATH='$cuda_root/lib:$nccl_lib:$stub_dir'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 EOF
 )
 if [[ $env_only -eq 1 ]]; then

@@ -28,6 +28,8 @@ fn run_example(name: &str, args: &[&str]) -> String {
         ("metal", cfg!(feature = "metal")),
         ("mkl", cfg!(feature = "mkl")),
         ("accelerate", cfg!(feature = "accelerate")),
+        ("mpi", cfg!(feature = "mpi")),
+        ("nccl", cfg!(feature = "nccl")),
     ]
     .into_iter()
     .filter_map(|(feature, on)| on.then_some(feature))

@@ -326,6 +326,8 @@ fn study_command(args: &[&str]) -> Command {
     command
         .current_dir(workspace)
         .args(["run", "--quiet", "--example", "study"]);
+    // The features this test was built with: `cargo run` then reuses this build of the crate
+    // instead of compiling another.
     let features: Vec<&str> = [
         ("cli", cfg!(feature = "cli")),
         ("cuda", cfg!(feature = "cuda")),
@@ -333,6 +335,8 @@ fn study_command(args: &[&str]) -> Command {
         ("metal", cfg!(feature = "metal")),
         ("mkl", cfg!(feature = "mkl")),
         ("accelerate", cfg!(feature = "accelerate")),
+        ("mpi", cfg!(feature = "mpi")),
+        ("nccl", cfg!(feature = "nccl")),
     ]
     .into_iter()
     .filter_map(|(feature, on)| on.then_some(feature))

@@ -80,9 +80,12 @@
 //! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
-//! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]).
+//! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
+//! - [`distributed`]: data-parallel training — the loss of the global batch from each worker's
+//!   shard over a sum all-reduce (MPI, NCCL, threads).
 
 mod cross_entropy;
+pub mod distributed;
 mod forms;
 pub mod fused;
 mod hidden;
