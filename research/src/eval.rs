@@ -238,15 +238,4 @@ pub fn measures(
     })
 }
 
-/// Mean and sample standard deviation (`n - 1`; 0 for a single value) of `values`; both NaN
-/// for no values.
-pub fn mean_sd(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let sd = if values.len() > 1 {
-        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (mean, sd)
-}
+pub use crate::stats::mean_sd;

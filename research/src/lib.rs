@@ -19,10 +19,16 @@
 
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod data;
+pub mod decode;
 pub mod device;
 pub mod eval;
 pub mod model;
+pub mod mrt;
+pub mod optim;
 pub mod plot;
 pub mod progress;
+pub mod stats;
 pub mod train;
+pub mod translate;

@@ -17,6 +17,7 @@ use crate::data::tokens::Vocab;
 use crate::data::{source_tensor, Encoded, BOS, EOS, PAD};
 
 pub mod soft_decode;
+pub mod transformer;
 
 /// Sizes of the model.
 #[derive(Debug, Clone, Copy)]
@@ -63,12 +64,17 @@ impl Dense {
         })
     }
 
+    /// `x` `[.., D_in]` → `[.., D_out]`, as one 2-D matmul over the flattened rows.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, d) = x.dims3()?;
-        let rows = x.reshape((b * t, d))?;
-        let ones = Tensor::ones((b * t, 1), x.dtype(), x.device())?;
-        let y = (rows.matmul(&self.weight.t()?)? + ones.matmul(&self.bias)?)?;
-        Ok(y.reshape((b, t, ()))?)
+        let dims = x.dims().to_vec();
+        let d_in = *dims.last().expect("rank >= 1");
+        let rows = x.elem_count() / d_in;
+        let flat = x.reshape((rows, d_in))?;
+        let ones = Tensor::ones((rows, 1), x.dtype(), x.device())?;
+        let y = (flat.matmul(&self.weight.t()?)? + ones.matmul(&self.bias)?)?;
+        let mut out_dims = dims;
+        *out_dims.last_mut().expect("rank >= 1") = y.dim(1)?;
+        Ok(y.reshape(out_dims)?)
     }
 }
 

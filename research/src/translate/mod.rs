@@ -1,0 +1,5 @@
+//! The real-data translation study (`research/examples/translate`): id pairs and their
+//! batches, and one training run (objective, dev selection, checkpoints, resume).
+
+pub mod batches;
+pub mod run;
