@@ -2,6 +2,7 @@
 //! its gradients through the unrolled soft decode match finite differences in f64, and
 //! `--quick` runs end to end with results that the written files reproduce.
 
+mod common;
 use candle_bleu::exact::{corpus_bleu, BleuConfig};
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
@@ -9,8 +10,8 @@ use candle_bleu::loss::{
 };
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarMap;
+use common::example_command;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use candle_bleu_research::data::{BOS, EOS, PAD};
 use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder, Weights};
@@ -309,58 +310,9 @@ fn gumbel_feedback_is_seeded_hard_forward_and_differentiable() {
     assert!(norm.is_finite() && norm > 1e-8, "gradient norm {norm}");
 }
 
-/// `cargo run --example study -- <args>` in this test binary's profile, target directory and
-/// features, from the workspace root: the same package selection as the workspace's
-/// `cargo test` (both default members), so the same feature unification, and `cargo run`
-/// reuses this build instead of compiling another.
-fn study_command(args: &[&str]) -> Command {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("research/ is inside the workspace");
-    let mut command = Command::new(env!("CARGO"));
-    command
-        .current_dir(workspace)
-        .args(["run", "--quiet", "--example", "study"]);
-    // The features this test was built with: `cargo run` then reuses this build of the crate
-    // instead of compiling another.
-    let features: Vec<&str> = [
-        ("cli", cfg!(feature = "cli")),
-        ("cuda", cfg!(feature = "cuda")),
-        ("cudnn", cfg!(feature = "cudnn")),
-        ("metal", cfg!(feature = "metal")),
-        ("mkl", cfg!(feature = "mkl")),
-        ("accelerate", cfg!(feature = "accelerate")),
-        ("mpi", cfg!(feature = "mpi")),
-        ("nccl", cfg!(feature = "nccl")),
-    ]
-    .into_iter()
-    .filter_map(|(feature, on)| on.then_some(feature))
-    .collect();
-    if !features.is_empty() {
-        command.args(["--features", &features.join(",")]);
-    }
-    match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("release") => command.arg("--release"),
-        Some("debug") | None => command.args(["--profile", "test"]),
-        Some(custom) => command.args(["--profile", custom]),
-    };
-    if let Some(target_dir) = profile_dir.parent() {
-        if target_dir.join("CACHEDIR.TAG").exists() {
-            command.arg("--target-dir").arg(target_dir);
-        }
-    }
-    command.arg("--").args(args);
-    command
-}
-
 /// Runs the study; panics with its output unless it exits with status 0.
 fn run_study(args: &[&str]) -> String {
-    let output = study_command(args)
+    let output = example_command("study", args)
         .output()
         .expect("cannot start cargo run");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -477,7 +429,7 @@ fn quick_study_writes_results_that_its_files_reproduce() {
 
 #[test]
 fn study_rejects_an_unknown_objective() {
-    let output = study_command(&["--arms", "ce,nonsense", "--project"])
+    let output = example_command("study", &["--arms", "ce,nonsense", "--project"])
         .output()
         .unwrap();
     assert!(!output.status.success());

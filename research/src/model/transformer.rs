@@ -52,7 +52,7 @@ pub struct TransformerConfig {
 
 impl TransformerConfig {
     fn check(&self) -> Result<()> {
-        if self.d_model == 0 || self.heads == 0 || self.d_model % self.heads != 0 {
+        if self.d_model == 0 || self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {
             bail!(
                 "d_model ({}) must be a positive multiple of heads ({})",
                 self.d_model,
@@ -439,7 +439,7 @@ impl Transformer {
         let (b, ts, d) = memory.states.dims3()?;
         let repeat = |t: &Tensor| -> Result<Tensor> {
             let index: Vec<u32> = (0..b as u32)
-                .flat_map(|i| std::iter::repeat(i).take(copies))
+                .flat_map(|i| std::iter::repeat_n(i, copies))
                 .collect();
             Ok(t.index_select(&Tensor::from_vec(index, b * copies, &self.device)?, 0)?)
         };

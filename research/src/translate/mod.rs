@@ -2,4 +2,5 @@
 //! batches, and one training run (objective, dev selection, checkpoints, resume).
 
 pub mod batches;
+pub mod evaluate;
 pub mod run;

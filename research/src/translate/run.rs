@@ -185,10 +185,10 @@ pub struct Eval {
     pub step: usize,
     /// Dev BLEU, greedy decoding.
     pub dev_bleu: f64,
-    /// Mean training loss since the last evaluation.
-    pub train_loss: f64,
-    /// Mean cross-entropy part since the last evaluation.
-    pub train_ce: f64,
+    /// Mean training loss since the last evaluation (none for the starting point).
+    pub train_loss: Option<f64>,
+    /// Mean cross-entropy part since the last evaluation (none for the starting point).
+    pub train_ce: Option<f64>,
 }
 
 /// A run's persisted state (`state.json`).
@@ -280,8 +280,8 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                 state.evals.push(Eval {
                     step: 0,
                     dev_bleu: dev,
-                    train_loss: f64::NAN,
-                    train_ce: f64::NAN,
+                    train_loss: None,
+                    train_ce: None,
                 });
                 state.best_dev_bleu = dev;
                 save_vars(&varmap, &best_weights(&spec.dir))?;
@@ -370,8 +370,8 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
             state.evals.push(Eval {
                 step: state.step,
                 dev_bleu: dev,
-                train_loss: loss_sum / since as f64,
-                train_ce: ce_sum / since as f64,
+                train_loss: Some(loss_sum / since as f64),
+                train_ce: Some(ce_sum / since as f64),
             });
             (loss_sum, ce_sum, since) = (0.0, 0.0, 0);
             if dev > state.best_dev_bleu {
@@ -445,7 +445,7 @@ fn mrt_risk(
     let dec_in = Tensor::from_vec(dec_in, (n, longest), device)?;
     let dec_out = Tensor::from_vec(dec_out, (n, longest), device)?;
     let repeat: Vec<u32> = (0..sources as u32)
-        .flat_map(|s| std::iter::repeat(s).take(k))
+        .flat_map(|s| std::iter::repeat_n(s, k))
         .collect();
     let src_rep = src.index_select(&Tensor::from_vec(repeat, n, device)?, 0)?;
     let memory = model.encode(&src_rep, specials.pad, Some(dropout))?;

@@ -1,0 +1,200 @@
+//! Decoding a split and scoring the detokenised output as a paper reports it: sacrebleu's
+//! default BLEU (13a tokenizer, `exp` smoothing) and chrF / chrF++, all through
+//! `candle_bleu::exact`, plus the length ratio and BLEU without its brevity penalty.
+
+use anyhow::{anyhow, Result};
+use candle_bleu::exact::bootstrap::paired_bootstrap;
+use candle_bleu::exact::chrf::{corpus_chrf, corpus_chrf_stats, ChrfConfig, ChrfCounts};
+use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+use candle_bleu::exact::{corpus_bleu, corpus_stats, sentence_bleu, BleuConfig, BleuCounts};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::decode::{beam_search, greedy, BeamConfig, MaxLength, Specials};
+use crate::model::transformer::Transformer;
+
+/// sacrebleu's signature of the BLEU every score here is: `sacrebleu REF -i HYP` (defaults).
+pub const BLEU_SIGNATURE: &str = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0";
+/// sacrebleu's signature of chrF (`-m chrf`).
+pub const CHRF_SIGNATURE: &str = "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0";
+/// sacrebleu's signature of chrF++ (`-m chrf --chrf-word-order 2`).
+pub const CHRF_PP_SIGNATURE: &str = "nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:2.6.0";
+
+/// How to decode.
+#[derive(Debug, Clone, Copy)]
+pub enum Search {
+    /// Greedy (checkpoint selection).
+    Greedy,
+    /// Beam search (reported test scores).
+    Beam(BeamConfig),
+}
+
+/// Decodes `sources` (ids without BOS/EOS) in batches of about `batch` sentences of similar
+/// length, and returns the outputs' ids in the sources' order.
+pub fn decode_ids(
+    model: &Transformer,
+    sources: &[Vec<u32>],
+    specials: Specials,
+    search: Search,
+    batch: usize,
+    device: &Device,
+) -> Result<Vec<Vec<u32>>> {
+    let mut order: Vec<usize> = (0..sources.len()).collect();
+    order.sort_by_key(|&i| (sources[i].len(), i));
+    let mut out = vec![Vec::new(); sources.len()];
+    for chunk in order.chunks(batch.max(1)) {
+        let width = chunk
+            .iter()
+            .map(|&i| sources[i].len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut flat = vec![specials.pad; chunk.len() * width];
+        for (row, &i) in chunk.iter().enumerate() {
+            flat[row * width..][..sources[i].len()].copy_from_slice(&sources[i]);
+        }
+        let src = Tensor::from_vec(flat, (chunk.len(), width), device)?;
+        let decoded = match search {
+            Search::Greedy => greedy(model, &src, specials, MaxLength::default())?,
+            Search::Beam(cfg) => beam_search(model, &src, specials, cfg)?,
+        };
+        for (&i, ids) in chunk.iter().zip(decoded) {
+            out[i] = ids;
+        }
+    }
+    Ok(out)
+}
+
+/// The scores of one system output against one reference per segment.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TextScores {
+    /// sacrebleu's BLEU (13a), 0–100.
+    pub bleu: f64,
+    /// BLEU without the brevity penalty: the geometric mean of the precisions, 0–100.
+    pub bleu_without_bp: f64,
+    /// The brevity penalty.
+    pub brevity_penalty: f64,
+    /// Hypothesis length / reference length, in 13a tokens.
+    pub length_ratio: f64,
+    /// chrF (sacrebleu's `CHRF()`), 0–100.
+    pub chrf: f64,
+    /// chrF++ (`CHRF(word_order=2)`), 0–100.
+    pub chrf_pp: f64,
+}
+
+fn tokens(lines: &[String]) -> Vec<Vec<String>> {
+    lines
+        .iter()
+        .map(|l| tokenize(l, Tokenizer::V13a, false))
+        .collect()
+}
+
+fn one_each<T: Clone>(refs: &[T]) -> Vec<Vec<T>> {
+    refs.iter().map(|r| vec![r.clone()]).collect()
+}
+
+/// Corpus BLEU (13a) of detokenised `hyps` against `refs`, 0–100.
+pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
+    let score = corpus_bleu(
+        &tokens(hyps),
+        &one_each(&tokens(refs)),
+        &BleuConfig::default(),
+    )
+    .map_err(|e| anyhow!("BLEU: {e}"))?;
+    Ok(score.score)
+}
+
+/// sacrebleu's `sentence_bleu` (13a, `exp` smoothing, effective order), 0–100: MRT's cost.
+pub fn sentence_bleu_13a(hyp: &str, reference: &str) -> f64 {
+    let hyp = tokenize(hyp, Tokenizer::V13a, false);
+    let reference = vec![tokenize(reference, Tokenizer::V13a, false)];
+    sentence_bleu(&hyp, &reference, &BleuConfig::sacrebleu_sentence())
+        .map(|s| s.score)
+        .unwrap_or(0.0)
+}
+
+/// Every score of [`TextScores`].
+pub fn score(hyps: &[String], refs: &[String]) -> Result<TextScores> {
+    let b = corpus_bleu(
+        &tokens(hyps),
+        &one_each(&tokens(refs)),
+        &BleuConfig::default(),
+    )
+    .map_err(|e| anyhow!("BLEU: {e}"))?;
+    let refs_each = one_each(refs);
+    let chrf =
+        corpus_chrf(hyps, &refs_each, ChrfConfig::default()).map_err(|e| anyhow!("chrF: {e}"))?;
+    let chrf_pp = corpus_chrf(hyps, &refs_each, ChrfConfig::chrf_plus_plus())
+        .map_err(|e| anyhow!("chrF++: {e}"))?;
+    Ok(TextScores {
+        bleu: b.score,
+        bleu_without_bp: if b.bp > 0.0 { b.score / b.bp } else { 0.0 },
+        brevity_penalty: b.bp,
+        length_ratio: b.ratio,
+        chrf: chrf.score,
+        chrf_pp: chrf_pp.score,
+    })
+}
+
+/// Per-segment statistics of a system, for the paired bootstrap.
+pub struct SegmentStats {
+    /// BLEU (13a) counts per segment.
+    pub bleu: Vec<BleuCounts>,
+    /// chrF counts per segment.
+    pub chrf: Vec<ChrfCounts>,
+}
+
+/// The per-segment statistics of `hyps` against `refs`.
+pub fn segment_stats(hyps: &[String], refs: &[String]) -> Result<SegmentStats> {
+    Ok(SegmentStats {
+        bleu: corpus_stats(&tokens(hyps), &one_each(&tokens(refs)), 4)
+            .map_err(|e| anyhow!("BLEU statistics: {e}"))?,
+        chrf: corpus_chrf_stats(hyps, &one_each(refs), ChrfConfig::default())
+            .map_err(|e| anyhow!("chrF statistics: {e}"))?,
+    })
+}
+
+/// sacrebleu's paired bootstrap (`--paired-bs`, its seed and resamples) of a system against
+/// the baseline, for BLEU and chrF.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Bootstrap {
+    /// System BLEU − baseline BLEU.
+    pub bleu_delta: f64,
+    /// sacrebleu's p-value for BLEU.
+    pub bleu_p: f64,
+    /// System chrF − baseline chrF.
+    pub chrf_delta: f64,
+    /// sacrebleu's p-value for chrF.
+    pub chrf_p: f64,
+}
+
+/// The paired bootstrap of `system` against `baseline` with `resamples` resamples and
+/// sacrebleu's seed 12345.
+pub fn bootstrap(
+    baseline: &SegmentStats,
+    system: &SegmentStats,
+    resamples: usize,
+) -> Result<Bootstrap> {
+    let (bleu_base, bleu_sys) = paired_bootstrap(
+        &baseline.bleu,
+        &system.bleu,
+        &BleuConfig::default(),
+        resamples,
+        12345,
+    )
+    .map_err(|e| anyhow!("paired bootstrap (BLEU): {e}"))?;
+    let (chrf_base, chrf_sys) = paired_bootstrap(
+        &baseline.chrf,
+        &system.chrf,
+        &ChrfConfig::default(),
+        resamples,
+        12345,
+    )
+    .map_err(|e| anyhow!("paired bootstrap (chrF): {e}"))?;
+    Ok(Bootstrap {
+        bleu_delta: bleu_sys.score - bleu_base.score,
+        bleu_p: bleu_sys.p_value,
+        chrf_delta: chrf_sys.score - chrf_base.score,
+        chrf_p: chrf_sys.p_value,
+    })
+}
