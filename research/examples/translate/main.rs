@@ -161,9 +161,9 @@ impl Args {
         self.lr = 3e-3;
         self.warmup = 10;
         self.base_steps = 40;
-        self.base_eval_every = 20;
+        self.base_eval_every = 40;
         self.finetune_steps = 10;
-        self.finetune_eval_every = 5;
+        self.finetune_eval_every = 10;
         self.lambdas = vec![0.3, 1.0];
         self.mus = vec![0.3, 1.0];
         self.mrt_sources = 4;
@@ -367,19 +367,20 @@ impl Study {
         };
         let progress = &mut tracker.progress;
         let log = &mut tracker.log;
-        let mut last_step = 0usize;
-        let mut last_seconds = 0.0f64;
-        let mut logged = 0usize;
+        // Evaluations up to this step are in log.csv already (a resumed run's earlier ones).
+        let mut logged_to: Option<usize> = None;
+        let mut executed = 0usize;
+        let mut tick = Instant::now();
         let started = Instant::now();
         let state = run(spec, &setup, &mut |state: &RunState| {
-            let steps = state.step - last_step;
-            let seconds = state.train_seconds + state.eval_seconds - last_seconds;
-            if steps > 0 {
-                progress.record(kind, steps, seconds);
-            }
-            last_step = state.step;
-            last_seconds = state.train_seconds + state.eval_seconds;
-            for eval in &state.evals[logged..] {
+            // Called once per step run in this session (a resumed run's earlier steps are
+            // neither recorded nor planned again); wall time, evaluations included.
+            progress.record(kind, 1, tick.elapsed().as_secs_f64());
+            tick = Instant::now();
+            executed += 1;
+            let from = *logged_to.get_or_insert(state.step - 1);
+            let fresh: Vec<_> = state.evals.iter().filter(|e| e.step > from || (e.step == 0 && from == 0 && executed == 1)).collect();
+            for eval in &fresh {
                 let _ = writeln!(
                     log,
                     "{label},{kind},{},{},{},{},{:.2},{:.1}",
@@ -392,24 +393,29 @@ impl Study {
                 );
                 let _ = log.flush();
             }
-            let fresh = state.evals.len() > logged;
-            logged = state.evals.len();
-            let dev = state.evals.last().map_or(f64::NAN, |e| e.dev_bleu);
+            let fresh = !fresh.is_empty();
+            if let Some(last) = state.evals.last() {
+                logged_to = Some(last.step.max(from));
+            }
+            let dev = match state.evals.last() {
+                Some(e) => format!(
+                    "dev BLEU {:.2} at step {}, best {:.2} at {}",
+                    e.dev_bleu, e.step, state.best_dev_bleu, state.best_step
+                ),
+                None => "no dev evaluation yet".to_string(),
+            };
             progress.show(
                 &format!(
-                    "{label}: step {}/{} ({:.0} ms/step), dev BLEU {dev:.2}, best {:.2} at {}",
+                    "{label}: step {}/{} ({:.0} ms/step), {dev}",
                     state.step,
                     spec.max_steps,
                     state.ms_per_step(),
-                    state.best_dev_bleu,
-                    state.best_step
                 ),
                 fresh,
             );
         })?;
-        if state.step < planned {
-            tracker.progress.unplan(kind, planned - state.step);
-        }
+        // Early stops and steps completed in an earlier session leave the plan.
+        tracker.progress.unplan(kind, planned.saturating_sub(executed));
         tracker.progress.println(&format!(
             "{label}: best dev BLEU {:.2} at step {} of {} ({:.0} ms/step, {} this session)",
             state.best_dev_bleu,
@@ -1051,9 +1057,11 @@ fn render_table(
         .get("test_bleu")
         .and_then(|t| t.values().map(|t| t.detectable_difference).reduce(f64::min))
         .unwrap_or(f64::NAN);
-    let _ = writeln!(
-        out,
-        "\nWith {seeds} seeds the t-test detects (80 % power, α = 0.05) only a BLEU difference of about {smallest:.2} or more at the observed seed-to-seed spread."
-    );
+    if smallest > 0.0 {
+        let _ = writeln!(
+            out,
+            "\nWith {seeds} seeds the t-test detects (80 % power, α = 0.05) only a BLEU difference of about {smallest:.2} or more at the observed seed-to-seed spread."
+        );
+    }
     out
 }
