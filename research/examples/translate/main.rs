@@ -84,10 +84,10 @@ struct Args {
     #[arg(long, default_value_t = 8000)]
     bpe_vocab: usize,
     /// Model width.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 128)]
     d_model: usize,
     /// Encoder and decoder layers (each).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     layers: usize,
     /// Dropout on embeddings and residual branches.
     #[arg(long, default_value_t = 0.1)]
@@ -99,13 +99,13 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
     /// Baseline: peak learning rate (inverse square root schedule).
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// Baseline: warm-up steps.
     #[arg(long, default_value_t = 400)]
     warmup: usize,
     /// Baseline: step cap.
-    #[arg(long, default_value_t = 6000)]
+    #[arg(long, default_value_t = 5000)]
     base_steps: usize,
     /// Baseline: dev evaluation every this many steps.
     #[arg(long, default_value_t = 500)]
@@ -120,7 +120,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     finetune_eval_every: usize,
     /// Fine-tuning: constant learning rate of every objective.
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = 2e-4)]
     finetune_lr: f64,
     /// λ grid for `ce+expected` on seed 1's dev set.
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,1,3")]
