@@ -42,8 +42,8 @@ impl CeFloat for f64 {}
 /// What the row pass needs to know about the targets.
 #[derive(Clone, Copy)]
 pub(crate) struct TargetRows<'a> {
-    /// `[rows]` target ids.
-    pub targets: &'a [u32],
+    /// `[rows]` target ids; `None` when the pass computes no cross-entropy (every weight 0).
+    pub targets: Option<&'a [u32]>,
     pub pad_id: Option<u32>,
     pub label_smoothing: f64,
     /// `1 / (number of non-pad rows)`.
@@ -81,18 +81,33 @@ impl<'a> TargetRows<'a> {
             );
         }
         Ok(Self {
-            targets,
+            targets: Some(targets),
             pad_id: cfg.pad_id,
             label_smoothing: cfg.label_smoothing,
             inv_count: 1.0 / count as f64,
         })
     }
 
+    /// No cross-entropy: the row pass only gathers (the BLEU loss alone).
+    pub(crate) fn none() -> Self {
+        Self {
+            targets: None,
+            pad_id: None,
+            label_smoothing: 0.0,
+            inv_count: 0.0,
+        }
+    }
+
+    /// The target of `row`, unless it is padding (or there are no targets).
+    pub(crate) fn target(&self, row: usize) -> Option<u32> {
+        let target = self.targets?[row];
+        (Some(target) != self.pad_id).then_some(target)
+    }
+
     pub(crate) fn weight(&self, row: usize) -> f64 {
-        if Some(self.targets[row]) == self.pad_id {
-            0.0
-        } else {
-            self.inv_count
+        match self.target(row) {
+            Some(_) => self.inv_count,
+            None => 0.0,
         }
     }
 }
@@ -160,9 +175,12 @@ pub(crate) fn row_cross_entropy<T: CeFloat>(
         return T::ZERO;
     }
     let (max, sum, logit_sum) = stats;
+    let Some(target) = rows.target(row_index) else {
+        return T::ZERO;
+    };
     let eps = rows.label_smoothing;
     let lse = max.to_f64() + sum.to_f64().ln();
-    let target_logit = row[rows.targets[row_index] as usize].to_f64();
+    let target_logit = row[target as usize].to_f64();
     let mean_logit = logit_sum.to_f64() / row.len() as f64;
     T::from_f64(weight * (lse - (1.0 - eps) * target_logit - eps * mean_logit))
 }
@@ -187,7 +205,7 @@ impl Gathered<'_> {
         }
     }
 
-    fn row_ids(&self, row: usize) -> &[u32] {
+    pub(crate) fn row_ids(&self, row: usize) -> &[u32] {
         &self.ids[(row / self.rows_per_batch) * self.width..][..self.width]
     }
 }
@@ -201,16 +219,30 @@ pub(crate) fn forward_rows<T: CeFloat>(
     gathered: Gathered,
     rows: &TargetRows,
 ) -> Result<Vec<T>> {
+    let mut out = vec![T::ZERO; logits.len() / vocab * (gathered.width + CE_COLUMNS)];
+    forward_rows_into(logits, vocab, gathered, rows, 0, &mut out)?;
+    Ok(out)
+}
+
+/// [`forward_rows`] of the rows `first_row..` of the batch, whose logits are `logits`, into
+/// `out` (one output row per logits row).
+pub(crate) fn forward_rows_into<T: CeFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &mut [T],
+) -> Result<()> {
     let width = gathered.width;
     let stride = width + CE_COLUMNS;
-    let row_count = logits.len() / vocab;
-    let mut out = vec![T::ZERO; row_count * stride];
     let all_finite = AtomicBool::new(true);
     let with_logit_sum = rows.label_smoothing != 0.0;
     out.par_chunks_mut(stride)
         .zip(logits.par_chunks(vocab))
         .enumerate()
-        .for_each(|(row_index, (out_row, row))| {
+        .for_each(|(local, (out_row, row))| {
+            let row_index = first_row + local;
             let (max, sum, logit_sum, finite) = row_softmax_stats(row, with_logit_sum);
             if !finite {
                 all_finite.store(false, Ordering::Relaxed);
@@ -229,7 +261,29 @@ pub(crate) fn forward_rows<T: CeFloat>(
     if !all_finite.load(Ordering::Relaxed) {
         return Err(non_finite_error("logits"));
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The coefficients of one row's logits gradient (see [`backward_rows`]): `(scale, offset,
+/// ce_grad)` with `scale = (h·w − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` and `ce_grad = h·w`,
+/// from the row's forward output `stats` and its incoming gradient `grads` (same layout).
+#[inline]
+pub(crate) fn row_gradient_coefficients<T: CeFloat>(
+    stats: &[T],
+    grads: &[T],
+    width: usize,
+    label_smoothing: f64,
+    vocab: usize,
+) -> (T, T, T) {
+    let (sum, weight) = (stats[width + 2], stats[width + 3]);
+    let ce_grad = grads[width] * weight;
+    let mut weighted = T::ZERO;
+    for k in 0..width {
+        weighted += grads[k] * stats[k];
+    }
+    let scale = (ce_grad - weighted) / sum;
+    let offset = T::ZERO - ce_grad * T::from_f64(label_smoothing / vocab as f64);
+    (scale, offset, ce_grad)
 }
 
 /// The logits gradient of [`forward_rows`]'s output, in one pass over each row:
@@ -246,27 +300,58 @@ pub(crate) fn backward_rows<T: CeFloat>(
     out: &[T],
     grad_out: &[T],
 ) -> Vec<T> {
+    let mut grad = vocab_sized_buffer::<T>(logits.len());
+    backward_rows_into(
+        logits, vocab, gathered, rows, 0, out, grad_out, &mut grad, true,
+    );
+    grad
+}
+
+/// [`backward_rows`] of the rows `first_row..` (their logits, forward outputs and incoming
+/// gradients) into `grad`; `zeroed` says whether `grad` holds zeros already (then rows
+/// without a dense part leave their zeros, and their pages, untouched).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_rows_into<T: CeFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad: &mut [T],
+    zeroed: bool,
+) {
     let width = gathered.width;
     let stride = width + CE_COLUMNS;
     let eps = rows.label_smoothing;
-    let mut grad = vocab_sized_buffer::<T>(logits.len());
     grad.par_chunks_mut(vocab)
         .zip(logits.par_chunks(vocab))
         .enumerate()
-        .for_each(|(row_index, (grad_row, row))| {
-            let stats = &out[row_index * stride..][..stride];
-            let grads = &grad_out[row_index * stride..][..stride];
-            let (max, sum, weight) = (stats[width + 1], stats[width + 2], stats[width + 3]);
-            let ce_grad = grads[width] * weight;
-            let mut weighted = T::ZERO;
-            for k in 0..width {
-                weighted += grads[k] * stats[k];
-            }
-            let scale = (ce_grad - weighted) / sum;
-            let offset = T::ZERO - ce_grad * T::from_f64(eps / vocab as f64);
+        .for_each(|(local, (grad_row, row))| {
+            let row_index = first_row + local;
+            let stats = &out[local * stride..][..stride];
+            let grads = &grad_out[local * stride..][..stride];
+            let max = stats[width + 1];
+            let (scale, offset, ce_grad) =
+                row_gradient_coefficients(stats, grads, width, eps, vocab);
+            let row_ids = gathered.row_ids(row_index);
             if scale == T::ZERO && offset == T::ZERO {
-                // Padding without BLEU gradient: the buffer is already zero; leaving its pages
-                // untouched also saves their first-touch faults.
+                // No dense part (padding without BLEU gradient, or a cross-entropy gradient
+                // that the gathered ones cancel): zeros, and the sparse terms, which need not
+                // vanish one by one.
+                if !zeroed {
+                    grad_row.fill(T::ZERO);
+                }
+                if let (Some(target), true) = (rows.target(row_index), ce_grad != T::ZERO) {
+                    grad_row[target as usize] += T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+                }
+                for k in 0..width {
+                    let term = grads[k] * stats[k];
+                    if term != T::ZERO {
+                        grad_row[row_ids[k] as usize] += term;
+                    }
+                }
                 return;
             }
             let mut grad_chunks = grad_row.chunks_exact_mut(LANES);
@@ -283,16 +368,13 @@ pub(crate) fn backward_rows<T: CeFloat>(
             {
                 *g = scale * T::exp_nonpositive(x - max) + offset;
             }
-            if Some(rows.targets[row_index]) != rows.pad_id {
-                grad_row[rows.targets[row_index] as usize] +=
-                    T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+            if let Some(target) = rows.target(row_index) {
+                grad_row[target as usize] += T::ZERO - ce_grad * T::from_f64(1.0 - eps);
             }
-            let row_ids = gathered.row_ids(row_index);
             for k in 0..width {
                 grad_row[row_ids[k] as usize] += grads[k] * stats[k];
             }
         });
-    grad
 }
 
 /// Runs `f` on the contiguous CPU data of `t` (made contiguous first if needed).
@@ -414,42 +496,61 @@ pub(crate) fn check_cross_entropy_inputs(
             logits.dims()
         );
     }
+    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
+    check_targets(
+        targets,
+        (batch, seq),
+        "logits",
+        &described,
+        logits.device(),
+        cfg,
+    )?;
+    Ok(dtype)
+}
+
+/// Validates the targets' dtype, shape and device against the hypotheses' `[B, S]` (from the
+/// argument `name`, described in `described`), and the label smoothing.
+pub(crate) fn check_targets(
+    targets: &Tensor,
+    (batch, seq): (usize, usize),
+    name: &str,
+    described: &str,
+    device: &candle_core::Device,
+    cfg: &CrossEntropyConfig,
+) -> Result<()> {
     if targets.dtype() != DType::U32 || targets.dims() != [batch, seq] {
         bail!(
-            "`targets` must be u32 [{batch}, {seq}] (the [B, S] of `logits` {:?}), got {:?} with shape {:?}",
-            logits.dims(),
+            "`targets` must be u32 [{batch}, {seq}] ({described}), got {:?} with shape {:?}",
             targets.dtype(),
             targets.dims()
         );
     }
-    if !targets.device().same_device(logits.device()) {
+    if !targets.device().same_device(device) {
         bail!(
-            "`targets` are on {:?} but `logits` are on {:?}",
+            "`targets` are on {:?} but `{name}` are on {device:?}",
             targets.device(),
-            logits.device()
         );
     }
     let eps = cfg.label_smoothing;
     if !(eps.is_finite() && (0.0..1.0).contains(&eps)) {
         bail!("`label_smoothing` must be in [0, 1), got {eps}");
     }
-    Ok(dtype)
+    Ok(())
 }
 
-/// Composed candle ops with the kernel's semantics, for devices without the fused kernel.
-fn cross_entropy_composed(
-    logits: &Tensor,
+/// The targets on their device for composed ops: `(safe_targets, mask, count)` with pad
+/// positions replaced by 0 in `safe_targets`, `mask` u8 1 at non-pad positions and `count` the
+/// number of those. Checks the values with one small counted device-to-host copy (the largest
+/// non-pad target and the count, in u32: no f64, which Metal lacks).
+pub(crate) fn device_targets(
     targets: &Tensor,
+    vocab: usize,
     cfg: &CrossEntropyConfig,
-) -> Result<Tensor> {
-    let (_, _, vocab) = logits.dims3()?;
-    let dtype = logits.dtype();
+) -> Result<(Tensor, Tensor, u32)> {
     let pad_mask = match cfg.pad_id {
         Some(pad) => targets.ne(pad)?,
         None => targets.ones_like()?.to_dtype(DType::U8)?,
     };
-    // Validation needs the target values on the host: one small copy (max id, count), through
-    // the counted helper, in u32 (no f64: Metal has none).
     let safe_targets = pad_mask.where_cond(targets, &targets.zeros_like()?)?;
     let summary = super::host::to_vec1::<u32>(&Tensor::stack(
         &[
@@ -472,6 +573,18 @@ fn cross_entropy_composed(
             cfg.pad_id
         );
     }
+    Ok((safe_targets, pad_mask, counted))
+}
+
+/// Composed candle ops with the kernel's semantics, for devices without the fused kernel.
+fn cross_entropy_composed(
+    logits: &Tensor,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+) -> Result<Tensor> {
+    let (_, _, vocab) = logits.dims3()?;
+    let dtype = logits.dtype();
+    let (safe_targets, pad_mask, counted) = device_targets(targets, vocab, cfg)?;
     let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
     let target_log_probs = log_probs
         .gather(&safe_targets.unsqueeze(2)?, 2)?
@@ -553,6 +666,59 @@ pub fn exp_nonpositive_in_place(values: &mut [f32]) {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// A row whose dense gradient part cancels (`scale` and `offset` both 0) still gets its
+    /// sparse terms: the kernel once returned early there and left the row zero.
+    #[test]
+    fn backward_keeps_sparse_terms_when_the_dense_part_cancels() {
+        let logits = [0f64; 4]; // p = 1/4 everywhere
+        let ids = [1u32, 2];
+        let gathered = Gathered {
+            ids: &ids,
+            width: 2,
+            rows_per_batch: 1,
+        };
+        // A padding row (no cross-entropy gradient) and gathered gradients g = (1, -1): the
+        // gradient of p_1 - p_2 is p_1 (e_1 - p) - p_2 (e_2 - p) = (0, 1/4, -1/4, 0).
+        let padded = [0u32];
+        let cfg = CrossEntropyConfig {
+            pad_id: Some(0),
+            label_smoothing: 0.0,
+        };
+        let non_pad = [3u32];
+        let rows = TargetRows::new(&non_pad, 4, 1, &cfg).unwrap();
+        let pad_rows = TargetRows {
+            targets: Some(&padded),
+            ..rows
+        };
+        let out = forward_rows(&logits, 4, gathered, &pad_rows).unwrap();
+        let grad = backward_rows(
+            &logits,
+            4,
+            gathered,
+            &pad_rows,
+            &out,
+            &[1.0, -1.0, 0.0, 0.0, 0.0, 0.0],
+        );
+        assert_eq!(grad, [0.0, 0.25, -0.25, 0.0]);
+        // A cross-entropy gradient (h w = 1, target 3) cancelled by a gathered one (g x = 4/4):
+        // the gradient of CE + 4 p_1 is (p - e_3) + (e_1 - p) = e_1 - e_3.
+        let gathered = Gathered {
+            ids: &ids[..1],
+            width: 1,
+            rows_per_batch: 1,
+        };
+        let out = forward_rows(&logits, 4, gathered, &rows).unwrap();
+        let grad = backward_rows(
+            &logits,
+            4,
+            gathered,
+            &rows,
+            &out,
+            &[4.0, 1.0, 0.0, 0.0, 0.0],
+        );
+        assert_eq!(grad, [0.0, 1.0, 0.0, -1.0]);
+    }
 
     #[test]
     fn composed_path_matches_the_kernel() -> Result<()> {

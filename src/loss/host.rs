@@ -129,3 +129,37 @@ pub(crate) fn u32_values(t: &Tensor, check_off_cpu: bool) -> Result<Option<Vec<u
         Ok(None)
     }
 }
+
+/// The contiguous CPU data of a tensor, borrowed in place (no copy) for as long as the view
+/// lives: what the kernels' backward passes read their saved tensors through.
+pub(crate) struct CpuView<'a> {
+    storage: candle_core::StorageRef<'a>,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> CpuView<'a> {
+    /// A view of `t`, which must be a contiguous CPU tensor (call `contiguous()` first).
+    pub(crate) fn new(t: &'a Tensor, what: &str) -> Result<Self> {
+        let (storage, layout) = t.storage_and_layout();
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            bail!("internal: `{what}` is not contiguous")
+        };
+        if !matches!(&*storage, Storage::Cpu(_)) {
+            bail!("internal: `{what}` is on {:?}, not the CPU", t.device());
+        }
+        Ok(Self {
+            storage,
+            start,
+            end,
+        })
+    }
+
+    /// The data as `T` (an error if the dtype differs).
+    pub(crate) fn slice<T: WithDType>(&self) -> Result<&[T]> {
+        match &*self.storage {
+            Storage::Cpu(cpu) => Ok(&cpu.as_slice::<T>()?[self.start..self.end]),
+            _ => bail!("internal: CpuView of a tensor off the CPU"),
+        }
+    }
+}

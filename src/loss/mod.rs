@@ -53,6 +53,8 @@
 //! | [`References::from_matrices`] | 1 (the lengths) + 1 off the CPU (the NaN/Inf check) |
 //! | [`bleu_loss`], [`bleu_loss_from_logits`], id references, `hyp_lengths` given or `None`, any form, length model and reduction | **0**, the first call on a `References` included |
 //! | the same with matrix references | 0; under `NotEos`/`SoftEos` 1 on the first call per `(max_order, eos_id, dtype)` (the EOS cut) |
+//! | [`bleu_loss_from_hidden`], id references | 0, as from logits |
+//! | [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked) |
 //! | [`loss_from_stats`] | 0 |
 //! | backward passes | 0 |
 //!
@@ -80,6 +82,9 @@
 //! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
+//! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
+//!   from the hidden states and the output layer, in blocks of rows, never storing the
+//!   `[B, S, V]` logits ([`HiddenConfig`]);
 //! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
 //! - [`distributed`]: data-parallel training — the loss of the global batch from each worker's
 //!   shard over a sum all-reduce (MPI, NCCL, threads).
@@ -88,6 +93,7 @@ mod cross_entropy;
 pub mod distributed;
 mod forms;
 pub mod fused;
+mod gemm;
 mod hidden;
 mod host;
 mod length;
@@ -99,7 +105,9 @@ mod training;
 #[doc(hidden)]
 pub use cross_entropy::exp_nonpositive_in_place;
 pub use cross_entropy::{cross_entropy_from_logits, CrossEntropyConfig};
-pub use hidden::HiddenConfig;
+pub use hidden::{
+    bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden, HiddenConfig,
+};
 pub use host::host_copies;
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
@@ -108,6 +116,30 @@ pub use training::{ce_bleu_from_logits, TrainingLoss, TrainingLossConfig};
 use candle_core::{bail, DType, Result, Tensor};
 use forms::FormInputs;
 use references::{ReferenceSide, ReferenceTokens};
+
+thread_local! {
+    static COMPOSED_ON_CPU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the loss's composed candle-op path on the CPU as well, on this thread: the
+/// path devices without the crate's kernels take, so that the suite can compare both on the
+/// CPU. Not part of the API.
+#[doc(hidden)]
+pub fn with_composed_path<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMPOSED_ON_CPU.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COMPOSED_ON_CPU.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether the fused CPU kernels run for tensors on `device`.
+pub(crate) fn cpu_kernels(device: &candle_core::Device) -> bool {
+    device.is_cpu() && !COMPOSED_ON_CPU.with(std::cell::Cell::get)
+}
 
 /// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
 /// one-hot inputs with `Given` lengths.
@@ -299,27 +331,64 @@ fn check_inputs(
             hyp.dims()
         );
     }
+    let shape = HypothesisShape {
+        name,
+        described: format!("`{name}` shape {:?}", hyp.dims()),
+        batch,
+        seq,
+        vocab,
+        device: hyp.device(),
+    };
+    check_bleu_arguments(&shape, hyp_lengths, refs, cfg)?;
+    Ok(compute_dtype)
+}
+
+/// The `[B, S, V]` of the hypotheses, however they are given (probabilities, logits, or hidden
+/// states and an output layer), for validation messages.
+pub(crate) struct HypothesisShape<'a> {
+    /// The argument the batch and positions come from.
+    pub name: &'a str,
+    /// The hypothesis arguments and their shapes, for messages.
+    pub described: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub vocab: usize,
+    pub device: &'a candle_core::Device,
+}
+
+/// Validates the lengths, the references and the config's `eos_id` against the hypotheses'
+/// `[B, S, V]` (the config itself is checked by the caller).
+pub(crate) fn check_bleu_arguments(
+    hyp: &HypothesisShape,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+) -> Result<()> {
+    let HypothesisShape {
+        name,
+        described,
+        batch,
+        seq,
+        vocab,
+        device,
+    } = hyp;
+    let (batch, seq, vocab) = (*batch, *seq, *vocab);
     if refs.batch_size() != batch {
         bail!(
-            "`refs` has {} batch elements but `{name}` has {batch} (shape {:?})",
+            "`refs` has {} batch elements but `{name}` has {batch} ({described})",
             refs.batch_size(),
-            hyp.dims()
         );
     }
-    if !refs.device().same_device(hyp.device()) {
+    if !refs.device().same_device(device) {
         bail!(
-            "`refs` are on {:?} but `{name}` is on {:?}",
-            refs.device(),
-            hyp.device()
+            "`refs` are on {:?} but `{name}` is on {device:?}",
+            refs.device()
         );
     }
     refs.check_vocab(vocab)?;
     if let Some(eos) = cfg.length.eos_id() {
         if eos as usize >= vocab {
-            bail!(
-                "`eos_id` {eos} is out of the vocabulary (V = {vocab}, `{name}` shape {:?})",
-                hyp.dims()
-            );
+            bail!("`eos_id` {eos} is out of the vocabulary (V = {vocab}, {described})");
         }
     }
     if let Some(lengths) = hyp_lengths {
@@ -335,11 +404,10 @@ fn check_inputs(
                 lengths.dims()
             );
         }
-        if !lengths.device().same_device(hyp.device()) {
+        if !lengths.device().same_device(device) {
             bail!(
-                "`hyp_lengths` are on {:?} but `{name}` is on {:?}",
+                "`hyp_lengths` are on {:?} but `{name}` is on {device:?}",
                 lengths.device(),
-                hyp.device()
             );
         }
         // In place on the CPU; elsewhere a copy, only with `check_values`.
@@ -347,14 +415,11 @@ fn check_inputs(
             if let Some((element, &length)) =
                 values.iter().enumerate().find(|(_, &l)| l as usize > seq)
             {
-                bail!(
-                    "`hyp_lengths[{element}]` = {length} exceeds S = {seq} (`{name}` shape {:?})",
-                    hyp.dims()
-                );
+                bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} ({described})");
             }
         }
     }
-    Ok(compute_dtype)
+    Ok(())
 }
 
 /// Errors if `t` holds NaN or Inf: in place on the CPU, with a copy elsewhere only under

@@ -13,9 +13,11 @@ use super::cross_entropy::{
     CE_COLUMNS,
 };
 use super::fused::{
-    contiguous_slice, dispatch_float, gather_rows, non_finite_error, row_exp_into, row_max_checked,
+    contiguous_slice, dispatch_float, non_finite_error, row_exp_into, row_max_checked,
     vocab_sized_buffer, LANES,
 };
+use super::gemm::{matmul, MatMut, MatRef};
+use super::host::CpuView;
 use super::references::ReferenceTokens;
 use super::{
     bleu_loss_from_logits, check_inputs, finish, fused, hypothesis_inputs_from_probs,
@@ -152,65 +154,25 @@ struct SelfMatchCrossEntropyOp {
 }
 
 impl SelfMatchCrossEntropyOp {
-    fn forward<T: CeFloat>(
+    fn forward<T: CeFloat + 'static>(
         &self,
         logits: &[T],
         ids: &[u32],
         targets: &[u32],
-        (batch, seq, vocab, width): (usize, usize, usize, usize),
+        (_, seq, vocab, width): (usize, usize, usize, usize),
     ) -> Result<Vec<T>> {
         let rows = TargetRows::new(targets, vocab, seq, &self.cfg)?;
-        let with_logit_sum = rows.label_smoothing != 0.0;
-        let mut probs = vocab_sized_buffer::<T>(logits.len());
-        let mut ce_columns = vec![T::ZERO; batch * seq * CE_COLUMNS];
-        let all_finite = AtomicBool::new(true);
-        probs
-            .par_chunks_mut(vocab)
-            .zip(logits.par_chunks(vocab))
-            .zip(ce_columns.par_chunks_mut(CE_COLUMNS))
-            .enumerate()
-            .for_each(|(row_index, ((p, row), ce))| {
-                let (max, finite) = row_max_checked(row);
-                if !finite {
-                    all_finite.store(false, Ordering::Relaxed);
-                    return;
-                }
-                let sum = row_exp_into(row, max, p);
-                let inv_sum = T::ONE / sum;
-                let mut logit_sum = T::ZERO;
-                for (pv, &x) in p.iter_mut().zip(row) {
-                    *pv *= inv_sum;
-                    if with_logit_sum {
-                        logit_sum += x;
-                    }
-                }
-                ce[0] = row_cross_entropy(row, &rows, row_index, (max, sum, logit_sum));
-                ce[1] = max;
-                ce[2] = sum;
-                ce[3] = T::from_f64(rows.weight(row_index));
-            });
-        if !all_finite.load(Ordering::Relaxed) {
-            return Err(non_finite_error("logits"));
-        }
-        let gathered = gather_rows(&probs, ids, seq, vocab, width);
-        let probs = Tensor::from_vec(probs, (batch, seq, vocab), &candle_core::Device::Cpu)?;
-        let self_match = probs.matmul(&probs.t()?)?.flatten_all()?;
-        let stride = seq + width + CE_COLUMNS;
-        let mut out = vec![T::ZERO; batch * seq * stride];
-        with_cpu_slice::<T, _>(&self_match, "self-match", |self_match| {
-            for row in 0..batch * seq {
-                let out_row = &mut out[row * stride..][..stride];
-                out_row[..seq].copy_from_slice(&self_match[row * seq..][..seq]);
-                out_row[seq..seq + width].copy_from_slice(&gathered[row * width..][..width]);
-                out_row[seq + width..]
-                    .copy_from_slice(&ce_columns[row * CE_COLUMNS..][..CE_COLUMNS]);
-            }
-            Ok(())
-        })?;
+        let gathered = Gathered {
+            ids,
+            width,
+            rows_per_batch: seq,
+        };
+        let mut out = vec![T::ZERO; logits.len() / vocab * (seq + width + CE_COLUMNS)];
+        self_match_forward_into(logits, vocab, gathered, &rows, 0, &mut out)?;
         Ok(out)
     }
 
-    fn backward<T: CeFloat>(
+    fn backward<T: CeFloat + 'static>(
         &self,
         logits: &Tensor,
         ids: &Tensor,
@@ -220,96 +182,202 @@ impl SelfMatchCrossEntropyOp {
     ) -> Result<Tensor> {
         let (_, seq, vocab) = logits.dims3()?;
         let width = ids.dim(1)?;
-        let stride = seq + width + CE_COLUMNS;
-        let eps = self.cfg.label_smoothing;
-        let out = out.contiguous()?;
-        let grad_out = grad_out.contiguous()?;
-        // P again, from the logits and each row's max and sum kept in the output.
-        let probs = with_cpu_slice::<T, _>(logits, "logits", |logits_data| {
-            with_cpu_slice::<T, _>(&out, "output", |out_data| {
-                let mut probs = vocab_sized_buffer::<T>(logits_data.len());
-                probs
-                    .par_chunks_mut(vocab)
-                    .zip(logits_data.par_chunks(vocab))
-                    .enumerate()
-                    .for_each(|(row_index, (p, row))| {
-                        let stats = &out_data[row_index * stride + seq + width..][..CE_COLUMNS];
-                        let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
-                        for (pv, &x) in p.iter_mut().zip(row) {
-                            *pv = T::exp_nonpositive(x - max) * inv_sum;
-                        }
-                    });
-                Ok(probs)
-            })
-        })?;
-        let probs = Tensor::from_vec(probs, logits.shape(), logits.device())?;
-        // Z = P Pᵀ: dP = (dZ + dZᵀ) P.
-        let grad_self = grad_out.narrow(2, 0, seq)?;
-        let grad_dense = grad_self
-            .add(&grad_self.t()?)?
-            .contiguous()?
-            .matmul(&probs)?;
-        let grad = with_cpu_slice::<T, _>(&probs, "probs", |p_data| {
-            with_cpu_slice::<T, _>(&grad_dense, "dense gradient", |dense_data| {
-                with_cpu_slice::<u32, _>(ids, "ids", |id_data| {
-                    with_cpu_slice::<u32, _>(targets, "targets", |target_data| {
-                        with_cpu_slice::<T, _>(&out, "output", |out_data| {
-                            with_cpu_slice::<T, _>(&grad_out, "gradient", |grad_data| {
-                                let mut grad = vocab_sized_buffer::<T>(p_data.len());
-                                grad.par_chunks_mut(vocab)
-                                    .zip(p_data.par_chunks(vocab).zip(dense_data.par_chunks(vocab)))
-                                    .enumerate()
-                                    .for_each(|(row_index, (g, (p, dense)))| {
-                                        let row_ids =
-                                            &id_data[(row_index / seq) * width..][..width];
-                                        let grads = &grad_data[row_index * stride..][..stride];
-                                        let stats = &out_data[row_index * stride..][..stride];
-                                        let sparse = &grads[seq..seq + width];
-                                        let ce_grad = grads[seq + width] * stats[seq + width + 3];
-                                        let mut dot_lanes = [T::ZERO; LANES];
-                                        let p_chunks = p.chunks_exact(LANES);
-                                        let d_chunks = dense.chunks_exact(LANES);
-                                        let (p_rest, d_rest) =
-                                            (p_chunks.remainder(), d_chunks.remainder());
-                                        for (pc, dc) in p_chunks.zip(d_chunks) {
-                                            for lane in 0..LANES {
-                                                dot_lanes[lane] += pc[lane] * dc[lane];
-                                            }
-                                        }
-                                        let mut dot = T::ZERO;
-                                        for lane in dot_lanes {
-                                            dot += lane;
-                                        }
-                                        for (&a, &b) in p_rest.iter().zip(d_rest) {
-                                            dot += a * b;
-                                        }
-                                        for (&id, &s) in row_ids.iter().zip(sparse) {
-                                            dot += p[id as usize] * s;
-                                        }
-                                        let shift = ce_grad - dot;
-                                        let offset =
-                                            T::ZERO - ce_grad * T::from_f64(eps / vocab as f64);
-                                        for ((o, &pv), &dv) in g.iter_mut().zip(p).zip(dense) {
-                                            *o = pv * (dv + shift) + offset;
-                                        }
-                                        let target = target_data[row_index];
-                                        if Some(target) != self.cfg.pad_id {
-                                            g[target as usize] +=
-                                                T::ZERO - ce_grad * T::from_f64(1.0 - eps);
-                                        }
-                                        for (&id, &s) in row_ids.iter().zip(sparse) {
-                                            g[id as usize] += p[id as usize] * s;
-                                        }
-                                    });
-                                Ok(grad)
-                            })
-                        })
-                    })
-                })
-            })
-        })?;
+        let (logits_c, ids, targets) = (
+            logits.contiguous()?,
+            ids.contiguous()?,
+            targets.contiguous()?,
+        );
+        let (out, grad_out) = (out.contiguous()?, grad_out.contiguous()?);
+        let views = [
+            CpuView::new(&logits_c, "logits")?,
+            CpuView::new(&ids, "ids")?,
+            CpuView::new(&targets, "targets")?,
+            CpuView::new(&out, "output")?,
+            CpuView::new(&grad_out, "gradient")?,
+        ];
+        let rows = TargetRows::new(views[2].slice::<u32>()?, vocab, seq, &self.cfg)?;
+        let gathered = Gathered {
+            ids: views[1].slice::<u32>()?,
+            width,
+            rows_per_batch: seq,
+        };
+        let logits_data = views[0].slice::<T>()?;
+        let mut grad = vocab_sized_buffer::<T>(logits_data.len());
+        self_match_backward_into(
+            logits_data,
+            vocab,
+            gathered,
+            &rows,
+            0,
+            views[3].slice::<T>()?,
+            views[4].slice::<T>()?,
+            &mut grad,
+        );
         Tensor::from_vec(grad, logits.shape(), logits.device())
     }
+}
+
+/// The self-match pass over the rows `first_row..` of whole batch elements (`logits` holds a
+/// multiple of `S = gathered.rows_per_batch` rows), into `out`, one row per logits row:
+/// `[Z_0 … Z_{S−1} | x_0 … x_{K−1} | ce | max | sum | weight]`, with `Z = P Pᵀ` within each
+/// element, `x_k` the softmax at the gathered ids and the cross-entropy columns of
+/// [`forward_rows`](super::cross_entropy::forward_rows).
+pub(crate) fn self_match_forward_into<T: CeFloat + 'static>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let seq = gathered.rows_per_batch;
+    let width = gathered.width;
+    let row_count = logits.len() / vocab;
+    let stride = seq + width + CE_COLUMNS;
+    let with_logit_sum = rows.label_smoothing != 0.0;
+    let mut probs = vocab_sized_buffer::<T>(logits.len());
+    let all_finite = AtomicBool::new(true);
+    probs
+        .par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .zip(out.par_chunks_mut(stride))
+        .enumerate()
+        .for_each(|(local, ((p, row), out_row))| {
+            let row_index = first_row + local;
+            let (max, finite) = row_max_checked(row);
+            if !finite {
+                all_finite.store(false, Ordering::Relaxed);
+                return;
+            }
+            let sum = row_exp_into(row, max, p);
+            let inv_sum = T::ONE / sum;
+            let mut logit_sum = T::ZERO;
+            for (pv, &x) in p.iter_mut().zip(row) {
+                *pv *= inv_sum;
+                if with_logit_sum {
+                    logit_sum += x;
+                }
+            }
+            for (o, &id) in out_row[seq..seq + width]
+                .iter_mut()
+                .zip(gathered.row_ids(row_index))
+            {
+                *o = p[id as usize];
+            }
+            let ce = &mut out_row[seq + width..];
+            ce[0] = row_cross_entropy(row, rows, row_index, (max, sum, logit_sum));
+            ce[1] = max;
+            ce[2] = sum;
+            ce[3] = T::from_f64(rows.weight(row_index));
+        });
+    if !all_finite.load(Ordering::Relaxed) {
+        return Err(non_finite_error("logits"));
+    }
+    for element in 0..row_count / seq {
+        let element_probs = MatRef::row_major(&probs[element * seq * vocab..], seq, vocab);
+        matmul(
+            MatMut::with_row_stride(&mut out[element * seq * stride..], seq, seq, stride),
+            element_probs,
+            element_probs.t(),
+            false,
+        );
+    }
+    Ok(())
+}
+
+/// The logits gradient of [`self_match_forward_into`]'s rows, into `grad`:
+///
+/// `dlogits = p ⊙ (d + h·w − Σ_v p_v d_v) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k g_k x_k·[v = id_k]`
+///
+/// with `d = (dZ + dZᵀ) P + scatter(g at ids)` (the dense part of `d` in the first term, its
+/// sparse part in the last) and `h`, `w` as in
+/// [`backward_rows`](super::cross_entropy::backward_rows).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn self_match_backward_into<T: CeFloat + 'static>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad: &mut [T],
+) {
+    let seq = gathered.rows_per_batch;
+    let width = gathered.width;
+    let row_count = logits.len() / vocab;
+    let stride = seq + width + CE_COLUMNS;
+    let eps = rows.label_smoothing;
+    // P again, from the logits and each row's max and sum kept in the output.
+    let mut probs = vocab_sized_buffer::<T>(logits.len());
+    probs
+        .par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (p, row))| {
+            let stats = &out[local * stride + seq + width..][..CE_COLUMNS];
+            let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
+            for (pv, &x) in p.iter_mut().zip(row) {
+                *pv = T::exp_nonpositive(x - max) * inv_sum;
+            }
+        });
+    // Z = P Pᵀ: the dense gradient of P is (dZ + dZᵀ) P, written into `grad` first.
+    let mut symmetric = vec![T::ZERO; seq * seq];
+    for element in 0..row_count / seq {
+        let grad_self = &grad_out[element * seq * stride..];
+        for i in 0..seq {
+            for j in 0..seq {
+                symmetric[i * seq + j] = grad_self[i * stride + j] + grad_self[j * stride + i];
+            }
+        }
+        matmul(
+            MatMut::row_major(&mut grad[element * seq * vocab..], seq, vocab),
+            MatRef::row_major(&symmetric, seq, seq),
+            MatRef::row_major(&probs[element * seq * vocab..], seq, vocab),
+            false,
+        );
+    }
+    grad.par_chunks_mut(vocab)
+        .zip(probs.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (g, p))| {
+            let row_index = first_row + local;
+            let row_ids = gathered.row_ids(row_index);
+            let grads = &grad_out[local * stride..][..stride];
+            let stats = &out[local * stride..][..stride];
+            let sparse = &grads[seq..seq + width];
+            let ce_grad = grads[seq + width] * stats[seq + width + 3];
+            let mut dot_lanes = [T::ZERO; LANES];
+            let p_chunks = p.chunks_exact(LANES);
+            let d_chunks = g.chunks_exact(LANES);
+            let (p_rest, d_rest) = (p_chunks.remainder(), d_chunks.remainder());
+            for (pc, dc) in p_chunks.zip(d_chunks) {
+                for lane in 0..LANES {
+                    dot_lanes[lane] += pc[lane] * dc[lane];
+                }
+            }
+            let mut dot = T::ZERO;
+            for lane in dot_lanes {
+                dot += lane;
+            }
+            for (&a, &b) in p_rest.iter().zip(d_rest) {
+                dot += a * b;
+            }
+            for (&id, &s) in row_ids.iter().zip(sparse) {
+                dot += p[id as usize] * s;
+            }
+            let shift = ce_grad - dot;
+            let offset = T::ZERO - ce_grad * T::from_f64(eps / vocab as f64);
+            for (o, &pv) in g.iter_mut().zip(p) {
+                *o = pv * (*o + shift) + offset;
+            }
+            if let Some(target) = rows.target(row_index) {
+                g[target as usize] += T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+            }
+            for (&id, &s) in row_ids.iter().zip(sparse) {
+                g[id as usize] += p[id as usize] * s;
+            }
+        });
 }
 
 impl CustomOp3 for SelfMatchCrossEntropyOp {
@@ -354,7 +422,7 @@ impl CustomOp3 for SelfMatchCrossEntropyOp {
 }
 
 /// The token matches (and EOS probabilities) from the gathered columns `[X | eos]`.
-fn inputs_from_gathered(
+pub(crate) fn inputs_from_gathered(
     gathered: &Tensor,
     width: usize,
     self_match: Option<Tensor>,
@@ -442,21 +510,11 @@ pub fn ce_bleu_from_logits(
         bleu,
         ..
     } = cfg;
-    let bleu_weight = *bleu_weight;
-    if !(bleu_weight.is_finite() && bleu_weight >= 0.0) {
-        bail!("`bleu_weight` must be finite and >= 0, got {bleu_weight}");
-    }
+    let bleu_weight = check_bleu_weight(*bleu_weight)?;
     check_cross_entropy_inputs(logits, targets, ce)?;
     let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, bleu)?;
     let logits = logits.to_dtype(compute_dtype)?.contiguous()?;
-    let combine = |cross_entropy: Tensor, bleu_out: BleuLossOutput| -> Result<TrainingLoss> {
-        let loss = (&cross_entropy + bleu_out.loss.affine(bleu_weight, 0.0)?)?;
-        Ok(TrainingLoss {
-            loss,
-            cross_entropy,
-            bleu: bleu_out,
-        })
-    };
+    let combine = |cross_entropy, bleu_out| combine(cross_entropy, bleu_out, bleu_weight);
     if !logits.device().is_cpu() {
         let cross_entropy = cross_entropy_from_logits(&logits, targets, ce)?;
         let bleu_out = bleu_loss_from_logits(&logits, hyp_lengths, refs, bleu)?;
@@ -493,4 +551,26 @@ pub fn ce_bleu_from_logits(
     };
     let bleu_out = finish(inputs, &side, hyp_lengths, bleu)?;
     combine(cross_entropy, bleu_out)
+}
+
+/// `bleu_weight` if it is finite and `>= 0`, else an error naming it.
+pub(crate) fn check_bleu_weight(bleu_weight: f64) -> Result<f64> {
+    if !(bleu_weight.is_finite() && bleu_weight >= 0.0) {
+        bail!("`bleu_weight` must be finite and >= 0, got {bleu_weight}");
+    }
+    Ok(bleu_weight)
+}
+
+/// `cross_entropy + bleu_weight · bleu.loss` and its parts.
+pub(crate) fn combine(
+    cross_entropy: Tensor,
+    bleu: BleuLossOutput,
+    bleu_weight: f64,
+) -> Result<TrainingLoss> {
+    let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
+    Ok(TrainingLoss {
+        loss,
+        cross_entropy,
+        bleu,
+    })
 }
