@@ -379,7 +379,11 @@ impl Study {
             tick = Instant::now();
             executed += 1;
             let from = *logged_to.get_or_insert(state.step - 1);
-            let fresh: Vec<_> = state.evals.iter().filter(|e| e.step > from || (e.step == 0 && from == 0 && executed == 1)).collect();
+            let fresh: Vec<_> = state
+                .evals
+                .iter()
+                .filter(|e| e.step > from || (e.step == 0 && from == 0 && executed == 1))
+                .collect();
             for eval in &fresh {
                 let _ = writeln!(
                     log,
@@ -415,7 +419,9 @@ impl Study {
             );
         })?;
         // Early stops and steps completed in an earlier session leave the plan.
-        tracker.progress.unplan(kind, planned.saturating_sub(executed));
+        tracker
+            .progress
+            .unplan(kind, planned.saturating_sub(executed));
         tracker.progress.println(&format!(
             "{label}: best dev BLEU {:.2} at step {} of {} ({:.0} ms/step, {} this session)",
             state.best_dev_bleu,

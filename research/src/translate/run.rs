@@ -15,7 +15,8 @@
 
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
-    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References, TrainingLossConfig,
+    ce_bleu_from_hidden, cross_entropy_from_hidden, BleuLossConfig, CrossEntropyConfig, Form,
+    HiddenConfig, References, TrainingLossConfig,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
@@ -307,7 +308,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
         let proj = model.output_projection();
         let (loss, ce) = match spec.objective {
             Objective::Ce => {
-                let ce = hidden_loss::cross_entropy_from_hidden(
+                let ce = cross_entropy_from_hidden(
                     &states,
                     proj,
                     &batch.dec_out,
@@ -327,7 +328,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                     hidden: setup.hidden,
                 };
                 let refs = References::from_ids(&batch.refs, setup.ids.pad)?;
-                let out = hidden_loss::ce_bleu_from_hidden(
+                let out = ce_bleu_from_hidden(
                     &states,
                     proj,
                     Some(&batch.ref_len),
@@ -338,7 +339,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                 (out.loss, out.cross_entropy)
             }
             Objective::Mrt { mu } => {
-                let ce = hidden_loss::cross_entropy_from_hidden(
+                let ce = cross_entropy_from_hidden(
                     &states,
                     proj,
                     &batch.dec_out,
@@ -455,41 +456,4 @@ fn mrt_risk(
     let costs = Tensor::from_vec(costs, (sources, k), device)?;
     let valid = Tensor::from_vec(valid, (sources, k), device)?;
     risk(&log_probs, &costs, &valid, setup.mrt_alpha)
-}
-
-/// The hidden-state entry points of the loss, through the logits until the crate's own land.
-mod hidden_loss {
-    use candle_bleu::loss::{
-        ce_bleu_from_logits, cross_entropy_from_logits, CrossEntropyConfig, HiddenConfig,
-        References, TrainingLoss, TrainingLossConfig,
-    };
-    use candle_core::{Module, Result, Tensor};
-    use candle_nn::Linear;
-
-    fn logits(hidden: &Tensor, proj: &Linear) -> Result<Tensor> {
-        let (b, s, d) = hidden.dims3()?;
-        proj.forward(&hidden.reshape((b * s, d))?)?
-            .reshape((b, s, ()))
-    }
-
-    pub fn cross_entropy_from_hidden(
-        hidden: &Tensor,
-        proj: &Linear,
-        targets: &Tensor,
-        cfg: &CrossEntropyConfig,
-        _hidden_cfg: &HiddenConfig,
-    ) -> Result<Tensor> {
-        cross_entropy_from_logits(&logits(hidden, proj)?, targets, cfg)
-    }
-
-    pub fn ce_bleu_from_hidden(
-        hidden: &Tensor,
-        proj: &Linear,
-        hyp_lengths: Option<&Tensor>,
-        refs: &References,
-        targets: &Tensor,
-        cfg: &TrainingLossConfig,
-    ) -> Result<TrainingLoss> {
-        ce_bleu_from_logits(&logits(hidden, proj)?, hyp_lengths, refs, targets, cfg)
-    }
 }
