@@ -4,8 +4,10 @@
 //! dev-selected checkpoint the same fine-tuning budget for every objective:
 //!
 //! - `ce`: cross-entropy continued (the control);
-//! - `ce+expected`, `ce+lower-bound`, `ce+paired`: `CE + λ · (−log BLEU)` from the decoder's
-//!   hidden states (`candle_bleu::loss::ce_bleu_from_hidden`), λ tuned on seed 1's dev set;
+//! - `ce+expected`, `ce+lower-bound` (and `ce+paired` with `--objectives
+//!   expected,lower-bound,paired,mrt`; cut by default to fit the two-hour budget):
+//!   `CE + λ · (−log BLEU)` from the decoder's hidden states
+//!   (`candle_bleu::loss::ce_bleu_from_hidden`), λ tuned on seed 1's dev set;
 //! - `mrt`: minimum risk training, `CE + μ · risk` over sampled candidates, μ tuned the same way.
 //!
 //! Checkpoints are chosen on dev BLEU (greedy); the reported test scores are beam search
@@ -73,11 +75,13 @@ struct Args {
     /// Train on the CPU even when built with `cuda` or `metal` and a GPU is available.
     #[arg(long)]
     cpu: bool,
-    /// Fine-tuning objectives, in order (the control `ce` is always run).
+    /// Fine-tuning objectives, in order (the control `ce` is always run). The paired form
+    /// (`paired`) is left out by default: the full protocol with it does not fit the two-hour
+    /// budget on 2 cores, and the study's cut order takes it first (docs/translate.md).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "expected,lower-bound,paired,mrt"
+        default_value = "expected,lower-bound,mrt"
     )]
     objectives: Vec<String>,
     /// BPE vocabulary size (joint source/target).
