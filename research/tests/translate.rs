@@ -94,7 +94,18 @@ fn quick_study_on_a_written_catalogue_is_reproducible_from_its_files() {
     write_catalogue(&dir);
     let out = dir.join("out");
     let (catalogs, out_arg) = (dir.to_str().unwrap(), out.to_str().unwrap());
-    let args = ["--quick", "--catalogs", catalogs, "--out", out_arg, "--cpu"];
+    // Every objective, the paired form (off by default) included.
+    let objectives = "expected,lower-bound,paired,mrt";
+    let args = [
+        "--quick",
+        "--catalogs",
+        catalogs,
+        "--out",
+        out_arg,
+        "--cpu",
+        "--objectives",
+        objectives,
+    ];
     let (ok, stdout, stderr) = run(&args);
     assert!(ok, "translate --quick failed\n{stdout}\n{stderr}");
     assert!(stdout.contains("| objective | BLEU |"), "{stdout}");
