@@ -324,9 +324,10 @@ pub fn measure_controls(
     }
     let p = |t: &str| counts.get(t).map_or(0.0, |&c| c as f64 / total as f64);
     // BTreeMap order: the first maximum in byte order.
-    let (top, top_count) = counts
-        .iter()
-        .fold(("", 0usize), |best, (&t, &c)| if c > best.1 { (t, c) } else { best });
+    let (top, top_count) = counts.iter().fold(
+        ("", 0usize),
+        |best, (&t, &c)| if c > best.1 { (t, c) } else { best },
+    );
     let (mut constant_other, mut unigram_other, mut words) = (0.0, 0.0, 0usize);
     let (mut constant_cover, mut unigram_cover, mut sentences) = (0.0, 0.0, 0usize);
     let mut ref_counts: HashMap<&str, usize> = HashMap::new();

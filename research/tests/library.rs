@@ -135,7 +135,7 @@ fn averaging_measure_controls_by_hand() {
     assert!(close(controls.constant.argmax_other_ref_rate, 0.5));
     assert_eq!(controls.constant.argmax_top_token_share, 1.0);
     assert!(close(controls.constant.argmax_ref_bag_coverage, 0.5)); // {a} of {a, b}
-    // Unigram draws: position 0 scores p(b), position 1 p(a); mean 1/2.
+                                                                    // Unigram draws: position 0 scores p(b), position 1 p(a); mean 1/2.
     assert!(close(controls.unigram.argmax_other_ref_rate, 0.5));
     assert!(close(controls.unigram.argmax_top_token_share, 2.0 / 3.0));
     // Two draws: P(a hit) = 1 - (1/3)^2, P(b hit) = 1 - (2/3)^2; mean 13/18.
@@ -143,7 +143,9 @@ fn averaging_measure_controls_by_hand() {
     assert_eq!(controls.references.argmax_other_ref_rate, 0.0);
     assert!(close(controls.references.argmax_top_token_share, 0.5));
     assert_eq!(controls.references.argmax_ref_bag_coverage, 1.0);
-    let err = measure_controls(&[], &[words("a")]).unwrap_err().to_string();
+    let err = measure_controls(&[], &[words("a")])
+        .unwrap_err()
+        .to_string();
     assert_eq!(err, "measure_controls: train_targets has no tokens");
 }
 

@@ -67,7 +67,6 @@ pub struct TrainConfig {
     /// Dev BLEU and a log row every this many steps (and at the last step); the checkpoint
     /// is chosen among the evaluations after step `bleu_start` (the same window for every
     /// objective).
-
     pub eval_every: usize,
     /// Longest greedy decode.
     pub max_decode_len: usize,

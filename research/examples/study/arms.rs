@@ -436,7 +436,10 @@ pub fn train(
     }
     let steps = (stretch.last - stretch.first).max(1) as f64;
     let Some(best) = best else {
-        bail!("{name} seed {}: an empty stretch has no checkpoint", stretch.seed);
+        bail!(
+            "{name} seed {}: an empty stretch has no checkpoint",
+            stretch.seed
+        );
     };
     Ok((
         log,

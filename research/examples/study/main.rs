@@ -696,7 +696,10 @@ fn main() -> Result<()> {
         "| objective | test BLEU (mean ± sd, {} seeds) | dev BLEU (selected) | vs ce: seed-level paired t (Holm) | detectable Δ | vs ce: pooled paired bootstrap | entropy | argmax = other ref token | argmax top-token share | ref bag coverage | repeated tokens | length ratio | ms / step |",
         args.seeds
     )?;
-    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        table,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     for name in &names {
         let of: Vec<&RunOutput> = runs.iter().filter(|r| r.arm.name == *name).collect();
         let stat =
@@ -741,10 +744,7 @@ fn main() -> Result<()> {
             "no model: unigram draws (expected)".to_string(),
             &controls.unigram,
         ),
-        (
-            "no model: the references".to_string(),
-            &controls.references,
-        ),
+        ("no model: the references".to_string(), &controls.references),
     ] {
         writeln!(
             table,

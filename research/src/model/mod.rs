@@ -193,10 +193,11 @@ impl DecoderLayer {
         let h = layer_norm(x)?;
         let x = (x + drop(self.self_attention.forward(&h, &h, self_mask)?, dropout)?)?;
         let h = layer_norm(&x)?;
-        let x = (&x + drop(
-            self.cross_attention.forward(&h, memory, memory_mask)?,
-            dropout,
-        )?)?;
+        let x = (&x
+            + drop(
+                self.cross_attention.forward(&h, memory, memory_mask)?,
+                dropout,
+            )?)?;
         let h = layer_norm(&x)?;
         Ok((&x + drop(self.ff.forward(&h)?, dropout)?)?)
     }
