@@ -404,7 +404,7 @@ fn quick_study_writes_results_that_its_files_reproduce() {
     assert!(results.get("partial").is_none(), "the final results.json");
     for run in runs {
         let step = run["selected_step"].as_u64().unwrap();
-        assert!(step >= 1 && step <= 80, "{run}");
+        assert!((1..=80).contains(&step), "{run}");
         assert!(run["dev_bleu"].as_f64().unwrap() >= run["last_dev_bleu"].as_f64().unwrap());
     }
     // The averaging measure's no-model controls: always one token covers at most one
