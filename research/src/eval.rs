@@ -14,10 +14,16 @@ use candle_bleu::exact::bootstrap::{
 };
 use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::data::{make_batch, Encoded, EOS};
 use crate::model::Seq2Seq;
+
+/// sacrebleu's signature of every BLEU the synthetic examples report: one reference,
+/// sacrebleu's defaults, whitespace tokens as written (`tokenize='none'`), so
+/// `sacrebleu REF -i HYP -tok none -b` reproduces the score from the written files.
+pub const BLEU_SIGNATURE_TOK_NONE: &str =
+    "nrefs:1|case:mixed|eff:no|tok:none|smooth:exp|version:2.6.0";
 
 /// The references as `exact` takes them: one reference per segment.
 fn one_reference_each(refs: &[Vec<String>]) -> Vec<Vec<Vec<String>>> {
@@ -160,6 +166,15 @@ pub struct Measures {
     /// position's reference token but a reference token of another position of the sentence
     /// (Casas et al.'s "average of the tokens in the reference").
     pub argmax_other_ref_rate: f64,
+    /// Share of the reference word positions whose teacher-forced argmax is the run's most
+    /// frequent argmax token: 1 for a model collapsed onto one token, the references' own top
+    /// token share for a perfect model ([`MeasureControls`]).
+    pub argmax_top_token_share: f64,
+    /// Mean over test sentences of the share of the sentence's distinct reference tokens that
+    /// are the teacher-forced argmax at some word position of the sentence: 1 when every
+    /// reference token is predicted somewhere (correctly or displaced, as averaging would),
+    /// `1 / types` for a collapse onto one reference token.
+    pub argmax_ref_bag_coverage: f64,
     /// Share of the real target positions (words and EOS) whose teacher-forced argmax is the
     /// reference token.
     pub teacher_forced_accuracy: f64,
@@ -195,6 +210,8 @@ pub fn measures(
 ) -> Result<Measures> {
     let (mut entropy_sum, mut positions) = (0.0, 0usize);
     let (mut other_ref, mut words, mut correct) = (0usize, 0usize, 0usize);
+    let mut argmax_counts: HashMap<u32, usize> = HashMap::new();
+    let (mut coverage_sum, mut sentences) = (0.0, 0usize);
     for chunk in test.chunks(250) {
         let examples: Vec<&Encoded> = chunk.iter().collect();
         let batch = make_batch(&examples, device)?;
@@ -205,6 +222,14 @@ pub fn measures(
         let argmax: Vec<Vec<u32>> = logits.argmax(D::Minus1)?.to_vec2()?;
         for (i, example) in examples.iter().enumerate() {
             let target = &example.tgt;
+            let predicted_words = &argmax[i][..target.len()];
+            for &token in predicted_words {
+                *argmax_counts.entry(token).or_default() += 1;
+            }
+            if let Some(coverage) = bag_coverage(target, |t| predicted_words.contains(t)) {
+                coverage_sum += coverage;
+                sentences += 1;
+            }
             // Positions 0..T predict the words, position T predicts EOS.
             for position in 0..=target.len() {
                 entropy_sum += f64::from(entropy[i][position]);
@@ -232,9 +257,128 @@ pub fn measures(
     Ok(Measures {
         entropy: entropy_sum / positions.max(1) as f64,
         argmax_other_ref_rate: other_ref as f64 / words.max(1) as f64,
+        argmax_top_token_share: argmax_counts.values().max().copied().unwrap_or(0) as f64
+            / words.max(1) as f64,
+        argmax_ref_bag_coverage: coverage_sum / sentences.max(1) as f64,
         teacher_forced_accuracy: correct as f64 / positions.max(1) as f64,
         repeated_token_rate: repeated_token_rate(hyps),
         length_ratio: hyp_len as f64 / ref_len.max(1) as f64,
+    })
+}
+
+/// The share of `reference`'s distinct tokens for which `hit` holds; `None` for an empty
+/// reference.
+fn bag_coverage<T: Eq + std::hash::Hash>(
+    reference: &[T],
+    mut hit: impl FnMut(&T) -> bool,
+) -> Option<f64> {
+    let types: HashSet<&T> = reference.iter().collect();
+    if types.is_empty() {
+        return None;
+    }
+    let hits = types.iter().filter(|t| hit(t)).count();
+    Some(hits as f64 / types.len() as f64)
+}
+
+/// The averaging measures of a predictor that needs no model, on the test references.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ControlMeasures {
+    /// [`Measures::argmax_other_ref_rate`] of the predictor.
+    pub argmax_other_ref_rate: f64,
+    /// [`Measures::argmax_top_token_share`] of the predictor.
+    pub argmax_top_token_share: f64,
+    /// [`Measures::argmax_ref_bag_coverage`] of the predictor.
+    pub argmax_ref_bag_coverage: f64,
+}
+
+/// What the averaging measures give without a model, on the same test references: the
+/// yardsticks that separate averaging (reference tokens spread over the wrong positions) from
+/// a collapse onto one frequent token.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct MeasureControls {
+    /// The most frequent token of the training targets (ties: the first in byte order).
+    pub most_frequent_token: String,
+    /// "Always the most frequent training-target token" at every position.
+    pub constant: ControlMeasures,
+    /// Each position drawn independently from the training targets' unigram frequencies:
+    /// expected values (the top-token share is the largest unigram probability, the share's
+    /// limit on a large test set).
+    pub unigram: ControlMeasures,
+    /// The references themselves (a model whose argmax is the reference everywhere).
+    pub references: ControlMeasures,
+}
+
+/// The [`MeasureControls`] of `test_refs` (word tokens, no EOS), with the unigram frequencies
+/// of `train_targets`. Errors: no training-target tokens.
+pub fn measure_controls(
+    train_targets: &[Vec<String>],
+    test_refs: &[Vec<String>],
+) -> Result<MeasureControls> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for token in train_targets.iter().flatten() {
+        *counts.entry(token).or_default() += 1;
+    }
+    let total: usize = counts.values().sum();
+    if total == 0 {
+        anyhow::bail!("measure_controls: train_targets has no tokens");
+    }
+    let p = |t: &str| counts.get(t).map_or(0.0, |&c| c as f64 / total as f64);
+    // BTreeMap order: the first maximum in byte order.
+    let (top, top_count) = counts.iter().fold(
+        ("", 0usize),
+        |best, (&t, &c)| if c > best.1 { (t, c) } else { best },
+    );
+    let (mut constant_other, mut unigram_other, mut words) = (0.0, 0.0, 0usize);
+    let (mut constant_cover, mut unigram_cover, mut sentences) = (0.0, 0.0, 0usize);
+    let mut ref_counts: HashMap<&str, usize> = HashMap::new();
+    for reference in test_refs {
+        for (i, gold) in reference.iter().enumerate() {
+            words += 1;
+            *ref_counts.entry(gold).or_default() += 1;
+            let elsewhere: HashSet<&str> = reference
+                .iter()
+                .enumerate()
+                .filter(|&(j, t)| j != i && t != gold)
+                .map(|(_, t)| t.as_str())
+                .collect();
+            if elsewhere.contains(top) {
+                constant_other += 1.0;
+            }
+            unigram_other += elsewhere.iter().map(|t| p(t)).sum::<f64>();
+        }
+        let len = reference.len() as i32;
+        if let Some(c) = bag_coverage(reference, |t| t == top) {
+            constant_cover += c;
+            // P(type t drawn at least once in `len` independent positions), averaged over types.
+            let types: HashSet<&String> = reference.iter().collect();
+            unigram_cover += types
+                .iter()
+                .map(|t| 1.0 - (1.0 - p(t)).powi(len))
+                .sum::<f64>()
+                / types.len() as f64;
+            sentences += 1;
+        }
+    }
+    let words_f = words.max(1) as f64;
+    let sentences_f = sentences.max(1) as f64;
+    Ok(MeasureControls {
+        most_frequent_token: top.to_string(),
+        constant: ControlMeasures {
+            argmax_other_ref_rate: constant_other / words_f,
+            argmax_top_token_share: 1.0,
+            argmax_ref_bag_coverage: constant_cover / sentences_f,
+        },
+        unigram: ControlMeasures {
+            argmax_other_ref_rate: unigram_other / words_f,
+            argmax_top_token_share: top_count as f64 / total as f64,
+            argmax_ref_bag_coverage: unigram_cover / sentences_f,
+        },
+        references: ControlMeasures {
+            argmax_other_ref_rate: 0.0,
+            argmax_top_token_share: ref_counts.values().max().copied().unwrap_or(0) as f64
+                / words_f,
+            argmax_ref_bag_coverage: 1.0,
+        },
     })
 }
 

@@ -215,6 +215,38 @@ pub fn holm(p_values: &[f64]) -> Vec<f64> {
     adjusted
 }
 
+/// One objective's seed-level test against the control, with its Holm-adjusted p-value.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SeedTest {
+    /// The objective's name.
+    pub objective: String,
+    /// The paired t-test of its per-seed scores against the control's.
+    pub test: PairedT,
+    /// `test.p_value` adjusted by [`holm`] over all the objectives compared.
+    pub p_holm: f64,
+}
+
+/// The paired t-test of every system against `control` (`systems[k].1[i]` and `control[i]`
+/// are seed `i`'s scores) and Holm's adjustment over the `systems.len()` comparisons.
+/// Errors as [`paired_t_test`] (fewer than 2 seeds, unequal lengths).
+pub fn seed_tests(control: &[f64], systems: &[(String, Vec<f64>)]) -> Result<Vec<SeedTest>> {
+    let tests: Vec<PairedT> = systems
+        .iter()
+        .map(|(_, scores)| paired_t_test(control, scores))
+        .collect::<Result<_>>()?;
+    let adjusted = holm(&tests.iter().map(|t| t.p_value).collect::<Vec<_>>());
+    Ok(systems
+        .iter()
+        .zip(tests)
+        .zip(adjusted)
+        .map(|(((name, _), test), p_holm)| SeedTest {
+            objective: name.clone(),
+            test,
+            p_holm,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +279,23 @@ mod tests {
         assert!((r.t - (5.0 / 6.0) / ((1.0f64 / 12.0).sqrt() / 3f64.sqrt())).abs() < 1e-9);
         assert!(paired_t_test(&base[..1], &sys[..1]).is_err());
         assert!(paired_t_test(&base, &sys[..2]).is_err());
+    }
+
+    #[test]
+    fn seed_tests_adjust_over_the_systems() {
+        let control = [40.0, 41.0, 39.0];
+        let systems = vec![
+            ("a".to_string(), vec![41.0, 41.5, 40.0]),
+            ("b".to_string(), vec![40.5, 40.0, 39.5]),
+        ];
+        let got = seed_tests(&control, &systems).unwrap();
+        let a = paired_t_test(&control, &systems[0].1).unwrap();
+        let b = paired_t_test(&control, &systems[1].1).unwrap();
+        assert_eq!(got[0].test, a);
+        assert_eq!(got[1].objective, "b");
+        let adjusted = holm(&[a.p_value, b.p_value]);
+        assert_eq!([got[0].p_holm, got[1].p_holm], [adjusted[0], adjusted[1]]);
+        assert!(seed_tests(&control[..1], &[("a".into(), vec![1.0])]).is_err());
     }
 
     #[test]

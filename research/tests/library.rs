@@ -6,7 +6,8 @@
 use candle_bleu_research::data::tokens::{read_tsv, tokenize, write_lines, Tokens, Vocab};
 use candle_bleu_research::data::{make_batch, source_tensor, Batches, Encoded, BOS, EOS, PAD, UNK};
 use candle_bleu_research::eval::{
-    bleu_100, compare, mean_sd, paired_bootstrap, repeated_token_rate, segment_stats,
+    bleu_100, compare, mean_sd, measure_controls, paired_bootstrap, repeated_token_rate,
+    segment_stats,
 };
 use candle_bleu_research::plot::{
     bar_panel, colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle,
@@ -122,6 +123,30 @@ fn batches_pad_and_shift() {
         err,
         "Batches: len (0) and batch_size (4) must be at least 1"
     );
+}
+
+#[test]
+fn averaging_measure_controls_by_hand() {
+    // Training targets: p(a) = 2/3, p(b) = 1/3; the constant predictor says `a`.
+    let controls = measure_controls(&[words("a b a")], &[words("a b")]).unwrap();
+    assert_eq!(controls.most_frequent_token, "a");
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+    // Position 0 (gold a): `a` elsewhere? no. Position 1 (gold b): `a` at position 0: yes.
+    assert!(close(controls.constant.argmax_other_ref_rate, 0.5));
+    assert_eq!(controls.constant.argmax_top_token_share, 1.0);
+    assert!(close(controls.constant.argmax_ref_bag_coverage, 0.5)); // {a} of {a, b}
+                                                                    // Unigram draws: position 0 scores p(b), position 1 p(a); mean 1/2.
+    assert!(close(controls.unigram.argmax_other_ref_rate, 0.5));
+    assert!(close(controls.unigram.argmax_top_token_share, 2.0 / 3.0));
+    // Two draws: P(a hit) = 1 - (1/3)^2, P(b hit) = 1 - (2/3)^2; mean 13/18.
+    assert!(close(controls.unigram.argmax_ref_bag_coverage, 13.0 / 18.0));
+    assert_eq!(controls.references.argmax_other_ref_rate, 0.0);
+    assert!(close(controls.references.argmax_top_token_share, 0.5));
+    assert_eq!(controls.references.argmax_ref_bag_coverage, 1.0);
+    let err = measure_controls(&[], &[words("a")])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "measure_controls: train_targets has no tokens");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use candle_bleu::loss::{
 };
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarMap;
-use common::example_command;
+use common::{check_rescorable_results, example_command};
 use std::path::{Path, PathBuf};
 
 use candle_bleu_research::data::{BOS, EOS, PAD};
@@ -382,6 +382,8 @@ fn quick_study_writes_results_that_its_files_reproduce() {
         for key in [
             "entropy",
             "argmax_other_ref_rate",
+            "argmax_top_token_share",
+            "argmax_ref_bag_coverage",
             "teacher_forced_accuracy",
             "repeated_token_rate",
             "length_ratio",
@@ -396,6 +398,29 @@ fn quick_study_writes_results_that_its_files_reproduce() {
         let ratio = hyps.iter().map(Vec::len).sum::<usize>() as f64
             / refs.iter().map(Vec::len).sum::<usize>() as f64;
         assert!((measures["length_ratio"].as_f64().unwrap() - ratio).abs() < 1e-12);
+    }
+    // Every run re-scorable from the files it names (relative paths, tok:none signature).
+    check_rescorable_results(&out);
+    assert!(results.get("partial").is_none(), "the final results.json");
+    for run in runs {
+        let step = run["selected_step"].as_u64().unwrap();
+        assert!((1..=80).contains(&step), "{run}");
+        assert!(run["dev_bleu"].as_f64().unwrap() >= run["last_dev_bleu"].as_f64().unwrap());
+    }
+    // The averaging measure's no-model controls: always one token covers at most one
+    // reference type per sentence and is its own top token.
+    let controls = &results["measure_controls"];
+    assert_eq!(controls["constant"]["argmax_top_token_share"], 1.0);
+    assert_eq!(controls["references"]["argmax_other_ref_rate"], 0.0);
+    for predictor in ["constant", "unigram", "references"] {
+        for key in [
+            "argmax_other_ref_rate",
+            "argmax_top_token_share",
+            "argmax_ref_bag_coverage",
+        ] {
+            let v = controls[predictor][key].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&v), "{predictor}.{key} = {v}");
+        }
     }
     let pooled = results["bootstrap"]["pooled"].as_object().unwrap();
     assert_eq!(pooled.len(), 10);
@@ -421,7 +446,7 @@ fn quick_study_writes_results_that_its_files_reproduce() {
     let table = std::fs::read_to_string(out.join("table.md")).unwrap();
     assert_eq!(
         table.lines().filter(|l| l.starts_with("| ce")).count(),
-        7,
+        14, // the summary and the per-seed table
         "{table}"
     );
     std::fs::remove_dir_all(&out).unwrap();

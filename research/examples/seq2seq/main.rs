@@ -25,11 +25,20 @@
 //! position is conditioned on the gold prefix, so the loss does not see the model's own
 //! errors compound (exposure bias), which a soft or Gumbel free-running decode would.
 //!
+//! **Protocol.** Both objectives train with label-smoothed (0.1) cross-entropy and seeded
+//! dropout (0.1); dev BLEU (greedy) is measured every `--eval-every` steps and the best
+//! checkpoint after the warm-up (`--warmup` share of the steps, the same window for both) is
+//! the one scored on test. Seed-level paired t-test of `ce+bleu` against `ce` (Holm-adjusted
+//! over the comparisons; one here) with its detectable difference, and sacrebleu's paired
+//! bootstrap per seed and pooled. Scores depend on the thread count (candle's CPU
+//! reductions); `results.json` records it. See `docs/seq2seq.md`.
+//!
 //! **Outputs** (under `--out`, default `runs/seq2seq/`): `results.json`
-//! (`{"runs": [{"objective", "seed", "dev_bleu", "test_bleu", "test_hyp", "test_ref"}, ...],
-//! "bootstrap": ...}`), `test.ref` and `test.<objective>.seed<k>.hyp` (whitespace-tokenized,
-//! one segment a line: `sacrebleu test.ref -i <hyp> --tokenize none` gives `test_bleu`),
-//! `log.csv`, `curves.png`.
+//! (`{"runs": [{"objective", "seed", "dev_bleu", "selected_step", "test_bleu", "test_hyp",
+//! "test_ref", "signature"}, ...], "seed_tests": ..., "bootstrap": ...}`), `test.ref` and
+//! `test.<objective>.seed<k>.hyp` (whitespace-tokenized, one segment a line, paths relative to
+//! `results.json`: `sacrebleu test.ref -i <hyp> -tok none -b` gives `test_bleu`), `log.csv`,
+//! `curves.png`.
 
 mod plot;
 mod task;
@@ -45,6 +54,7 @@ use candle_bleu_research::device::device;
 use candle_bleu_research::eval::{self, mean_sd};
 use candle_bleu_research::model::ModelConfig;
 use candle_bleu_research::progress;
+use candle_bleu_research::stats::seed_tests;
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
 use std::fmt::Write as _;
@@ -84,9 +94,16 @@ struct Args {
     /// Weight λ of the BLEU loss in `CE + λ · BLEU loss`.
     #[arg(long, default_value_t = 1.0)]
     lambda: f64,
-    /// Share of the steps trained with cross-entropy alone before the BLEU term starts.
+    /// Share of the steps trained with cross-entropy alone before the BLEU term starts; the
+    /// dev-selected checkpoint of every objective is chosen after it.
     #[arg(long, default_value_t = 0.5)]
     warmup: f64,
+    /// Label smoothing of the cross-entropy term (both objectives).
+    #[arg(long, default_value_t = 0.1)]
+    label_smoothing: f64,
+    /// Dropout on the embeddings and residual branches while training (seeded per seed).
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f32,
     /// Form of the differentiable clipped matches.
     #[arg(long, value_enum, default_value_t = FormArg::Expected)]
     form: FormArg,
@@ -175,6 +192,15 @@ fn main() -> Result<()> {
     if !(args.lr.is_finite() && args.lr > 0.0) {
         bail!("--lr must be finite and > 0, got {}", args.lr);
     }
+    if !(0.0..1.0).contains(&args.label_smoothing) {
+        bail!(
+            "--label-smoothing must be in [0, 1), got {}",
+            args.label_smoothing
+        );
+    }
+    if !(0.0..1.0).contains(&args.dropout) {
+        bail!("--dropout must be in [0, 1), got {}", args.dropout);
+    }
     if !(0.0..=1.0).contains(&args.warmup) {
         bail!(
             "--warmup must be a share of the steps in [0, 1], got {}",
@@ -240,6 +266,8 @@ fn main() -> Result<()> {
         bleu_start: (args.warmup * args.steps as f64).round() as usize,
         lambda: args.lambda,
         loss,
+        label_smoothing: args.label_smoothing,
+        dropout: args.dropout,
         eval_every: args.eval_every,
         max_decode_len: 2 * max_target + 2,
     };
@@ -251,7 +279,8 @@ fn main() -> Result<()> {
     }
     println!(
         "data: {} train / {} dev / {} test pairs, vocabularies {} source / {} target; \
-         model d={} layers={}+{}; {} steps x batch {}; BLEU term from step {} with λ={} ({:?}, {:?})",
+         model d={} layers={}+{} dropout {}; {} steps x batch {}; CE label smoothing {}; BLEU term \
+         from step {} with λ={} ({:?}, {:?}); dev-selected checkpoints after step {}; {} threads",
         train.len(),
         dev.len(),
         test.len(),
@@ -260,12 +289,16 @@ fn main() -> Result<()> {
         cfg.model.d_model,
         cfg.model.encoder_layers,
         cfg.model.decoder_layers,
+        cfg.dropout,
         cfg.steps,
         cfg.batch_size,
+        cfg.label_smoothing,
         cfg.bleu_start,
         cfg.lambda,
         cfg.loss.form,
         cfg.loss.length,
+        cfg.bleu_start,
+        candle_core::utils::get_num_threads(),
     );
 
     let run_data = RunData {
@@ -276,6 +309,26 @@ fn main() -> Result<()> {
         test_refs: &test_refs,
         tgt_vocab: &tgt_vocab,
     };
+    // Every finished run's hypotheses at once, and a partial results.json after each run, so
+    // an interrupted study leaves what finished re-scorable.
+    write_lines(&args.out.join("test.ref"), &test_refs)?;
+    let run_json = |run: &RunOutput| -> Result<serde_json::Value> {
+        let hyp_name = format!("test.{}.seed{}.hyp", run.objective.slug(), run.seed);
+        write_lines(&args.out.join(&hyp_name), &run.test_hyps)?;
+        Ok(serde_json::json!({
+            "objective": run.objective.name(),
+            "seed": run.seed,
+            "dev_bleu": run.dev_bleu,
+            "selected_step": run.selected_step,
+            "last_dev_bleu": run.last_dev_bleu,
+            "test_bleu": run.test_bleu,
+            "test_hyp": hyp_name,
+            "test_ref": "test.ref",
+            "signature": eval::BLEU_SIGNATURE_TOK_NONE,
+            "wall_s": run.wall_s,
+        }))
+    };
+    let mut json_runs = Vec::new();
     let bars = MultiProgress::new();
     let objectives = [Objective::CrossEntropy, Objective::CeThenBleu];
     let mut runs: Vec<RunOutput> = Vec::new();
@@ -288,35 +341,29 @@ fn main() -> Result<()> {
             let step_ms =
                 |ms: Option<f64>| ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}"));
             let line = format!(
-                "{:>8} seed {seed}: dev BLEU {:6.2}  test BLEU {:6.2}  ({:.0} s; ms/step CE-only {}, with BLEU {})",
+                "{:>8} seed {seed}: dev BLEU {:6.2} (step {}; last {:.2})  test BLEU {:6.2}  ({:.0} s; ms/step CE-only {}, with BLEU {})",
                 objective.name(),
                 output.dev_bleu,
+                output.selected_step,
+                output.last_dev_bleu,
                 output.test_bleu,
                 output.wall_s,
                 step_ms(output.step_ms[0]),
                 step_ms(output.step_ms[1])
             );
             progress::say(&bars, line)?;
+            json_runs.push(run_json(&output)?);
+            std::fs::write(
+                args.out.join("results.json"),
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"partial": true, "runs": json_runs}),
+                )?,
+            )?;
             runs.push(output);
         }
     }
 
-    // Files: references, hypotheses, results, log, curves.
-    write_lines(&args.out.join("test.ref"), &test_refs)?;
-    let mut json_runs = Vec::new();
-    for run in &runs {
-        let hyp_name = format!("test.{}.seed{}.hyp", run.objective.slug(), run.seed);
-        write_lines(&args.out.join(&hyp_name), &run.test_hyps)?;
-        json_runs.push(serde_json::json!({
-            "objective": run.objective.name(),
-            "seed": run.seed,
-            "dev_bleu": run.dev_bleu,
-            "test_bleu": run.test_bleu,
-            "test_hyp": hyp_name,
-            "test_ref": "test.ref",
-            "wall_s": run.wall_s,
-        }));
-    }
+    // Files: results, log, curves.
     let mut csv = String::from("step,objective,seed,ce_loss,bleu_loss,dev_bleu\n");
     for run in &runs {
         for row in &run.log {
@@ -356,6 +403,22 @@ fn main() -> Result<()> {
     // A yardstick for the synthetic task: the rule-based translation of every test source
     // with each word's most probable choice. Not an upper bound: BLEU's brevity penalty and
     // n-gram clipping can reward other choices.
+    // Seed-level paired t-test of ce+bleu against ce (Holm over the comparisons: one here).
+    let test_of = |objective: Objective| -> Vec<f64> {
+        runs.iter()
+            .filter(|r| r.objective == objective)
+            .map(|r| r.test_bleu)
+            .collect()
+    };
+    let seed_level = if args.seeds >= 2 {
+        seed_tests(
+            &test_of(Objective::CrossEntropy),
+            &[("ce+bleu".to_string(), test_of(Objective::CeThenBleu))],
+        )?
+    } else {
+        Vec::new()
+    };
+
     let oracle_bleu = corpus
         .test_oracle
         .as_ref()
@@ -364,6 +427,11 @@ fn main() -> Result<()> {
     let results = serde_json::json!({
         "rule_based_test_bleu": oracle_bleu,
         "runs": json_runs,
+        "seed_tests": {
+            "baseline": "ce",
+            "method": "paired t-test over seeds of test BLEU (system - ce), two-sided; p_holm: Holm's adjustment over the comparisons; detectable_difference: the true mean difference detected with 80% power at alpha 0.05 given the observed sd of the differences",
+            "tests": seed_level,
+        },
         "bootstrap": {
             "baseline": "ce",
             "system": "ce+bleu",
@@ -374,6 +442,9 @@ fn main() -> Result<()> {
         "config": {
             "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
             "lambda": cfg.lambda, "bleu_start": cfg.bleu_start,
+            "label_smoothing": cfg.label_smoothing, "dropout": cfg.dropout,
+            "selection": "best dev BLEU (greedy) among the evaluations after bleu_start",
+            "threads": candle_core::utils::get_num_threads(),
             "form": format!("{:?}", cfg.loss.form), "length": format!("{:?}", cfg.loss.length),
             "d_model": cfg.model.d_model, "layers": cfg.model.encoder_layers,
             "train_pairs": train.len(), "dev_pairs": dev.len(), "test_pairs": test.len(),
@@ -388,40 +459,63 @@ fn main() -> Result<()> {
     // The table.
     println!();
     println!(
-        "| objective | test BLEU (mean ± sd, {} seeds) | dev BLEU (mean) | wall time / run | vs ce (paired bootstrap) |",
+        "| objective | test BLEU (mean ± sd, {} seeds) | dev BLEU (selected, mean) | vs ce: seed-level paired t (Holm) | detectable Δ (80% power) | pooled paired bootstrap | wall time / run |",
         args.seeds
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for objective in objectives {
         let of: Vec<&RunOutput> = runs.iter().filter(|r| r.objective == objective).collect();
         let test: Vec<f64> = of.iter().map(|r| r.test_bleu).collect();
         let dev: Vec<f64> = of.iter().map(|r| r.dev_bleu).collect();
         let wall: Vec<f64> = of.iter().map(|r| r.wall_s).collect();
         let (test_mean, test_sd) = mean_sd(&test);
-        let significance = match objective {
-            Objective::CrossEntropy => "baseline".to_string(),
-            Objective::CeThenBleu => format!(
-                "Δ {:+.2} BLEU, 95% CI [{:+.2}, {:+.2}], p = {:.3}",
-                pooled.delta, pooled.ci_low, pooled.ci_high, pooled.p_value
+        let (seed_level_cell, detectable, significance) = match objective {
+            Objective::CrossEntropy => (
+                "baseline".to_string(),
+                "—".to_string(),
+                "baseline".to_string(),
+            ),
+            Objective::CeThenBleu => (
+                seed_level.first().map_or("— (1 seed)".to_string(), |t| {
+                    format!(
+                        "Δ {:+.2}, p = {:.3} (Holm {:.3})",
+                        t.test.mean_difference, t.test.p_value, t.p_holm
+                    )
+                }),
+                seed_level.first().map_or("—".to_string(), |t| {
+                    format!("{:.2}", t.test.detectable_difference)
+                }),
+                format!(
+                    "Δ {:+.2} BLEU, 95% CI [{:+.2}, {:+.2}], p = {:.3}",
+                    pooled.delta, pooled.ci_low, pooled.ci_high, pooled.p_value
+                ),
             ),
         };
         println!(
-            "| {} | {:.2} ± {:.2} | {:.2} | {:.0} s | {} |",
+            "| {} | {:.2} ± {:.2} | {:.2} | {} | {} | {} | {:.0} s |",
             objective.name(),
             test_mean,
             test_sd,
             mean_sd(&dev).0,
+            seed_level_cell,
+            detectable,
+            significance,
             mean_sd(&wall).0,
-            significance
         );
     }
     println!();
-    for (i, p) in per_seed.iter().enumerate() {
+    let ce_runs: Vec<&RunOutput> = runs
+        .iter()
+        .filter(|r| r.objective == Objective::CrossEntropy)
+        .collect();
+    let bleu_runs: Vec<&RunOutput> = runs
+        .iter()
+        .filter(|r| r.objective == Objective::CeThenBleu)
+        .collect();
+    for ((p, ce), bleu) in per_seed.iter().zip(&ce_runs).zip(&bleu_runs) {
         println!(
-            "seed {}: Δ test BLEU {:+.2} (p = {:.3})",
-            i + 1,
-            p.delta,
-            p.p_value
+            "seed {}: test BLEU ce {:.2} (step {}) -> ce+bleu {:.2} (step {}): Δ {:+.2} (paired bootstrap p = {:.3})",
+            ce.seed, ce.test_bleu, ce.selected_step, bleu.test_bleu, bleu.selected_step, p.delta, p.p_value
         );
     }
     if let Some(oracle) = oracle_bleu {

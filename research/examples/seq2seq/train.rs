@@ -1,4 +1,6 @@
-//! One training run: an objective, a seed, a fixed number of AdamW steps.
+//! One training run: an objective, a seed, a fixed number of AdamW steps with seeded dropout
+//! and label-smoothed cross-entropy; the checkpoint with the best dev BLEU (greedy) among the
+//! evaluations after the warm-up is the one scored on test.
 
 use anyhow::Result;
 use candle_bleu::loss::{
@@ -8,8 +10,9 @@ use candle_bleu::loss::{
 use candle_bleu_research::data::tokens::Vocab;
 use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, PAD};
 use candle_bleu_research::eval::bleu_100;
+use candle_bleu_research::model::transformer::Dropout;
 use candle_bleu_research::model::{translate, ModelConfig, Seq2Seq};
-use candle_bleu_research::train::{adamw, learning_rate};
+use candle_bleu_research::train::{adamw, learning_rate, restore, snapshot};
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
 use indicatif::ProgressBar;
@@ -57,7 +60,13 @@ pub struct TrainConfig {
     /// Weight `λ` of the BLEU loss.
     pub lambda: f64,
     pub loss: BleuLossConfig,
-    /// Dev BLEU and a log row every this many steps (and at the last step).
+    /// Label smoothing of the cross-entropy (every objective).
+    pub label_smoothing: f64,
+    /// Dropout probability on the embeddings and every residual branch (training only).
+    pub dropout: f32,
+    /// Dev BLEU and a log row every this many steps (and at the last step); the checkpoint
+    /// is chosen among the evaluations after step `bleu_start` (the same window for every
+    /// objective).
     pub eval_every: usize,
     /// Longest greedy decode.
     pub max_decode_len: usize,
@@ -76,7 +85,12 @@ pub struct LogRow {
 pub struct RunOutput {
     pub objective: Objective,
     pub seed: u64,
+    /// Dev BLEU of the selected checkpoint (the best in the selection window).
     pub dev_bleu: f64,
+    /// The step of the selected checkpoint.
+    pub selected_step: usize,
+    /// Dev BLEU at the last step.
+    pub last_dev_bleu: f64,
     pub test_bleu: f64,
     pub test_hyps: Vec<Vec<String>>,
     pub log: Vec<LogRow>,
@@ -97,12 +111,14 @@ pub struct RunData<'a> {
     pub tgt_vocab: &'a Vocab,
 }
 
-/// Token-level cross-entropy over real target positions (words and EOS): `dec_out` is padded
-/// with [`PAD`], which the loss ignores.
-const CROSS_ENTROPY: CrossEntropyConfig = CrossEntropyConfig {
-    pad_id: Some(PAD),
-    label_smoothing: 0.0,
-};
+/// Token-level cross-entropy over real target positions (words and EOS) with label smoothing
+/// `label_smoothing`: `dec_out` is padded with [`PAD`], which the loss ignores.
+fn cross_entropy_config(label_smoothing: f64) -> CrossEntropyConfig {
+    CrossEntropyConfig {
+        pad_id: Some(PAD),
+        label_smoothing,
+    }
+}
 
 /// The references of a batch and the hypothesis lengths of teacher-forced logits `[B, T+1, V]`.
 ///
@@ -135,6 +151,10 @@ pub fn run(
     let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
     let mut optimizer = adamw(&varmap, cfg.lr)?;
     let mut batches = Batches::new(data.train.len(), cfg.batch_size, seed)?;
+    // The same masks for both objectives of a seed (same shapes, same batches).
+    let mut dropout = Dropout::new(cfg.dropout, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let cross_entropy = cross_entropy_config(cfg.label_smoothing);
+    let mut best: Option<(f64, usize, candle_bleu_research::train::Snapshot)> = None;
     let mut log = Vec::new();
     let (mut ce_sum, mut bleu_sum, mut window) = (0.0, 0.0, 0usize);
     // [without BLEU, with BLEU]: (total seconds, steps).
@@ -148,8 +168,8 @@ pub fn run(
             .map(|i| &data.train[i])
             .collect();
         let batch = make_batch(&examples, device)?;
-        let memory = model.encode(&batch.src)?;
-        let logits = model.decode(&batch.dec_in, &memory)?;
+        let memory = model.encode_with(&batch.src, Some(&mut dropout))?;
+        let logits = model.decode_with(&batch.dec_in, &memory, Some(&mut dropout))?;
         let use_bleu = objective == Objective::CeThenBleu && step >= cfg.bleu_start;
         let (refs, lengths) = bleu_inputs(&batch, &cfg.loss)?;
         // With BLEU: one fused op reads the logits once for both losses and writes one logits
@@ -158,7 +178,7 @@ pub fn run(
         let (loss, ce, bleu) = if use_bleu {
             let step_cfg = TrainingLossConfig {
                 bleu_weight: cfg.lambda,
-                ce: CROSS_ENTROPY,
+                ce: cross_entropy,
                 bleu: cfg.loss.clone(),
                 ..Default::default()
             };
@@ -166,7 +186,7 @@ pub fn run(
                 ce_bleu_from_logits(&logits, lengths.as_ref(), &refs, &batch.dec_out, &step_cfg)?;
             (out.loss, out.cross_entropy, out.bleu.loss)
         } else {
-            let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &CROSS_ENTROPY)?;
+            let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &cross_entropy)?;
             let bleu =
                 bleu_loss_from_logits(&logits.detach(), lengths.as_ref(), &refs, &cfg.loss)?.loss;
             (ce.clone(), ce, bleu)
@@ -200,11 +220,18 @@ pub fn run(
                 "ce {:.3} -logBLEU {:.3} dev {:.2}",
                 row.ce_loss, row.bleu_loss, row.dev_bleu
             ));
+            let in_window = step + 1 > cfg.bleu_start || step + 1 == cfg.steps;
+            if in_window && best.as_ref().is_none_or(|b| dev_bleu > b.0) {
+                best = Some((dev_bleu, step + 1, snapshot(&varmap)?));
+            }
             log.push(row);
             (ce_sum, bleu_sum, window) = (0.0, 0.0, 0);
         }
     }
-    let dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
+    let last_dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
+    let (dev_bleu, selected_step, weights) =
+        best.expect("the last step is always evaluated and in the window");
+    restore(&varmap, &weights)?;
     let test_hyps = translate(
         &model,
         data.test,
@@ -217,6 +244,8 @@ pub fn run(
         objective,
         seed,
         dev_bleu,
+        selected_step,
+        last_dev_bleu,
         test_bleu,
         test_hyps,
         log,

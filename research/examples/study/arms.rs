@@ -1,5 +1,6 @@
 //! The study's objectives ("arms") and the training of one run: a shared cross-entropy
-//! warm-up, then an equal number of steps of each arm's objective.
+//! warm-up, then an equal number of steps of each arm's objective, all with seeded dropout and
+//! label-smoothed cross-entropy; each arm keeps the weights of its best dev evaluation.
 
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
@@ -10,8 +11,11 @@ use candle_bleu_research::data::tokens::Vocab;
 use candle_bleu_research::data::{make_batch, source_tensor, Batch, Batches, Encoded, EOS, PAD};
 use candle_bleu_research::eval;
 use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder};
+use candle_bleu_research::model::transformer::Dropout;
 use candle_bleu_research::model::{ModelConfig, Seq2Seq};
-use candle_bleu_research::train::{adamw, learning_rate, process_cpu_s, Snapshot, StepTime};
+use candle_bleu_research::train::{
+    adamw, learning_rate, process_cpu_s, snapshot, Snapshot, StepTime,
+};
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
 use indicatif::ProgressBar;
@@ -168,6 +172,11 @@ pub struct TrainConfig {
     pub lr_warmup: usize,
     /// Weight `λ` of the BLEU term next to cross-entropy.
     pub lambda: f64,
+    /// Label smoothing of every cross-entropy term (warm-up and arms).
+    pub label_smoothing: f64,
+    /// Dropout on the embeddings and residual branches of the teacher-forced training pass
+    /// (the soft free-running decode has none).
+    pub dropout: f32,
     /// Extra free-running steps beyond the batch's longest reference + EOS.
     pub free_running_margin: usize,
     pub eval_every: usize,
@@ -202,11 +211,12 @@ pub struct RunData<'a> {
 }
 
 /// Token-level cross-entropy over the real target positions (words and EOS; [`PAD`] is
-/// ignored): the crate's fused `cross_entropy_from_logits`.
-fn masked_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
+/// ignored) with label smoothing `label_smoothing`: the crate's fused
+/// `cross_entropy_from_logits`.
+fn masked_cross_entropy(logits: &Tensor, batch: &Batch, label_smoothing: f64) -> Result<Tensor> {
     let cfg = CrossEntropyConfig {
         pad_id: Some(PAD),
-        label_smoothing: 0.0,
+        label_smoothing,
     };
     Ok(cross_entropy_from_logits(logits, &batch.dec_out, &cfg)?)
 }
@@ -281,8 +291,17 @@ pub struct Stretch<'a> {
     pub seed: u64,
 }
 
+/// The weights of a stretch's best dev evaluation.
+pub struct Best {
+    pub dev_bleu: f64,
+    /// Global step.
+    pub step: usize,
+    pub snapshot: Snapshot,
+}
+
 /// Trains `model` for the stretch's steps with a fresh AdamW; logs every `eval_every` global
-/// steps and at the stretch's end.
+/// steps and at the stretch's end, and returns the weights of the stretch's best dev
+/// evaluation (the first among equals; the stretch's end is always evaluated).
 pub fn train(
     varmap: &VarMap,
     model: &Seq2Seq,
@@ -291,8 +310,9 @@ pub fn train(
     data: &RunData,
     progress: &ProgressBar,
     device: &Device,
-) -> Result<(Vec<LogRow>, StepTime)> {
+) -> Result<(Vec<LogRow>, StepTime, Best)> {
     let mut optimizer = adamw(varmap, cfg.lr)?;
+    let mut best: Option<Best> = None;
     let name = stretch.arm.map_or("ce warm-up", |a| a.name);
     let soft = match stretch.arm.map(|a| a.decode) {
         Some(Decode::FreeRunning(_)) => {
@@ -306,6 +326,11 @@ pub fn train(
         cfg.batch_size,
         stretch.seed.wrapping_mul(1_000_003) ^ stretch.first as u64,
     )?;
+    // Seeded like the batches: every arm of a seed sees the same masks on the same batches.
+    let mut dropout = Dropout::new(
+        cfg.dropout,
+        stretch.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stretch.first as u64,
+    );
     let mut log = Vec::new();
     let zero = Tensor::zeros((), candle_core::DType::F32, device)?;
     let (mut ce_sum, mut bleu_sum, mut window) = (zero.clone(), zero.clone(), 0usize);
@@ -325,9 +350,9 @@ pub fn train(
             .map(|i| &data.train[i])
             .collect();
         let batch = make_batch(&examples, device)?;
-        let memory = model.encode(&batch.src)?;
-        let logits = model.decode(&batch.dec_in, &memory)?;
-        let ce = masked_cross_entropy(&logits, &batch)?;
+        let memory = model.encode_with(&batch.src, Some(&mut dropout))?;
+        let logits = model.decode_with(&batch.dec_in, &memory, Some(&mut dropout))?;
+        let ce = masked_cross_entropy(&logits, &batch, cfg.label_smoothing)?;
         let monitored = teacher_forced_bleu(&logits.detach(), &batch, &examples, &yardstick)?;
         let mut loss = match stretch.arm {
             Some(arm) if !arm.ce => None,
@@ -399,15 +424,29 @@ pub fn train(
                 bleu_loss: bleu_mean,
                 dev_bleu,
             });
+            if best.as_ref().is_none_or(|b| dev_bleu > b.dev_bleu) {
+                best = Some(Best {
+                    dev_bleu,
+                    step: step + 1,
+                    snapshot: snapshot(varmap)?,
+                });
+            }
             (ce_sum, bleu_sum, window) = (zero.clone(), zero.clone(), 0);
         }
     }
     let steps = (stretch.last - stretch.first).max(1) as f64;
+    let Some(best) = best else {
+        bail!(
+            "{name} seed {}: an empty stretch has no checkpoint",
+            stretch.seed
+        );
+    };
     Ok((
         log,
         StepTime {
             wall_s: step_wall / steps,
             cpu_s: step_cpu / steps,
         },
+        best,
     ))
 }

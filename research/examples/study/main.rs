@@ -9,12 +9,21 @@
 //! cargo run --release --example study -- --project    # time steps, project the full run's time
 //! ```
 //!
+//! Protocol: label-smoothed (0.1) cross-entropy and seeded dropout (0.1) everywhere; every
+//! objective is scored on test at its best dev evaluation (greedy BLEU every `--eval-every`
+//! steps, among its own evaluations); seed-level paired t-tests against `ce` with Holm's
+//! correction over the comparisons and the detectable difference; the averaging measures next
+//! to what they give without a model (always the most frequent token, unigram draws, the
+//! references). Scores depend on the thread count (candle's CPU reductions): `results.json`
+//! records it. See `docs/study.md`.
+//!
 //! Outputs (under `--out`, default `runs/study/`): `results.json` (`runs: [{objective, seed,
-//! dev_bleu, test_bleu, test_hyp, test_ref, measures: {...}}]`, the paired bootstrap of every
-//! objective against `ce`, the yardstick, the configuration), `test.ref` and
-//! `test.<objective>.seed<k>.hyp` (whitespace-tokenized: `sacrebleu test.ref -i <hyp>
-//! --tokenize none` gives `test_bleu`), `table.md`, `log.csv`, `curves.png`, `averaging.png`,
-//! and the generated data in `data/*.tsv`.
+//! dev_bleu, selected_step, test_bleu, test_hyp, test_ref, signature, measures: {...}}]`, the
+//! seed-level tests and paired bootstrap of every objective against `ce`, the measures'
+//! controls, the yardstick, the configuration), `test.ref` and `test.<objective>.seed<k>.hyp`
+//! (whitespace-tokenized, paths relative to `results.json`: `sacrebleu test.ref -i <hyp> -tok
+//! none -b` gives `test_bleu`), `table.md`, `log.csv`, `curves.png`, `averaging.png`, and the
+//! generated data in `data/*.tsv`.
 
 mod arms;
 mod plots;
@@ -28,6 +37,7 @@ use candle_bleu_research::device::device;
 use candle_bleu_research::eval::{self, mean_sd};
 use candle_bleu_research::model::ModelConfig;
 use candle_bleu_research::progress::{self, say};
+use candle_bleu_research::stats::seed_tests;
 use candle_bleu_research::train::{process_cpu_s, restore, snapshot, StepTime};
 use candle_core::Device;
 use clap::{Parser, ValueEnum};
@@ -67,6 +77,12 @@ struct Args {
     /// Weight λ of the BLEU term in `CE + λ · BLEU loss`.
     #[arg(long, default_value_t = 1.0)]
     lambda: f64,
+    /// Label smoothing of every cross-entropy term.
+    #[arg(long, default_value_t = 0.1)]
+    label_smoothing: f64,
+    /// Dropout on the embeddings and residual branches while training (seeded per seed).
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f32,
     /// Objectives to train, comma-separated (default: every objective but the Gumbel one);
     /// `ce` is the bootstrap baseline.
     #[arg(long, value_delimiter = ',')]
@@ -117,7 +133,12 @@ struct Args {
 pub struct RunOutput {
     pub arm: Arm,
     pub seed: u64,
+    /// Dev BLEU of the selected checkpoint (the best of this objective's own evaluations).
     pub dev_bleu: f64,
+    /// Its global step.
+    pub selected_step: usize,
+    /// Dev BLEU at the last step.
+    pub last_dev_bleu: f64,
     pub test_bleu: f64,
     pub test_hyps: Vec<Vec<String>>,
     pub measures: eval::Measures,
@@ -177,6 +198,15 @@ fn check_args(args: &Args) -> Result<()> {
     if !(args.lr.is_finite() && args.lr > 0.0) {
         bail!("--lr must be finite and > 0, got {}", args.lr);
     }
+    if !(0.0..1.0).contains(&args.label_smoothing) {
+        bail!(
+            "--label-smoothing must be in [0, 1), got {}",
+            args.label_smoothing
+        );
+    }
+    if !(0.0..1.0).contains(&args.dropout) {
+        bail!("--dropout must be in [0, 1), got {}", args.dropout);
+    }
     if args.d_model == 0 || !args.d_model.is_multiple_of(4) {
         bail!(
             "--d-model must be a positive multiple of the 4 attention heads, got {}",
@@ -218,17 +248,20 @@ fn run_arm(
         36,
         stretch.last - stretch.first,
     )?;
-    let (arm_log, step) = arms::train(&varmap, &model, &stretch, cfg, data, &bar, device)?;
+    let (arm_log, step, best) = arms::train(&varmap, &model, &stretch, cfg, data, &bar, device)?;
     bar.finish();
     log.extend(arm_log);
-    let dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
+    let last_dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
+    restore(&varmap, &best.snapshot)?;
     let test_hyps = arms::translate(&varmap, cfg, data.test, data.tgt_vocab, device)?;
     let test_bleu = eval::bleu_100(&test_hyps, data.test_refs)?;
     let measures = eval::measures(&model, data.test, &test_hyps, data.test_refs, device)?;
     Ok(RunOutput {
         arm: arm.clone(),
         seed,
-        dev_bleu,
+        dev_bleu: best.dev_bleu,
+        selected_step: best.step,
+        last_dev_bleu,
         test_bleu,
         test_hyps,
         measures,
@@ -236,6 +269,33 @@ fn run_arm(
         step,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Writes `run`'s test hypotheses to `out` and returns its `results.json` entry.
+fn run_json(run: &RunOutput, out: &std::path::Path) -> Result<serde_json::Value> {
+    let hyp_name = format!("test.{}.seed{}.hyp", run.arm.slug(), run.seed);
+    write_lines(&out.join(&hyp_name), &run.test_hyps)?;
+    Ok(serde_json::json!({
+        "objective": run.arm.name,
+        "seed": run.seed,
+        "dev_bleu": run.dev_bleu,
+        "selected_step": run.selected_step,
+        "last_dev_bleu": run.last_dev_bleu,
+        "test_bleu": run.test_bleu,
+        "test_hyp": hyp_name,
+        "test_ref": "test.ref",
+        "signature": eval::BLEU_SIGNATURE_TOK_NONE,
+        "measures": run.measures,
+        "init": run.arm.init,
+        "cross_entropy": run.arm.ce,
+        "bleu_term": run.arm.bleu.map(|(form, length)| serde_json::json!({
+            "form": format!("{form:?}"), "length": format!("{length:?}"),
+        })),
+        "decode": run.arm.decode,
+        "train_s_per_step": run.step.wall_s,
+        "train_cpu_s_per_step": run.step.cpu_s,
+        "wall_s": run.wall_s,
+    }))
 }
 
 /// `--project`: times steps of every objective and one dev evaluation, and extrapolates.
@@ -267,7 +327,7 @@ fn project(
             seed: 1,
         };
         let bar = progress::bar(&bars, format!("{} seed 1", arm.name), 36, TIMED)?;
-        let (_, step) = arms::train(&varmap, &model, &stretch, &timing_cfg, data, &bar, device)?;
+        let (_, step, _) = arms::train(&varmap, &model, &stretch, &timing_cfg, data, &bar, device)?;
         let steps = match arm.init {
             Init::Warm => cfg.arm_steps,
             Init::Scratch => cfg.total_steps(),
@@ -379,6 +439,8 @@ fn main() -> Result<()> {
             .div_ceil(10)
             .clamp(1, 200),
         lambda: args.lambda,
+        label_smoothing: args.label_smoothing,
+        dropout: args.dropout,
         free_running_margin: args.free_running_margin,
         eval_every: args.eval_every,
         max_decode_len,
@@ -399,7 +461,8 @@ fn main() -> Result<()> {
     println!(
         "data: {} train / {} dev / {} test pairs, vocabularies {} source / {} target, targets up to \
          {max_target} tokens; model d={} layers={}+{}; CE warm-up {} steps, then {} steps per \
-         objective, batch {}, λ={}; {} objectives x {} seeds; rule-based yardstick test BLEU {:.2}",
+         objective, batch {}, λ={}, CE label smoothing {}, dropout {}; {} objectives x {} seeds; \
+         {} threads; rule-based yardstick test BLEU {:.2}",
         train.len(),
         dev.len(),
         test.len(),
@@ -412,8 +475,11 @@ fn main() -> Result<()> {
         cfg.arm_steps,
         cfg.batch_size,
         cfg.lambda,
+        cfg.label_smoothing,
+        cfg.dropout,
         arms.len(),
         args.seeds,
+        candle_core::utils::get_num_threads(),
         oracle_bleu.unwrap_or(f64::NAN),
     );
     if args.project {
@@ -426,6 +492,10 @@ fn main() -> Result<()> {
     write_tsv(&args.out.join("data/dev.tsv"), &corpus.dev)?;
     write_tsv(&args.out.join("data/test.tsv"), &corpus.test)?;
 
+    // Every finished run's hypotheses at once, and a partial results.json after each run, so
+    // an interrupted study leaves what finished re-scorable.
+    write_lines(&args.out.join("test.ref"), &test_refs)?;
+    let mut json_runs = Vec::new();
     let bars = MultiProgress::new();
     let mut runs: Vec<RunOutput> = Vec::new();
     let mut warmup_s = Vec::new();
@@ -442,7 +512,8 @@ fn main() -> Result<()> {
             };
             let prefix = format!("ce warm-up seed {seed}");
             let bar = progress::bar(&bars, prefix, 36, cfg.warmup_steps)?;
-            let (log, _) = arms::train(&varmap, &model, &stretch, &cfg, &run_data, &bar, &device)?;
+            let (log, _, _) =
+                arms::train(&varmap, &model, &stretch, &cfg, &run_data, &bar, &device)?;
             bar.finish();
             warmup_s.push(warm_started.elapsed().as_secs_f64());
             Some(WarmStart {
@@ -463,20 +534,28 @@ fn main() -> Result<()> {
             say(
                 &bars,
                 format!(
-                    "{:>32} seed {seed}: dev BLEU {:6.2}  test BLEU {:6.2}  ({:.0} s, {:.0} ms/step)",
+                    "{:>32} seed {seed}: dev BLEU {:6.2} (step {}; last {:.2})  test BLEU {:6.2}  ({:.0} s, {:.0} ms/step)",
                     arm.name,
                     output.dev_bleu,
+                    output.selected_step,
+                    output.last_dev_bleu,
                     output.test_bleu,
                     output.wall_s,
                     1e3 * output.step.wall_s
                 ),
             )?;
+            json_runs.push(run_json(&output, &args.out)?);
+            std::fs::write(
+                args.out.join("results.json"),
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"partial": true, "runs": json_runs}),
+                )?,
+            )?;
             runs.push(output);
         }
     }
 
-    // Files: references, hypotheses, log.
-    write_lines(&args.out.join("test.ref"), &test_refs)?;
+    // Files: log, results.
     let mut csv = String::from("step,objective,seed,ce_loss,bleu_loss,dev_bleu\n");
     for run in &runs {
         for row in &run.log {
@@ -533,30 +612,30 @@ fn main() -> Result<()> {
         }
     }
 
+    // Seed-level paired t-tests against `ce`, Holm-adjusted over the objectives compared.
+    let test_bleu_of = |name: &str| -> Vec<f64> {
+        seeds
+            .iter()
+            .filter_map(|&seed| {
+                runs.iter()
+                    .find(|r| r.arm.name == name && r.seed == seed)
+                    .map(|r| r.test_bleu)
+            })
+            .collect()
+    };
+    let seed_level = if names.contains(&"ce") && !others.is_empty() && seeds.len() >= 2 {
+        let systems: Vec<(String, Vec<f64>)> = others
+            .iter()
+            .map(|n| (n.to_string(), test_bleu_of(n)))
+            .collect();
+        seed_tests(&test_bleu_of("ce"), &systems)?
+    } else {
+        Vec::new()
+    };
+    let train_targets: Vec<Vec<String>> = corpus.train.iter().map(|p| p.tgt.clone()).collect();
+    let controls = eval::measure_controls(&train_targets, &test_refs)?;
+
     let reference_repeats = eval::repeated_token_rate(&test_refs);
-    let mut json_runs = Vec::new();
-    for run in &runs {
-        let hyp_name = format!("test.{}.seed{}.hyp", run.arm.slug(), run.seed);
-        write_lines(&args.out.join(&hyp_name), &run.test_hyps)?;
-        json_runs.push(serde_json::json!({
-            "objective": run.arm.name,
-            "seed": run.seed,
-            "dev_bleu": run.dev_bleu,
-            "test_bleu": run.test_bleu,
-            "test_hyp": hyp_name,
-            "test_ref": "test.ref",
-            "measures": run.measures,
-            "init": run.arm.init,
-            "cross_entropy": run.arm.ce,
-            "bleu_term": run.arm.bleu.map(|(form, length)| serde_json::json!({
-                "form": format!("{form:?}"), "length": format!("{length:?}"),
-            })),
-            "decode": run.arm.decode,
-            "train_s_per_step": run.step.wall_s,
-            "train_cpu_s_per_step": run.step.cpu_s,
-            "wall_s": run.wall_s,
-        }));
-    }
     let results = serde_json::json!({
         "task": "study synthetic task (research/examples/study/task.rs, docs/study.md)",
         "rule_based_test_bleu": oracle_bleu,
@@ -564,7 +643,13 @@ fn main() -> Result<()> {
             "repeated_token_rate": reference_repeats,
             "length_ratio": 1.0,
         },
+        "measure_controls": controls,
         "runs": json_runs,
+        "seed_tests": {
+            "baseline": "ce",
+            "method": "paired t-test over seeds of test BLEU (objective - ce), two-sided; p_holm: Holm's adjustment over all objectives compared with ce; detectable_difference: the true mean difference detected with 80% power at alpha 0.05 given the observed sd of the differences",
+            "tests": seed_level,
+        },
         "bootstrap": {
             "baseline": "ce",
             "method": "sacrebleu --paired-bs (candle_bleu::exact::bootstrap::paired_bootstrap_many, seed 12345); delta = BLEU(objective) - BLEU(ce); pooled: the seeds' test sets concatenated, segments paired within each seed",
@@ -575,6 +660,9 @@ fn main() -> Result<()> {
         "config": {
             "seeds": args.seeds, "warmup_steps": cfg.warmup_steps, "arm_steps": cfg.arm_steps,
             "batch_size": cfg.batch_size, "lr": cfg.lr, "lambda": cfg.lambda,
+            "label_smoothing": cfg.label_smoothing, "dropout": cfg.dropout,
+            "selection": "best dev BLEU (greedy) among each objective's own evaluations",
+            "threads": candle_core::utils::get_num_threads(),
             "free_running_margin": cfg.free_running_margin,
             "bleu_only_length": format!("{:?}", args.bleu_only_length),
             "d_model": cfg.model.d_model, "layers": cfg.model.encoder_layers,
@@ -605,10 +693,13 @@ fn main() -> Result<()> {
     let mut table = String::new();
     writeln!(
         table,
-        "| objective | test BLEU (mean ± sd, {} seeds) | dev BLEU | vs ce (pooled paired bootstrap) | entropy | argmax = other ref token | repeated tokens | length ratio | ms / step |",
+        "| objective | test BLEU (mean ± sd, {} seeds) | dev BLEU (selected) | vs ce: seed-level paired t (Holm) | detectable Δ | vs ce: pooled paired bootstrap | entropy | argmax = other ref token | argmax top-token share | ref bag coverage | repeated tokens | length ratio | ms / step |",
         args.seeds
     )?;
-    writeln!(table, "|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        table,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     for name in &names {
         let of: Vec<&RunOutput> = runs.iter().filter(|r| r.arm.name == *name).collect();
         let stat =
@@ -619,15 +710,48 @@ fn main() -> Result<()> {
             None if *name == "ce" => "baseline".to_string(),
             None => "—".to_string(),
         };
+        let seed_test = seed_level.iter().find(|t| t.objective == *name);
+        let (t_cell, detectable) = match seed_test {
+            Some(t) => (
+                format!(
+                    "Δ {:+.2}, p = {:.3} (Holm {:.3})",
+                    t.test.mean_difference, t.test.p_value, t.p_holm
+                ),
+                format!("{:.2}", t.test.detectable_difference),
+            ),
+            None if *name == "ce" => ("baseline".to_string(), "—".to_string()),
+            None => ("—".to_string(), "—".to_string()),
+        };
         writeln!(
             table,
-            "| {name} | {test_mean:.2} ± {test_sd:.2} | {:.2} | {versus} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |",
+            "| {name} | {test_mean:.2} ± {test_sd:.2} | {:.2} | {t_cell} | {detectable} | {versus} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |",
             stat(&|r| r.dev_bleu).0,
             stat(&|r| r.measures.entropy).0,
             stat(&|r| r.measures.argmax_other_ref_rate).0,
+            stat(&|r| r.measures.argmax_top_token_share).0,
+            stat(&|r| r.measures.argmax_ref_bag_coverage).0,
             stat(&|r| r.measures.repeated_token_rate).0,
             stat(&|r| r.measures.length_ratio).0,
             1e3 * stat(&|r| r.step.wall_s).0,
+        )?;
+    }
+    for (label, control) in [
+        (
+            format!("no model: always `{}`", controls.most_frequent_token),
+            &controls.constant,
+        ),
+        (
+            "no model: unigram draws (expected)".to_string(),
+            &controls.unigram,
+        ),
+        ("no model: the references".to_string(), &controls.references),
+    ] {
+        writeln!(
+            table,
+            "| {label} | | | | | | | {:.3} | {:.3} | {:.3} | | | |",
+            control.argmax_other_ref_rate,
+            control.argmax_top_token_share,
+            control.argmax_ref_bag_coverage,
         )?;
     }
     writeln!(
@@ -636,6 +760,29 @@ fn main() -> Result<()> {
          source translated by the task's rules with every word's most probable choice): test BLEU {:.2}.",
         oracle_bleu.unwrap_or(f64::NAN)
     )?;
+    writeln!(
+        table,
+        "\nPer seed: test BLEU (selected step).\n\n| objective | {} |\n|---|{}",
+        seeds
+            .iter()
+            .map(|s| format!("seed {s}"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(seeds.len())
+    )?;
+    for name in &names {
+        let cells: Vec<String> = seeds
+            .iter()
+            .map(|&seed| {
+                runs.iter()
+                    .find(|r| r.arm.name == *name && r.seed == seed)
+                    .map_or("—".to_string(), |r| {
+                        format!("{:.2} ({})", r.test_bleu, r.selected_step)
+                    })
+            })
+            .collect();
+        writeln!(table, "| {name} | {} |", cells.join(" | "))?;
+    }
     std::fs::write(args.out.join("table.md"), &table)?;
     println!("\n{table}");
     println!(

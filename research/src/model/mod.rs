@@ -2,6 +2,11 @@
 //! `study` examples' model), its greedy decoding, and in [`soft_decode`] an incremental view of
 //! it that decodes softly and differentiably.
 //!
+//! Training passes may apply seeded dropout ([`Seq2Seq::encode_with`], [`Seq2Seq::decode_with`]
+//! with a [`transformer::Dropout`]) on the embeddings and on every residual branch, as the
+//! Transformer of [`transformer`] does; evaluation ([`Seq2Seq::encode`], [`Seq2Seq::decode`],
+//! greedy decoding and the soft decoder) never drops.
+//!
 //! Only ops with a backward pass are used: candle-nn's fused `softmax_last_dim` and
 //! `ops::layer_norm` (which `candle_nn::LayerNorm` takes for contiguous inputs) have none, and
 //! would silently stop the gradient, so attention uses `ops::softmax(x, D::Minus1)` and the
@@ -15,6 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::data::tokens::Vocab;
 use crate::data::{source_tensor, Encoded, BOS, EOS, PAD};
+use transformer::{drop, Dropout};
 
 pub mod soft_decode;
 pub mod transformer;
@@ -156,11 +162,16 @@ struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        dropout: &mut Option<&mut Dropout>,
+    ) -> Result<Tensor> {
         let h = layer_norm(x)?;
-        let x = (x + self.attention.forward(&h, &h, mask)?)?;
+        let x = (x + drop(self.attention.forward(&h, &h, mask)?, dropout)?)?;
         let h = layer_norm(&x)?;
-        Ok((&x + self.ff.forward(&h)?)?)
+        Ok((&x + drop(self.ff.forward(&h)?, dropout)?)?)
     }
 }
 
@@ -177,13 +188,18 @@ impl DecoderLayer {
         memory: &Tensor,
         self_mask: &Tensor,
         memory_mask: &Tensor,
+        dropout: &mut Option<&mut Dropout>,
     ) -> Result<Tensor> {
         let h = layer_norm(x)?;
-        let x = (x + self.self_attention.forward(&h, &h, self_mask)?)?;
+        let x = (x + drop(self.self_attention.forward(&h, &h, self_mask)?, dropout)?)?;
         let h = layer_norm(&x)?;
-        let x = (&x + self.cross_attention.forward(&h, memory, memory_mask)?)?;
+        let x = (&x
+            + drop(
+                self.cross_attention.forward(&h, memory, memory_mask)?,
+                dropout,
+            )?)?;
         let h = layer_norm(&x)?;
-        Ok((&x + self.ff.forward(&h)?)?)
+        Ok((&x + drop(self.ff.forward(&h)?, dropout)?)?)
     }
 }
 
@@ -264,13 +280,19 @@ impl Seq2Seq {
         Ok(((embedding.forward(ids)? * scale)? + self.positions.forward(&positions)?)?)
     }
 
-    /// Encodes u32 `[B, Ts]` source ids (right-padded with `PAD`).
+    /// Encodes u32 `[B, Ts]` source ids (right-padded with `PAD`), without dropout.
     pub fn encode(&self, src: &Tensor) -> Result<Memory> {
+        self.encode_with(src, None)
+    }
+
+    /// [`Self::encode`] with `dropout` (training) on the embeddings and every residual branch,
+    /// or none (`None`: evaluation).
+    pub fn encode_with(&self, src: &Tensor, mut dropout: Option<&mut Dropout>) -> Result<Memory> {
         let (b, ts) = src.dims2()?;
         let mask = (src.eq(PAD)?.to_dtype(DType::F32)? * -1e9)?.reshape((b, 1, 1, ts))?;
-        let mut x = self.embed(&self.src_embedding, src)?;
+        let mut x = drop(self.embed(&self.src_embedding, src)?, &mut dropout)?;
         for layer in &self.encoder {
-            x = layer.forward(&x, &mask)?;
+            x = layer.forward(&x, &mask, &mut dropout)?;
         }
         Ok(Memory {
             states: layer_norm(&x)?,
@@ -278,16 +300,28 @@ impl Seq2Seq {
         })
     }
 
-    /// Teacher-forced decoder logits f32 `[B, T, V]` for decoder inputs u32 `[B, T]`.
+    /// Teacher-forced decoder logits f32 `[B, T, V]` for decoder inputs u32 `[B, T]`, without
+    /// dropout.
     pub fn decode(&self, dec_in: &Tensor, memory: &Memory) -> Result<Tensor> {
+        self.decode_with(dec_in, memory, None)
+    }
+
+    /// [`Self::decode`] with `dropout` (training) on the embeddings and every residual branch,
+    /// or none (`None`: evaluation).
+    pub fn decode_with(
+        &self,
+        dec_in: &Tensor,
+        memory: &Memory,
+        mut dropout: Option<&mut Dropout>,
+    ) -> Result<Tensor> {
         let (_, t) = dec_in.dims2()?;
         let causal: Vec<f32> = (0..t)
             .flat_map(|i| (0..t).map(move |j| if j > i { -1e9 } else { 0.0 }))
             .collect();
         let causal = Tensor::from_vec(causal, (1, 1, t, t), &self.device)?;
-        let mut x = self.embed(&self.tgt_embedding, dec_in)?;
+        let mut x = drop(self.embed(&self.tgt_embedding, dec_in)?, &mut dropout)?;
         for layer in &self.decoder {
-            x = layer.forward(&x, &memory.states, &causal, &memory.mask)?;
+            x = layer.forward(&x, &memory.states, &causal, &memory.mask, &mut dropout)?;
         }
         self.output.forward(&layer_norm(&x)?)
     }

@@ -116,7 +116,8 @@ impl Dropout {
     }
 }
 
-fn drop(x: Tensor, dropout: &mut Option<&mut Dropout>) -> Result<Tensor> {
+/// `x` through `dropout` when there is one (training), unchanged otherwise (evaluation).
+pub(crate) fn drop(x: Tensor, dropout: &mut Option<&mut Dropout>) -> Result<Tensor> {
     match dropout {
         Some(d) => d.apply(&x),
         None => Ok(x),

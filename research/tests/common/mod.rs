@@ -51,3 +51,48 @@ pub fn example_command(name: &str, args: &[&str]) -> Command {
     command.arg("--").args(args);
     command
 }
+
+/// Checks a synthetic study's `results.json` in `out`: a `runs` array whose every run names
+/// its test hypotheses and references by paths relative to `out` that exist, carries
+/// sacrebleu's `tok:none` signature, and whose `test_bleu` equals the crate's exact corpus BLEU
+/// (`candle_bleu::exact`, sacrebleu's defaults, tokenizer `none`) of those files. Returns the
+/// parsed results.
+#[allow(dead_code)]
+pub fn check_rescorable_results(out: &Path) -> serde_json::Value {
+    use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+    use candle_bleu::exact::{corpus_bleu, BleuConfig};
+    let text = std::fs::read_to_string(out.join("results.json"))
+        .unwrap_or_else(|e| panic!("no results.json in {}: {e}", out.display()));
+    let results: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    let runs = results["runs"].as_array().expect("a `runs` array");
+    assert!(!runs.is_empty(), "no runs in {}", out.display());
+    let read = |name: &str| -> Vec<Vec<String>> {
+        assert!(
+            Path::new(name).is_relative(),
+            "{name}: paths must be relative to results.json"
+        );
+        std::fs::read_to_string(out.join(name))
+            .unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
+            .lines()
+            .map(|l| tokenize(l, Tokenizer::None, false))
+            .collect()
+    };
+    for run in runs {
+        assert!(run["objective"].is_string(), "{run}");
+        assert!(run["seed"].as_u64().is_some(), "{run}");
+        assert_eq!(
+            run["signature"], "nrefs:1|case:mixed|eff:no|tok:none|smooth:exp|version:2.6.0",
+            "{run}"
+        );
+        let hyps = read(run["test_hyp"].as_str().expect("test_hyp"));
+        let refs = read(run["test_ref"].as_str().expect("test_ref"));
+        assert_eq!(hyps.len(), refs.len(), "{run}");
+        let wrapped: Vec<Vec<Vec<String>>> = refs.into_iter().map(|r| vec![r]).collect();
+        let rescored = corpus_bleu(&hyps, &wrapped, &BleuConfig::default())
+            .expect("BLEU of the written files")
+            .score;
+        let reported = run["test_bleu"].as_f64().expect("test_bleu");
+        assert_eq!(rescored, reported, "{run}: rescored {rescored}");
+    }
+    results
+}
