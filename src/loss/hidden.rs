@@ -20,22 +20,25 @@
 //! each block as candle ops and back-propagates through it alone — so the GPU path keeps the
 //! `O(block)` memory too.
 
-use super::cross_entropy::{
-    backward_rows_into, check_targets, device_targets, forward_rows_into,
-    row_gradient_coefficients, CeFloat, CrossEntropyConfig, Gathered, TargetRows, CE_COLUMNS,
-};
-use super::fused::{contiguous_slice, dispatch_float, row_max_checked, vocab_sized_buffer};
+use super::cross_entropy::CrossEntropyConfig;
 use super::gemm::{matmul, MatMut, MatRef};
 use super::host::CpuView;
-use super::references::ReferenceTokens;
-use super::training::{
-    check_bleu_weight, combine, inputs_from_gathered, self_match_backward_into,
-    self_match_forward_into, TrainingLoss, TrainingLossConfig,
+use super::kernels::cpu::{
+    backward_rows_into, forward_rows_into, row_gradient_coefficients, row_max_checked,
+    self_match_backward_into, self_match_forward_into, vocab_sized_buffer, Gathered, KernelFloat,
+    TargetRows, CE_COLUMNS,
 };
+use super::kernels::{contiguous_slice, dispatch_float};
+use super::pipeline::{
+    check_bleu_arguments, check_bleu_weight, check_finite, check_targets, combine, cpu_kernels,
+    device_targets, finish, inputs_from_gathered, with_eos_column, HypothesisInputs,
+    HypothesisShape,
+};
+use super::references::ReferenceTokens;
+use super::training::{TrainingLoss, TrainingLossConfig};
 use super::{
-    bleu_loss_from_logits, ce_bleu_from_logits, check_bleu_arguments, check_finite, cpu_kernels,
-    finish, score, with_eos_column, BleuLossConfig, BleuLossOutput, Form, HypothesisInputs,
-    HypothesisShape, References,
+    bleu_loss_from_logits, ce_bleu_from_logits, score, BleuLossConfig, BleuLossOutput, Form,
+    References,
 };
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Module, Result,
@@ -286,7 +289,7 @@ impl RowSpec {
 }
 
 /// `logits = hidden_block · weightᵀ (+ bias)`, `[rows, V]`, as `candle_nn::Linear` computes it.
-fn block_logits<T: CeFloat + 'static>(
+fn block_logits<T: KernelFloat + 'static>(
     hidden_block: &[T],
     weight: &[T],
     bias: Option<&[T]>,
@@ -309,7 +312,7 @@ fn block_logits<T: CeFloat + 'static>(
 }
 
 /// `grad_bias[v0..v0 + len] += Σ_r grad_logits[r, v0..v0 + len]`.
-fn add_column_sums<T: CeFloat>(
+fn add_column_sums<T: KernelFloat>(
     grad_logits: &[T],
     vocab: usize,
     (v0, len): (usize, usize),
@@ -331,7 +334,7 @@ fn add_column_sums<T: CeFloat>(
 
 /// `y += a · x`.
 #[inline]
-fn axpy<T: CeFloat>(y: &mut [T], a: T, x: &[T]) {
+fn axpy<T: KernelFloat>(y: &mut [T], a: T, x: &[T]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += a * x;
     }
@@ -354,7 +357,7 @@ struct FromHidden {
 }
 
 impl FromHidden {
-    fn forward<T: CeFloat + 'static>(
+    fn forward<T: KernelFloat + 'static>(
         &self,
         hidden: &[T],
         weight: &[T],
@@ -388,7 +391,7 @@ impl FromHidden {
         Ok(out)
     }
 
-    fn backward<T: CeFloat + 'static>(
+    fn backward<T: KernelFloat + 'static>(
         &self,
         hidden: &[T],
         weight: &[T],
@@ -509,7 +512,7 @@ impl FromHidden {
 
     /// The terms of skipped tiles that filtering keeps: the label-smoothing offset (rank one)
     /// and the sparse terms at the target and the gathered ids.
-    fn skipped_tile_terms<T: CeFloat>(
+    fn skipped_tile_terms<T: KernelFloat>(
         &self,
         block: SkippedBlock<'_, T>,
         weight: &[T],
@@ -641,7 +644,7 @@ struct SkippedBlock<'a, T> {
 }
 
 /// `Σ_{v in tile} W_v` for every tile: `[tiles, D]`.
-fn weight_tile_sums<T: CeFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize)]) -> Vec<T> {
+fn weight_tile_sums<T: KernelFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize)]) -> Vec<T> {
     let mut sums = vec![T::ZERO; tiles.len() * dim];
     sums.par_chunks_mut(dim)
         .zip(tiles.par_iter())
@@ -656,7 +659,7 @@ fn weight_tile_sums<T: CeFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize
 /// Marks the tiles whose probabilities are all below `tau` in every row of the block:
 /// `p[r,v] < τ` ⟺ `logit[r,v] < max_r + ln(τ · sum_r)`, from the row statistics the forward
 /// kept (`max`, `sum` after the gathered columns).
-fn mark_skipped<T: CeFloat>(
+fn mark_skipped<T: KernelFloat>(
     logits: &[T],
     out: &[T],
     (stride, width, vocab): (usize, usize, usize),
