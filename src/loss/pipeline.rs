@@ -590,6 +590,12 @@ pub mod testing {
         super::super::kernels::cpu::exp_nonpositive_in_place(values)
     }
 
+    /// The PTX of the CUDA kernels for compute capability `(major, minor)`, compiled by NVRTC.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_ptx(capability: (i32, i32)) -> Result<String> {
+        super::super::kernels::cuda::compile_ptx(capability)
+    }
+
     /// Errors from `f`, prefixed with the op's name.
     fn named<R>(op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
         f().map_err(|e| candle_core::Error::Msg(format!("{op}: {e}")))
