@@ -30,8 +30,8 @@
 use anyhow::{bail, Result};
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig, GradCheckReport};
 use candle_bleu::loss::{
-    bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, LossSmoothing,
-    Reduction, References,
+    bleu_loss, bleu_loss_from_logits, BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction,
+    References,
 };
 use candle_core::{Device, Tensor, D};
 use clap::Parser;
@@ -282,16 +282,14 @@ fn main() -> Result<()> {
         );
     }
     let mut demo_failures = 0;
-    for (name, report) in [
-        (
-            "candle_nn::ops::softmax(x, D::Minus1)",
-            check_gradients(
-                |x| loss_of(candle_nn::ops::softmax(&on_device(x)?, D::Minus1)?),
-                &logits,
-                &grad_cfg,
-            )?,
-        ),
-    ] {
+    for (name, report) in [(
+        "candle_nn::ops::softmax(x, D::Minus1)",
+        check_gradients(
+            |x| loss_of(candle_nn::ops::softmax(&on_device(x)?, D::Minus1)?),
+            &logits,
+            &grad_cfg,
+        )?,
+    )] {
         println!("  {name}: {report}");
         demo_failures += usize::from(!report.passed);
     }

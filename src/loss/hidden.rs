@@ -31,10 +31,9 @@ use super::kernels::cpu::{
 use super::kernels::{contiguous_slice, dispatch_float};
 use super::pipeline::{
     check_bleu_arguments, check_bleu_weight, check_finite, check_targets, combine, cpu_kernels,
-    device_targets, finish, inputs_from_gathered, with_eos_column, HypothesisInputs,
-    HypothesisShape,
+    device_targets, finish, inputs_from_gathered, HypothesisInputs, HypothesisShape,
 };
-use super::references::ReferenceTokens;
+use super::references::{ReferenceSide, ReferenceTokens};
 use super::training::{TrainingLoss, TrainingLossConfig};
 use super::{
     bleu_loss_from_logits, ce_bleu_from_logits, score, BleuLossConfig, BleuLossOutput, Form,
@@ -1197,6 +1196,15 @@ pub fn cross_entropy_from_hidden(
     out.narrow(2, 0, 1)?.sum_all()
 }
 
+/// The ids the blocks gather at, `[B, W]` with the `eos_id` column under the EOS length models:
+/// the ones the reference side caches.
+fn cached_gather_ids(side: &ReferenceSide) -> Result<&Tensor> {
+    match &side.gather {
+        Some(gather) => Ok(&gather.ids),
+        None => bail!("internal: id references without gather ids"),
+    }
+}
+
 /// The BLEU loss of `softmax(proj(hidden))`, without storing the `[B, S, V]` logits:
 /// [`bleu_loss_from_logits`] of `proj.forward(hidden)`, the same values, statistics and
 /// gradients (to rounding; 1e-10 in f64).
@@ -1230,8 +1238,8 @@ pub fn bleu_loss_from_hidden(
         return bleu_loss_from_logits(&logits, hyp_lengths, refs, cfg);
     };
     let paired = cfg.form == Form::Paired;
-    let gather_ids = with_eos_column(ids, cfg)?;
-    let out = hidden_rows(&inputs, Some(&gather_ids), None, paired, hidden_cfg)?;
+    let gather_ids = cached_gather_ids(&side)?;
+    let out = hidden_rows(&inputs, Some(gather_ids), None, paired, hidden_cfg)?;
     let (hyp, _) = split_rows(&out, ids.dim(1)?, gather_ids.dim(1)?, paired, cfg)?;
     finish(hyp, &side, hyp_lengths, cfg)
 }
@@ -1303,10 +1311,10 @@ pub fn ce_bleu_from_hidden(
         return ce_bleu_from_logits(&logits, hyp_lengths, refs, targets, cfg);
     };
     let paired = bleu.form == Form::Paired;
-    let gather_ids = with_eos_column(ids, bleu)?;
+    let gather_ids = cached_gather_ids(&side)?;
     let out = hidden_rows(
         &inputs,
-        Some(&gather_ids),
+        Some(gather_ids),
         Some((targets, ce)),
         paired,
         hidden_cfg,

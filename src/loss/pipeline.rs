@@ -306,18 +306,6 @@ pub(crate) fn inputs_from_gathered(
     })
 }
 
-/// The reference ids `[B, W]`, with a column of `eos_id` appended under the EOS length models,
-/// so that one gather reads both `X` and `P[:, :, eos]`.
-pub(crate) fn with_eos_column(ids: &Tensor, cfg: &BleuLossConfig) -> Result<Tensor> {
-    match cfg.length.eos_id() {
-        Some(eos) => {
-            let eos_column = Tensor::full(eos, (ids.dim(0)?, 1), ids.device())?;
-            Tensor::cat(&[ids, &eos_column], 1)
-        }
-        None => Ok(ids.clone()),
-    }
-}
-
 /// What one pass over the logits reads for the BLEU side.
 #[derive(Clone, Copy)]
 pub(crate) enum Gather<'a> {
