@@ -567,7 +567,7 @@ pub(crate) fn combine(
 }
 
 /// The kernel ops with their own validation, for the crate's tests and benches: not part of
-/// the API (the loss's entry points validate their arguments once and call [`logits_pass`]).
+/// the API (the loss's entry points validate their arguments once and call `logits_pass`).
 pub mod testing {
     use super::{check_logits, logits_pass, Gather, GatherIds};
     use candle_core::{bail, DType, Result, Tensor};

@@ -239,7 +239,7 @@ pub(crate) fn row_softmax_stats<T: KernelFloat>(
         finite &= block_finite;
         if block_max > max {
             // max < block_max, so the exponent is <= 0 (and exp(-inf) = 0 at the first block).
-            sum = sum * T::exp_nonpositive(max - block_max);
+            sum *= T::exp_nonpositive(max - block_max);
             max = block_max;
         }
         sum += lane_sum(block, |x| T::exp_nonpositive(x - max));
