@@ -67,8 +67,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training |
-//! | [`loss::fused`] | CPU kernels: softmax gathered at the reference ids, and softmax with a backward |
+//! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training; [`loss::ce_bleu_from_logits`] and [`loss::ce_bleu_from_hidden`] for a training step (the row kernels they run are private) |
 //! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::SmoothMethod`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
 //! | [`exact::chrf`] | [`exact::chrf::corpus_chrf`], [`exact::chrf::sentence_chrf`], [`exact::chrf::ChrfConfig`]: sacrebleu's chrF and chrF++ |
 //! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |

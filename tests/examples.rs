@@ -144,7 +144,6 @@ fn gradcheck_passes_every_configuration_and_catches_softmax_last_dim() {
     );
     for passing in [
         "candle_nn::ops::softmax(x, D::Minus1): passed",
-        "candle_bleu::loss::fused::softmax_last_dim: passed",
         "log-sum-exp by hand: passed",
         "Tensor::log_sum_exp: passed",
     ] {

@@ -739,7 +739,7 @@ fn loss_from_stats_rejects_bad_statistics() {
     }
 }
 
-/// The public fused ops: every bad `logits`/`ids` is an error naming the argument — in
+/// The kernel ops (`loss::testing`, not part of the API): every bad `logits`/`ids` is an error naming the argument — in
 /// particular an id `>= V` and an `ids` batch that does not match, which used to panic inside
 /// the rayon kernels — and the gradients of valid calls match the composed ops.
 #[test]
@@ -747,7 +747,7 @@ fn fused_ops_reject_bad_logits_and_ids() {
     if !f64_supported("fused_ops_reject_bad_logits_and_ids") {
         return;
     }
-    use candle_bleu::loss::fused::{softmax_gather, softmax_last_dim, softmax_self_match_gather};
+    use candle_bleu::loss::testing::{softmax_gather, softmax_last_dim, softmax_self_match_gather};
     let dev = &test_device();
     let good_logits = logits(&[B, S, V]);
     let good_ids = Tensor::new(&[[1u32, 5], [0, 2]], dev).unwrap();
@@ -854,24 +854,28 @@ fn fused_ops_reject_bad_logits_and_ids() {
                 &["`logits`", "NaN"],
             );
         }
-        // Empty batch, sequence or K: valid, empty results.
-        for (shape, k) in [([0, S, V], 2), ([B, 0, V], 2), ([B, S, V], 0)] {
-            let ids = Tensor::zeros((shape[0], k), DType::U32, dev).unwrap();
-            let out = assert_ok(&format!("{op}: {shape:?}, K = {k}"), || {
-                f(&logits(&shape), &ids)
-            });
-            assert_eq!(out.dims(), [shape[0], shape[1], k]);
+        // Empty batch or sequence: an error naming the shape; K = 0: valid, empty results.
+        for shape in [[0, S, V], [B, 0, V]] {
+            let ids = Tensor::zeros((shape[0], 2), DType::U32, dev).unwrap();
+            assert_err(
+                &format!("{op}: {shape:?}"),
+                || f(&logits(&shape), &ids),
+                &[op, "`logits`", "empty", &format!("{shape:?}")],
+            );
         }
+        let ids = Tensor::zeros((B, 0), DType::U32, dev).unwrap();
+        let out = assert_ok(&format!("{op}: K = 0"), || f(&good_logits, &ids));
+        assert_eq!(out.dims(), [B, S, 0]);
     }
     // softmax_last_dim: a scalar or an integer tensor.
     assert_err(
         "softmax_last_dim scalar",
         || softmax_last_dim(&Tensor::new(1f32, dev).unwrap()),
-        &["`logits`", "rank >= 1"],
+        &["softmax_last_dim", "`logits`", "[B, S, V]"],
     );
     assert_err(
         "softmax_last_dim u32",
-        || softmax_last_dim(&Tensor::zeros((2, 3), DType::U32, dev).unwrap()),
+        || softmax_last_dim(&Tensor::zeros((2, 3, 1), DType::U32, dev).unwrap()),
         &["`logits`", "float", "U32"],
     );
     if !dev.is_cpu() {
@@ -879,7 +883,7 @@ fn fused_ops_reject_bad_logits_and_ids() {
     }
     assert_err(
         "softmax_last_dim f16",
-        || softmax_last_dim(&Tensor::zeros((2, 3), DType::F16, dev).unwrap()),
+        || softmax_last_dim(&Tensor::zeros((2, 3, 1), DType::F16, dev).unwrap()),
         &["softmax_last_dim", "`logits`", "F16"],
     );
 }

@@ -20,22 +20,24 @@
 //! each block as candle ops and back-propagates through it alone — so the GPU path keeps the
 //! `O(block)` memory too.
 
-use super::cross_entropy::{
-    backward_rows_into, check_targets, device_targets, forward_rows_into,
-    row_gradient_coefficients, CeFloat, CrossEntropyConfig, Gathered, TargetRows, CE_COLUMNS,
-};
-use super::fused::{contiguous_slice, dispatch_float, row_max_checked, vocab_sized_buffer};
+use super::cross_entropy::CrossEntropyConfig;
 use super::gemm::{matmul, MatMut, MatRef};
 use super::host::CpuView;
-use super::references::ReferenceTokens;
-use super::training::{
-    check_bleu_weight, combine, inputs_from_gathered, self_match_backward_into,
-    self_match_forward_into, TrainingLoss, TrainingLossConfig,
+use super::kernels::cpu::{
+    backward_rows_into, forward_rows_into, row_gradient_coefficients, row_max_checked,
+    self_match_backward_into, self_match_forward_into, vocab_sized_buffer, Gathered, KernelFloat,
+    TargetRows, CE_COLUMNS,
 };
+use super::kernels::{contiguous_slice, dispatch_float};
+use super::pipeline::{
+    check_bleu_arguments, check_bleu_weight, check_finite, check_targets, combine, cpu_kernels,
+    device_targets, finish, inputs_from_gathered, HypothesisInputs, HypothesisShape,
+};
+use super::references::{ReferenceSide, ReferenceTokens};
+use super::training::{TrainingLoss, TrainingLossConfig};
 use super::{
-    bleu_loss_from_logits, ce_bleu_from_logits, check_bleu_arguments, check_finite, cpu_kernels,
-    finish, score, with_eos_column, BleuLossConfig, BleuLossOutput, Form, HypothesisInputs,
-    HypothesisShape, References,
+    bleu_loss_from_logits, ce_bleu_from_logits, score, BleuLossConfig, BleuLossOutput, Form,
+    References,
 };
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Module, Result,
@@ -286,7 +288,7 @@ impl RowSpec {
 }
 
 /// `logits = hidden_block · weightᵀ (+ bias)`, `[rows, V]`, as `candle_nn::Linear` computes it.
-fn block_logits<T: CeFloat + 'static>(
+fn block_logits<T: KernelFloat + 'static>(
     hidden_block: &[T],
     weight: &[T],
     bias: Option<&[T]>,
@@ -309,7 +311,7 @@ fn block_logits<T: CeFloat + 'static>(
 }
 
 /// `grad_bias[v0..v0 + len] += Σ_r grad_logits[r, v0..v0 + len]`.
-fn add_column_sums<T: CeFloat>(
+fn add_column_sums<T: KernelFloat>(
     grad_logits: &[T],
     vocab: usize,
     (v0, len): (usize, usize),
@@ -331,7 +333,7 @@ fn add_column_sums<T: CeFloat>(
 
 /// `y += a · x`.
 #[inline]
-fn axpy<T: CeFloat>(y: &mut [T], a: T, x: &[T]) {
+fn axpy<T: KernelFloat>(y: &mut [T], a: T, x: &[T]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += a * x;
     }
@@ -354,7 +356,7 @@ struct FromHidden {
 }
 
 impl FromHidden {
-    fn forward<T: CeFloat + 'static>(
+    fn forward<T: KernelFloat + 'static>(
         &self,
         hidden: &[T],
         weight: &[T],
@@ -388,7 +390,7 @@ impl FromHidden {
         Ok(out)
     }
 
-    fn backward<T: CeFloat + 'static>(
+    fn backward<T: KernelFloat + 'static>(
         &self,
         hidden: &[T],
         weight: &[T],
@@ -509,7 +511,7 @@ impl FromHidden {
 
     /// The terms of skipped tiles that filtering keeps: the label-smoothing offset (rank one)
     /// and the sparse terms at the target and the gathered ids.
-    fn skipped_tile_terms<T: CeFloat>(
+    fn skipped_tile_terms<T: KernelFloat>(
         &self,
         block: SkippedBlock<'_, T>,
         weight: &[T],
@@ -641,7 +643,7 @@ struct SkippedBlock<'a, T> {
 }
 
 /// `Σ_{v in tile} W_v` for every tile: `[tiles, D]`.
-fn weight_tile_sums<T: CeFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize)]) -> Vec<T> {
+fn weight_tile_sums<T: KernelFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize)]) -> Vec<T> {
     let mut sums = vec![T::ZERO; tiles.len() * dim];
     sums.par_chunks_mut(dim)
         .zip(tiles.par_iter())
@@ -656,7 +658,7 @@ fn weight_tile_sums<T: CeFloat>(weight: &[T], dim: usize, tiles: &[(usize, usize
 /// Marks the tiles whose probabilities are all below `tau` in every row of the block:
 /// `p[r,v] < τ` ⟺ `logit[r,v] < max_r + ln(τ · sum_r)`, from the row statistics the forward
 /// kept (`max`, `sum` after the gathered columns).
-fn mark_skipped<T: CeFloat>(
+fn mark_skipped<T: KernelFloat>(
     logits: &[T],
     out: &[T],
     (stride, width, vocab): (usize, usize, usize),
@@ -1194,6 +1196,15 @@ pub fn cross_entropy_from_hidden(
     out.narrow(2, 0, 1)?.sum_all()
 }
 
+/// The ids the blocks gather at, `[B, W]` with the `eos_id` column under the EOS length models:
+/// the ones the reference side caches.
+fn cached_gather_ids(side: &ReferenceSide) -> Result<&Tensor> {
+    match &side.gather {
+        Some(gather) => Ok(&gather.ids),
+        None => bail!("internal: id references without gather ids"),
+    }
+}
+
 /// The BLEU loss of `softmax(proj(hidden))`, without storing the `[B, S, V]` logits:
 /// [`bleu_loss_from_logits`] of `proj.forward(hidden)`, the same values, statistics and
 /// gradients (to rounding; 1e-10 in f64).
@@ -1227,8 +1238,8 @@ pub fn bleu_loss_from_hidden(
         return bleu_loss_from_logits(&logits, hyp_lengths, refs, cfg);
     };
     let paired = cfg.form == Form::Paired;
-    let gather_ids = with_eos_column(ids, cfg)?;
-    let out = hidden_rows(&inputs, Some(&gather_ids), None, paired, hidden_cfg)?;
+    let gather_ids = cached_gather_ids(&side)?;
+    let out = hidden_rows(&inputs, Some(gather_ids), None, paired, hidden_cfg)?;
     let (hyp, _) = split_rows(&out, ids.dim(1)?, gather_ids.dim(1)?, paired, cfg)?;
     finish(hyp, &side, hyp_lengths, cfg)
 }
@@ -1300,10 +1311,10 @@ pub fn ce_bleu_from_hidden(
         return ce_bleu_from_logits(&logits, hyp_lengths, refs, targets, cfg);
     };
     let paired = bleu.form == Form::Paired;
-    let gather_ids = with_eos_column(ids, bleu)?;
+    let gather_ids = cached_gather_ids(&side)?;
     let out = hidden_rows(
         &inputs,
-        Some(&gather_ids),
+        Some(gather_ids),
         Some((targets, ce)),
         paired,
         hidden_cfg,

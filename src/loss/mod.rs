@@ -79,7 +79,10 @@
 //!   matrices;
 //! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
 //! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
-//! - [`fused`]: CPU kernels for softmax-gather and softmax with hand-written backwards;
+//! - `pipeline`: validation, the one choice between the kernels and composed candle ops, the
+//!   pass over the logits and the statistics from it;
+//! - `kernels`: the row kernels over the logits (CPU, and CUDA behind the `cuda` feature and
+//!   [`set_cuda_kernels`]), each a candle custom op with a hand-written backward op;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
@@ -92,54 +95,33 @@
 mod cross_entropy;
 pub mod distributed;
 mod forms;
-pub mod fused;
 mod gemm;
 mod hidden;
 mod host;
+mod kernels;
 mod length;
+mod pipeline;
 mod products;
 pub mod references;
 pub mod score;
 mod training;
 
-#[doc(hidden)]
-pub use cross_entropy::exp_nonpositive_in_place;
 pub use cross_entropy::{cross_entropy_from_logits, CrossEntropyConfig};
 pub use hidden::{
     bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden, HiddenConfig,
 };
 pub use host::host_copies;
+pub use kernels::{cuda_kernels_enabled, set_cuda_kernels};
+/// Not part of the API: the kernel ops with their own validation, and the composed-path
+/// switch, for the crate's tests, examples and benches.
+#[doc(hidden)]
+pub use pipeline::{testing, with_composed_path};
 pub use references::References;
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
 pub use training::{ce_bleu_from_logits, TrainingLoss, TrainingLossConfig};
 
-use candle_core::{bail, DType, Result, Tensor};
-use forms::FormInputs;
-use references::{ReferenceSide, ReferenceTokens};
-
-thread_local! {
-    static COMPOSED_ON_CPU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with the loss's composed candle-op path on the CPU as well, on this thread: the
-/// path devices without the crate's kernels take, so that the suite can compare both on the
-/// CPU. Not part of the API.
-#[doc(hidden)]
-pub fn with_composed_path<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COMPOSED_ON_CPU.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(COMPOSED_ON_CPU.with(|c| c.replace(true)));
-    f()
-}
-
-/// Whether the fused CPU kernels run for tensors on `device`.
-pub(crate) fn cpu_kernels(device: &candle_core::Device) -> bool {
-    device.is_cpu() && !COMPOSED_ON_CPU.with(std::cell::Cell::get)
-}
+use candle_core::{DType, Result, Tensor};
+use pipeline::{check_finite, check_inputs, finish, hypothesis_inputs_from_probs};
 
 /// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
 /// one-hot inputs with `Given` lengths.
@@ -304,240 +286,6 @@ pub(crate) fn constant(
     }
 }
 
-/// Validates the hypothesis tensor, the lengths and the references against each other;
-/// returns the compute dtype.
-fn check_inputs(
-    name: &str,
-    hyp: &Tensor,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    cfg: &BleuLossConfig,
-) -> Result<DType> {
-    score::validate_config(cfg)?;
-    let (batch, seq, vocab) = match hyp.dims() {
-        &[b, s, v] => (b, s, v),
-        dims => bail!("`{name}` must be [B, S, V], got shape {dims:?}"),
-    };
-    let compute_dtype = score::compute_dtype(hyp.dtype()).map_err(|_| {
-        candle_core::Error::Msg(format!(
-            "`{name}` must be a float tensor, got {:?} with shape {:?}",
-            hyp.dtype(),
-            hyp.dims()
-        ))
-    })?;
-    if batch == 0 || seq == 0 || vocab == 0 {
-        bail!(
-            "`{name}` has an empty dimension: shape {:?}; B, S and V must be >= 1",
-            hyp.dims()
-        );
-    }
-    let shape = HypothesisShape {
-        name,
-        described: format!("`{name}` shape {:?}", hyp.dims()),
-        batch,
-        seq,
-        vocab,
-        device: hyp.device(),
-    };
-    check_bleu_arguments(&shape, hyp_lengths, refs, cfg)?;
-    Ok(compute_dtype)
-}
-
-/// The `[B, S, V]` of the hypotheses, however they are given (probabilities, logits, or hidden
-/// states and an output layer), for validation messages.
-pub(crate) struct HypothesisShape<'a> {
-    /// The argument the batch and positions come from.
-    pub name: &'a str,
-    /// The hypothesis arguments and their shapes, for messages.
-    pub described: String,
-    pub batch: usize,
-    pub seq: usize,
-    pub vocab: usize,
-    pub device: &'a candle_core::Device,
-}
-
-/// Validates the lengths, the references and the config's `eos_id` against the hypotheses'
-/// `[B, S, V]` (the config itself is checked by the caller).
-pub(crate) fn check_bleu_arguments(
-    hyp: &HypothesisShape,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    cfg: &BleuLossConfig,
-) -> Result<()> {
-    let HypothesisShape {
-        name,
-        described,
-        batch,
-        seq,
-        vocab,
-        device,
-    } = hyp;
-    let (batch, seq, vocab) = (*batch, *seq, *vocab);
-    if refs.batch_size() != batch {
-        bail!(
-            "`refs` has {} batch elements but `{name}` has {batch} ({described})",
-            refs.batch_size(),
-        );
-    }
-    if !refs.device().same_device(device) {
-        bail!(
-            "`refs` are on {:?} but `{name}` is on {device:?}",
-            refs.device()
-        );
-    }
-    refs.check_vocab(vocab)?;
-    if let Some(eos) = cfg.length.eos_id() {
-        if eos as usize >= vocab {
-            bail!("`eos_id` {eos} is out of the vocabulary (V = {vocab}, {described})");
-        }
-    }
-    if let Some(lengths) = hyp_lengths {
-        if matches!(cfg.length, LengthModel::SoftEos { .. }) {
-            bail!(
-                "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
-            );
-        }
-        if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
-            bail!(
-                "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
-                lengths.dtype(),
-                lengths.dims()
-            );
-        }
-        if !lengths.device().same_device(device) {
-            bail!(
-                "`hyp_lengths` are on {:?} but `{name}` is on {device:?}",
-                lengths.device(),
-            );
-        }
-        // In place on the CPU; elsewhere a copy, only with `check_values`.
-        if let Some(values) = host::u32_values(lengths, cfg.check_values)? {
-            if let Some((element, &length)) =
-                values.iter().enumerate().find(|(_, &l)| l as usize > seq)
-            {
-                bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} ({described})");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Errors if `t` holds NaN or Inf: in place on the CPU, with a copy elsewhere only under
-/// `check_values`.
-fn check_finite(name: &str, t: &Tensor, cfg: &BleuLossConfig) -> Result<()> {
-    if host::all_finite(t, cfg.check_values)? == Some(false) {
-        bail!(
-            "`{name}` contains NaN or infinite values (shape {:?})",
-            t.dims()
-        );
-    }
-    Ok(())
-}
-
-/// Everything the statistics need from the hypothesis side.
-struct HypothesisInputs {
-    /// `X`: `[B, S, W]`.
-    token_match: Tensor,
-    /// `P[:, :, eos]`: `[B, S]`, for the EOS length models.
-    eos_probs: Option<Tensor>,
-    /// `Z_1 = P Pᵀ`: `[B, S, S]`, for the paired form.
-    hyp_self_match: Option<Tensor>,
-}
-
-/// The token matches from full probabilities: a gather for ids, a product for matrices.
-fn hypothesis_inputs_from_probs(
-    probs: &Tensor,
-    side: &ReferenceSide,
-    cfg: &BleuLossConfig,
-) -> Result<HypothesisInputs> {
-    let (batch, seq, _) = probs.dims3()?;
-    let token_match = match &side.tokens {
-        ReferenceTokens::Ids(ids) => {
-            let width = ids.dim(1)?;
-            let index = ids
-                .unsqueeze(1)?
-                .broadcast_as((batch, seq, width))?
-                .contiguous()?;
-            probs.gather(&index, 2)?
-        }
-        ReferenceTokens::Matrices(matrices) => probs.matmul(&matrices.t()?)?,
-    };
-    let eos_probs = cfg
-        .length
-        .eos_id()
-        .map(|eos| probs.narrow(2, eos as usize, 1)?.squeeze(2))
-        .transpose()?;
-    let hyp_self_match = (cfg.form == Form::Paired)
-        .then(|| probs.matmul(&probs.t()?))
-        .transpose()?;
-    Ok(HypothesisInputs {
-        token_match,
-        eos_probs,
-        hyp_self_match,
-    })
-}
-
-/// The statistics and the loss from the hypothesis inputs.
-fn finish(
-    inputs: HypothesisInputs,
-    side: &ReferenceSide,
-    hyp_lengths: Option<&Tensor>,
-    cfg: &BleuLossConfig,
-) -> Result<BleuLossOutput> {
-    let (batch, seq, _) = inputs.token_match.dims3()?;
-    let (dtype, device) = (
-        inputs.token_match.dtype(),
-        inputs.token_match.device().clone(),
-    );
-    let weights = length::hypothesis_weights(
-        cfg.length,
-        inputs.eos_probs.as_ref(),
-        hyp_lengths,
-        batch,
-        seq,
-        cfg.max_order,
-        dtype,
-        &device,
-    )?;
-    let form_inputs = FormInputs {
-        token_match: &inputs.token_match,
-        hyp_self_match: inputs.hyp_self_match.as_ref(),
-        hyp: &weights,
-        refs: side,
-    };
-    let matches = forms::clipped_matches(cfg.form, &form_inputs, cfg.max_order)?;
-    let zeros = Tensor::zeros(batch, dtype, &device)?;
-    let totals: Vec<Tensor> = weights
-        .totals
-        .iter()
-        .map(|g| g.as_ref().map_or_else(|| Ok(zeros.clone()), |g| g.sum(1)))
-        .collect::<Result<_>>()?;
-    let hyp_len = weights.length.sum(1)?;
-    let ref_len = score::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
-    let matches = Tensor::stack(&matches, 1)?;
-    let totals = Tensor::stack(&totals, 1)?;
-    let stats = BleuStats {
-        matches,
-        totals,
-        hyp_len,
-        ref_len,
-    };
-    let loss = score::score(&stats, cfg)?;
-    Ok(BleuLossOutput { loss, stats })
-}
-
-/// The reference ids `[B, W]`, with a column of `eos_id` appended under the EOS length models,
-/// so that one gather reads both `X` and `P[:, :, eos]`.
-fn with_eos_column(ids: &Tensor, cfg: &BleuLossConfig) -> Result<Tensor> {
-    match cfg.length.eos_id() {
-        Some(eos) => {
-            let eos_column = Tensor::full(eos, (ids.dim(0)?, 1), ids.device())?;
-            Tensor::cat(&[ids, &eos_column], 1)
-        }
-        None => Ok(ids.clone()),
-    }
-}
-
 /// `-log BLEU` of hypothesis distributions against references (docs/loss.md).
 ///
 /// # Arguments
@@ -585,40 +333,7 @@ pub fn bleu_loss_from_logits(
 ) -> Result<BleuLossOutput> {
     let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
     let logits = logits.to_dtype(compute_dtype)?;
-    // On the CPU the fused kernels find non-finite logits in the pass they make anyway.
-    if !logits.device().is_cpu() {
-        check_finite("logits", &logits, cfg)?;
-    }
     let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
-    let inputs = match (&side.tokens, cfg.form) {
-        (ReferenceTokens::Ids(ids), Form::Expected | Form::LowerBound) => {
-            let width = ids.dim(1)?;
-            let gathered = fused::softmax_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
-            HypothesisInputs {
-                token_match: gathered.narrow(2, 0, width)?,
-                eos_probs: cfg
-                    .length
-                    .eos_id()
-                    .map(|_| gathered.narrow(2, width, 1)?.squeeze(2))
-                    .transpose()?,
-                hyp_self_match: None,
-            }
-        }
-        (ReferenceTokens::Ids(ids), Form::Paired) => {
-            let width = ids.dim(1)?;
-            let (self_match, gathered) =
-                fused::softmax_self_match_gather_unchecked(&logits, &with_eos_column(ids, cfg)?)?;
-            HypothesisInputs {
-                token_match: gathered.narrow(2, 0, width)?,
-                eos_probs: cfg
-                    .length
-                    .eos_id()
-                    .map(|_| gathered.narrow(2, width, 1)?.squeeze(2))
-                    .transpose()?,
-                hyp_self_match: Some(self_match),
-            }
-        }
-        _ => hypothesis_inputs_from_probs(&fused::softmax_last_dim(&logits)?, &side, cfg)?,
-    };
+    let (inputs, _) = pipeline::hypothesis_pass(&logits, &side, cfg, None)?;
     finish(inputs, &side, hyp_lengths, cfg)
 }

@@ -6,6 +6,7 @@
 //! one-hot or soft matrices they follow the derivation: reference self-matches
 //! `Y[j,j'] = Π_k A_{j+k}·A_{j'+k}` and products over the strictly lower triangle.
 
+use super::kernels::GatherIds;
 use super::products::{extend_ngram_match, prod_last_dim};
 use super::{constant, host};
 use crate::ngram::reference_ngram_masks;
@@ -326,6 +327,10 @@ pub(crate) struct ReferenceSide {
     pub ref_lengths: Tensor,
     /// u8 `[B, R]`: 1 where `ref_lengths` holds a reference, 0 at padding.
     pub ref_mask: Tensor,
+    /// For id references: the ids a pass over the logits gathers at (`[B, W]`, with a column of
+    /// `eos_id` appended under the EOS length models) and their first-occurrence links, built
+    /// once here on the host.
+    pub gather: Option<GatherIds>,
 }
 
 /// `ref_lengths` and `ref_mask` of [`ReferenceSide`] from host lengths `[b][r]`.
@@ -405,7 +410,14 @@ fn ids_side(
         .map(|element| element.iter().map(|r| r.len()).collect())
         .collect();
     let (ref_lengths, ref_mask) = length_candidates(&lengths, dtype, device)?;
+    let gather_width = width + usize::from(eos_id.is_some());
+    let gather_ids: Vec<u32> = ids
+        .chunks(width)
+        .flat_map(|row| row.iter().copied().chain(eos_id))
+        .collect();
+    let gather = GatherIds::from_host(&gather_ids, (batch, gather_width), device)?;
     Ok(ReferenceSide {
+        gather: Some(gather),
         tokens: ReferenceTokens::Ids(Tensor::from_vec(ids, (batch, width), device)?),
         first: first.into_iter().map(to_tensor).collect::<Result<_>>()?,
         clip: clip.into_iter().map(to_tensor).collect::<Result<_>>()?,
@@ -474,6 +486,7 @@ fn matrix_side(matrices: &Tensor, lengths: &[usize], max_order: usize) -> Result
     let lengths: Vec<Vec<usize>> = lengths.iter().map(|&l| vec![l]).collect();
     let (ref_lengths, ref_mask) = length_candidates(&lengths, dtype, device)?;
     Ok(ReferenceSide {
+        gather: None,
         tokens: ReferenceTokens::Matrices(matrices.clone()),
         first,
         clip,

@@ -1,0 +1,860 @@
+//! The CPU row kernels, on raw slices: the `cpu_fwd` of the ops in [`super`] and the blocks of
+//! the hidden-state loss run these.
+//!
+//! Two passes over rows of `V` logits, each with its backward:
+//!
+//! - the **row pass** ([`forward_rows_into`], [`backward_rows_into`]): the row's softmax
+//!   statistics, the probabilities at optional gathered ids and an optional cross-entropy term,
+//!   in one read of the row; the backward writes the row's logits gradient in one pass;
+//! - the **self-match pass** ([`self_match_forward_into`], [`self_match_backward_into`]): every
+//!   probability of the rows of whole batch elements, their self-match `Z = P Pᵀ`, the same
+//!   gathered and cross-entropy columns; the backward applies the softmax Jacobian once to the
+//!   dense and sparse gradients.
+//!
+//! The full softmax ([`softmax_forward`], [`softmax_backward`]) is the self-match pass's first
+//! half and the Jacobian of its backward. f32 uses a vectorisable `exp` (Cephes' polynomial,
+//! about 1 ulp); f64 the standard library's.
+
+use super::super::cross_entropy::CrossEntropyConfig;
+use super::super::gemm::{matmul, MatMut, MatRef};
+use candle_core::{bail, Result, WithDType};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A zeroed buffer for a `[B, S, V]` kernel output. Buffers this large are fresh pages from
+/// the OS (glibc serves them by `mmap`), and first-touch page faults cost about as much as the
+/// kernel's arithmetic: at `[32,64,64,32000]` f32, 64 000 faults of 4 KiB per 250 MiB. On Linux
+/// we ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`, honoured when THP is in
+/// `madvise` or `always` mode), which makes them 512 times fewer. Advice only: the contents
+/// and the result do not change.
+pub(crate) fn vocab_sized_buffer<T: KernelFloat>(len: usize) -> Vec<T> {
+    let buffer = vec![T::ZERO; len];
+    #[cfg(target_os = "linux")]
+    advise_huge_pages(&buffer);
+    buffer
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages<T>(buffer: &[T]) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let bytes = std::mem::size_of_val(buffer);
+    if bytes < 8 * HUGE_PAGE {
+        return;
+    }
+    let start = buffer.as_ptr() as usize;
+    let aligned_start = (start + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+    let aligned_end = (start + bytes) & !(HUGE_PAGE - 1);
+    if aligned_end > aligned_start {
+        // SAFETY: madvise only advises the kernel on how to back pages of the range, which lies
+        // inside `buffer`'s live allocation; MADV_HUGEPAGE never changes memory contents. A
+        // failure (e.g. THP disabled) leaves ordinary pages, so the result is ignored.
+        unsafe {
+            libc::madvise(
+                aligned_start as *mut libc::c_void,
+                aligned_end - aligned_start,
+                libc::MADV_HUGEPAGE,
+            );
+        }
+    }
+}
+
+/// The float types of the CPU kernels, f32 and f64: candle's element type plus what the loops
+/// need.
+pub(crate) trait KernelFloat: WithDType {
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    /// `exp(x)` for `x <= 0` (logits minus their row maximum).
+    fn exp_nonpositive(x: Self) -> Self;
+    /// The larger of the two; NaN is ignored (the finiteness check reports it).
+    #[inline(always)]
+    fn larger(self, other: Self) -> Self {
+        if other > self {
+            other
+        } else {
+            self
+        }
+    }
+    fn is_finite(self) -> bool;
+}
+
+impl KernelFloat for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+
+    /// Cephes `expf`: range reduction by `ln 2`, a degree-5 polynomial, and the exponent written
+    /// into the bits. Branch-free so that loops over rows vectorise; inputs below `-87` (whose
+    /// `exp` is below the smallest normal float) give exactly 0, like the library `exp` rounds to.
+    #[inline(always)]
+    fn exp_nonpositive(x: f32) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
+        const ROUND: f32 = 12_582_912.0;
+        let clamped = if x < -87.0 { -87.0 } else { x };
+        let shifted = clamped * LOG2E + ROUND;
+        // The rounded integer sits in the low mantissa bits of `shifted`: reading it from the
+        // bits keeps the loop free of float-to-int conversions, which would not vectorise.
+        let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+        let n = shifted - ROUND;
+        let r = clamped - n * LN2_HI - n * LN2_LO;
+        let mut p = 1.987_569_1e-4_f32;
+        p = p * r + 1.398_199_9e-3;
+        p = p * r + 8.333_452e-3;
+        p = p * r + 4.166_579_6e-2;
+        p = p * r + 1.666_666_5e-1;
+        p = p * r + 5.0e-1;
+        let y = p * r * r + r + 1.0;
+        let scale = f32::from_bits(((n_int + 127) as u32) << 23);
+        let e = y * scale;
+        if x < -87.0 {
+            0.0
+        } else {
+            e
+        }
+    }
+    fn is_finite(self) -> bool {
+        f32::is_finite(self)
+    }
+}
+
+impl KernelFloat for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f64::NEG_INFINITY;
+    #[inline(always)]
+    fn exp_nonpositive(x: f64) -> f64 {
+        x.exp()
+    }
+    fn is_finite(self) -> bool {
+        f64::is_finite(self)
+    }
+}
+
+/// Accumulator lanes: lane arrays let the loops vectorise (a float fold in one accumulator would
+/// not, its order being fixed).
+const LANES: usize = 8;
+
+/// `values[i] = exp(values[i])` for `values[i] <= 0`, with the kernels' f32 `exp` and lane loop.
+pub(crate) fn exp_nonpositive_in_place(values: &mut [f32]) {
+    let mut chunks = values.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for value in chunk.iter_mut() {
+            *value = f32::exp_nonpositive(*value);
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = f32::exp_nonpositive(*v);
+    }
+}
+
+/// The row's maximum, and whether every entry is finite.
+#[inline]
+pub(crate) fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
+    let mut max_lanes = [T::NEG_INFINITY; LANES];
+    // x * 0 is 0 for finite x and NaN for NaN or ±inf: one NaN check per row instead of a branch.
+    let mut finite_lanes = [T::ZERO; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for lane in 0..LANES {
+            max_lanes[lane] = max_lanes[lane].larger(chunk[lane]);
+            finite_lanes[lane] += chunk[lane] * T::ZERO;
+        }
+    }
+    let mut max = T::NEG_INFINITY;
+    let mut finite = T::ZERO;
+    for lane in 0..LANES {
+        max = max.larger(max_lanes[lane]);
+        finite += finite_lanes[lane];
+    }
+    for &x in rest {
+        max = max.larger(x);
+        finite += x * T::ZERO;
+    }
+    (max, finite.is_finite() && max.is_finite())
+}
+
+/// `Σ_v f(row[v])` in lanes.
+#[inline(always)]
+fn lane_sum<T: KernelFloat>(row: &[T], f: impl Fn(T) -> T) -> T {
+    let mut sum_lanes = [T::ZERO; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for lane in 0..LANES {
+            sum_lanes[lane] += f(chunk[lane]);
+        }
+    }
+    let mut sum = T::ZERO;
+    for lane in sum_lanes {
+        sum += lane;
+    }
+    for &x in rest {
+        sum += f(x);
+    }
+    sum
+}
+
+/// `Σ_v a[v]·b[v]` in lanes.
+#[inline]
+fn dot<T: KernelFloat>(a: &[T], b: &[T]) -> T {
+    let mut dot_lanes = [T::ZERO; LANES];
+    let a_chunks = a.chunks_exact(LANES);
+    let b_chunks = b.chunks_exact(LANES);
+    let (a_rest, b_rest) = (a_chunks.remainder(), b_chunks.remainder());
+    for (ac, bc) in a_chunks.zip(b_chunks) {
+        for lane in 0..LANES {
+            dot_lanes[lane] += ac[lane] * bc[lane];
+        }
+    }
+    let mut dot = T::ZERO;
+    for lane in dot_lanes {
+        dot += lane;
+    }
+    for (&x, &y) in a_rest.iter().zip(b_rest) {
+        dot += x * y;
+    }
+    dot
+}
+
+/// The row's maximum, `Σ_v exp(row[v] − max)` and (when `with_logit_sum`) `Σ_v row[v]`, in
+/// one read of the row from memory: each L1-sized block is scanned for its maximum, then summed,
+/// rescaling the running sum when the maximum grows (online softmax). Also whether every entry
+/// is finite.
+#[inline]
+pub(crate) fn row_softmax_stats<T: KernelFloat>(
+    row: &[T],
+    with_logit_sum: bool,
+) -> (T, T, T, bool) {
+    const BLOCK: usize = 2048;
+    let mut max = T::NEG_INFINITY;
+    let mut sum = T::ZERO;
+    let mut logit_sum = T::ZERO;
+    let mut finite = true;
+    for block in row.chunks(BLOCK) {
+        let (block_max, block_finite) = row_max_checked(block);
+        finite &= block_finite;
+        if block_max > max {
+            // max < block_max, so the exponent is <= 0 (and exp(-inf) = 0 at the first block).
+            sum *= T::exp_nonpositive(max - block_max);
+            max = block_max;
+        }
+        sum += lane_sum(block, |x| T::exp_nonpositive(x - max));
+        if with_logit_sum {
+            logit_sum += lane_sum(block, |x| x);
+        }
+    }
+    (max, sum, logit_sum, finite)
+}
+
+/// Writes `softmax(row)` into `p`; returns the row's `(max, exp-sum, logit sum)` (the logit sum
+/// only when `with_logit_sum`, else 0), or `None` if the row holds NaN or Inf.
+#[inline]
+fn softmax_row_into<T: KernelFloat>(
+    row: &[T],
+    p: &mut [T],
+    with_logit_sum: bool,
+) -> Option<(T, T, T)> {
+    let (max, finite) = row_max_checked(row);
+    if !finite {
+        return None;
+    }
+    let mut sum_lanes = [T::ZERO; LANES];
+    let mut out_chunks = p.chunks_exact_mut(LANES);
+    let mut row_chunks = row.chunks_exact(LANES);
+    for (o, chunk) in (&mut out_chunks).zip(&mut row_chunks) {
+        for lane in 0..LANES {
+            let e = T::exp_nonpositive(chunk[lane] - max);
+            o[lane] = e;
+            sum_lanes[lane] += e;
+        }
+    }
+    let mut sum = T::ZERO;
+    for lane in sum_lanes {
+        sum += lane;
+    }
+    for (o, &x) in out_chunks
+        .into_remainder()
+        .iter_mut()
+        .zip(row_chunks.remainder())
+    {
+        let e = T::exp_nonpositive(x - max);
+        *o = e;
+        sum += e;
+    }
+    let inv_sum = T::ONE / sum;
+    let mut logit_sum = T::ZERO;
+    for (pv, &x) in p.iter_mut().zip(row) {
+        *pv *= inv_sum;
+        if with_logit_sum {
+            logit_sum += x;
+        }
+    }
+    Some((max, sum, logit_sum))
+}
+
+pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "`{argument}` contains NaN or infinite values; the BLEU loss needs finite logits"
+    ))
+}
+
+/// Columns each row of the row pass's output carries after the gathered probabilities: the
+/// row's (scaled) cross-entropy term, then what the backward needs — the row's maximum logit,
+/// its sum of `exp(logit − max)`, and the row's weight `1/n` (0 at padding or without targets).
+pub(crate) const CE_COLUMNS: usize = 4;
+
+/// What the row pass needs to know about the targets.
+#[derive(Clone, Copy)]
+pub(crate) struct TargetRows<'a> {
+    /// `[rows]` target ids; `None` when the pass computes no cross-entropy (every weight 0).
+    pub targets: Option<&'a [u32]>,
+    pub pad_id: Option<u32>,
+    pub label_smoothing: f64,
+    /// `1 / (number of non-pad rows)`.
+    pub inv_count: f64,
+}
+
+impl<'a> TargetRows<'a> {
+    /// Validates the targets against the vocabulary and counts the non-pad rows.
+    pub(crate) fn new(
+        targets: &'a [u32],
+        vocab: usize,
+        seq: usize,
+        cfg: &CrossEntropyConfig,
+    ) -> Result<Self> {
+        let mut count = 0usize;
+        for (row, &target) in targets.iter().enumerate() {
+            if Some(target) == cfg.pad_id {
+                continue;
+            }
+            if target as usize >= vocab {
+                bail!(
+                    "`targets[{}, {}]` = {target} is out of the vocabulary (V = {vocab}) and is not `pad_id` ({:?})",
+                    row / seq.max(1),
+                    row % seq.max(1),
+                    cfg.pad_id
+                );
+            }
+            count += 1;
+        }
+        if count == 0 {
+            bail!(
+                "every one of the {} `targets` is `pad_id` ({:?}): the mean cross-entropy over no positions is undefined",
+                targets.len(),
+                cfg.pad_id
+            );
+        }
+        Ok(Self {
+            targets: Some(targets),
+            pad_id: cfg.pad_id,
+            label_smoothing: cfg.label_smoothing,
+            inv_count: 1.0 / count as f64,
+        })
+    }
+
+    /// No cross-entropy: the row pass only gathers (the BLEU loss alone).
+    pub(crate) fn none() -> Self {
+        Self {
+            targets: None,
+            pad_id: None,
+            label_smoothing: 0.0,
+            inv_count: 0.0,
+        }
+    }
+
+    /// The target of `row`, unless it is padding (or there are no targets).
+    pub(crate) fn target(&self, row: usize) -> Option<u32> {
+        let target = self.targets?[row];
+        (Some(target) != self.pad_id).then_some(target)
+    }
+
+    pub(crate) fn weight(&self, row: usize) -> f64 {
+        match self.target(row) {
+            Some(_) => self.inv_count,
+            None => 0.0,
+        }
+    }
+
+    /// The CE columns of `row` (`[ce | max | sum | weight]`) from its statistics.
+    #[inline]
+    fn columns<T: KernelFloat>(
+        &self,
+        row: &[T],
+        row_index: usize,
+        stats: (T, T, T),
+        out: &mut [T],
+    ) {
+        let (max, sum, _) = stats;
+        out[0] = self.cross_entropy(row, row_index, stats);
+        out[1] = max;
+        out[2] = sum;
+        out[3] = T::from_f64(self.weight(row_index));
+    }
+
+    /// The row's cross-entropy term `w·(lse − (1 − ε)·x_t − ε·mean_v x_v)` from its statistics.
+    #[inline]
+    fn cross_entropy<T: KernelFloat>(&self, row: &[T], row_index: usize, stats: (T, T, T)) -> T {
+        let weight = self.weight(row_index);
+        if weight == 0.0 {
+            return T::ZERO;
+        }
+        let (max, sum, logit_sum) = stats;
+        let Some(target) = self.target(row_index) else {
+            return T::ZERO;
+        };
+        let eps = self.label_smoothing;
+        let lse = max.to_f64() + sum.to_f64().ln();
+        let target_logit = row[target as usize].to_f64();
+        let mean_logit = logit_sum.to_f64() / row.len() as f64;
+        T::from_f64(weight * (lse - (1.0 - eps) * target_logit - eps * mean_logit))
+    }
+}
+
+/// The columns a row pass gathers: `softmax(logits[r])[ids[r / rows_per_batch, k]]`, `k < width`.
+#[derive(Clone, Copy)]
+pub(crate) struct Gathered<'a> {
+    /// u32 `[B, width]`.
+    pub ids: &'a [u32],
+    pub width: usize,
+    /// `S`: the rows of one batch element.
+    pub rows_per_batch: usize,
+}
+
+impl Gathered<'_> {
+    pub(crate) fn row_ids(&self, row: usize) -> &[u32] {
+        &self.ids[(row / self.rows_per_batch) * self.width..][..self.width]
+    }
+}
+
+/// The row pass over the rows `first_row..` of the batch, whose logits are `logits`, into `out`
+/// (one output row per logits row): `[x_0 … x_{K−1} | ce | max | sum | weight]` with
+/// `x_k = softmax(logits[r])[ids[r / rows_per_batch, k]]` (none when `width` = 0) and the
+/// cross-entropy columns ([`CE_COLUMNS`]). Errors on NaN or Inf in `logits`.
+pub(crate) fn forward_rows_into<T: KernelFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let width = gathered.width;
+    let stride = width + CE_COLUMNS;
+    let all_finite = AtomicBool::new(true);
+    let with_logit_sum = rows.label_smoothing != 0.0;
+    out.par_chunks_mut(stride)
+        .zip(logits.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (out_row, row))| {
+            let row_index = first_row + local;
+            let (max, sum, logit_sum, finite) = row_softmax_stats(row, with_logit_sum);
+            if !finite {
+                all_finite.store(false, Ordering::Relaxed);
+                return;
+            }
+            let inv_sum = T::ONE / sum;
+            let row_ids = gathered.row_ids(row_index);
+            for (o, &id) in out_row[..width].iter_mut().zip(row_ids) {
+                *o = T::exp_nonpositive(row[id as usize] - max) * inv_sum;
+            }
+            rows.columns(row, row_index, (max, sum, logit_sum), &mut out_row[width..]);
+        });
+    if !all_finite.load(Ordering::Relaxed) {
+        return Err(non_finite_error("logits"));
+    }
+    Ok(())
+}
+
+/// The coefficients of one row's logits gradient (see [`backward_rows_into`]): `(scale, offset,
+/// ce_grad)` with `scale = (h·w − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` and `ce_grad = h·w`,
+/// from the row's forward output `stats` and its incoming gradient `grads` (same layout).
+#[inline]
+pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
+    stats: &[T],
+    grads: &[T],
+    width: usize,
+    label_smoothing: f64,
+    vocab: usize,
+) -> (T, T, T) {
+    let (sum, weight) = (stats[width + 2], stats[width + 3]);
+    let ce_grad = grads[width] * weight;
+    let mut weighted = T::ZERO;
+    for k in 0..width {
+        weighted += grads[k] * stats[k];
+    }
+    let scale = (ce_grad - weighted) / sum;
+    let offset = T::ZERO - ce_grad * T::from_f64(label_smoothing / vocab as f64);
+    (scale, offset, ce_grad)
+}
+
+/// The sparse terms of a row's logits gradient: `−h·w·(1 − ε)` at the target and `s_k` at
+/// `id_k`, added to `grad_row`.
+#[inline]
+fn add_sparse_terms<T: KernelFloat>(
+    grad_row: &mut [T],
+    target: Option<u32>,
+    ce_grad: T,
+    eps: f64,
+    ids: &[u32],
+    terms: impl Iterator<Item = T>,
+) {
+    if let Some(target) = target {
+        grad_row[target as usize] += T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+    }
+    for (&id, term) in ids.iter().zip(terms) {
+        grad_row[id as usize] += term;
+    }
+}
+
+/// The logits gradient of [`forward_rows_into`]'s rows `first_row..` (their logits, forward
+/// outputs and incoming gradients) into `grad`, in one pass over each row:
+///
+/// `dlogits[v] = p_v·(h·w − Σ_k g_k x_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k g_k x_k·[v = id_k]`
+///
+/// with `h` the gradient of the row's cross-entropy term, `w` its weight and `g_k` the
+/// gradients of the gathered probabilities (the softmax Jacobian applied to both at once).
+/// `zeroed` says whether `grad` holds zeros already (then rows without a dense part leave their
+/// zeros, and their pages, untouched).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_rows_into<T: KernelFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad: &mut [T],
+    zeroed: bool,
+) {
+    let width = gathered.width;
+    let stride = width + CE_COLUMNS;
+    let eps = rows.label_smoothing;
+    grad.par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (grad_row, row))| {
+            let row_index = first_row + local;
+            let stats = &out[local * stride..][..stride];
+            let grads = &grad_out[local * stride..][..stride];
+            let max = stats[width + 1];
+            let (scale, offset, ce_grad) =
+                row_gradient_coefficients(stats, grads, width, eps, vocab);
+            let row_ids = gathered.row_ids(row_index);
+            let target = rows.target(row_index);
+            let terms = (0..width).map(|k| grads[k] * stats[k]);
+            if scale == T::ZERO && offset == T::ZERO {
+                // No dense part (padding without BLEU gradient, or a cross-entropy gradient
+                // that the gathered ones cancel): zeros, and the sparse terms, which need not
+                // vanish one by one.
+                if !zeroed {
+                    grad_row.fill(T::ZERO);
+                }
+                let target = target.filter(|_| ce_grad != T::ZERO);
+                add_sparse_terms(grad_row, target, ce_grad, eps, row_ids, terms);
+                return;
+            }
+            let mut grad_chunks = grad_row.chunks_exact_mut(LANES);
+            let mut row_chunks = row.chunks_exact(LANES);
+            for (g, chunk) in (&mut grad_chunks).zip(&mut row_chunks) {
+                for lane in 0..LANES {
+                    g[lane] = scale * T::exp_nonpositive(chunk[lane] - max) + offset;
+                }
+            }
+            for (g, &x) in grad_chunks
+                .into_remainder()
+                .iter_mut()
+                .zip(row_chunks.remainder())
+            {
+                *g = scale * T::exp_nonpositive(x - max) + offset;
+            }
+            add_sparse_terms(grad_row, target, ce_grad, eps, row_ids, terms);
+        });
+}
+
+/// The softmax Jacobian applied in place to one row's gradient: `g` holds the dense gradient of
+/// the probabilities `p` and becomes the logits gradient
+/// `p ⊙ (g + h·w − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
+/// for sparse gradients `s_k` at `ids` and a cross-entropy gradient `ce_grad = h·w`.
+#[inline]
+fn jacobian_row_in_place<T: KernelFloat>(
+    p: &[T],
+    g: &mut [T],
+    ids: &[u32],
+    sparse: &[T],
+    ce_grad: T,
+    target: Option<u32>,
+    eps: f64,
+) {
+    let mut dot = dot(p, g);
+    for (&id, &s) in ids.iter().zip(sparse) {
+        dot += p[id as usize] * s;
+    }
+    let shift = ce_grad - dot;
+    let offset = T::ZERO - ce_grad * T::from_f64(eps / p.len() as f64);
+    for (o, &pv) in g.iter_mut().zip(p) {
+        *o = pv * (*o + shift) + offset;
+    }
+    let terms = ids.iter().zip(sparse).map(|(&id, &s)| p[id as usize] * s);
+    add_sparse_terms(g, target, ce_grad, eps, ids, terms);
+}
+
+/// `softmax(logits)` row by row (rows of `vocab`); errors on NaN or Inf.
+pub(crate) fn softmax_forward<T: KernelFloat>(logits: &[T], vocab: usize) -> Result<Vec<T>> {
+    let mut probs = vocab_sized_buffer(logits.len());
+    let all_finite = AtomicBool::new(true);
+    probs
+        .par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .for_each(|(p, row)| {
+            if softmax_row_into(row, p, false).is_none() {
+                all_finite.store(false, Ordering::Relaxed);
+            }
+        });
+    if !all_finite.load(Ordering::Relaxed) {
+        return Err(non_finite_error("logits"));
+    }
+    Ok(probs)
+}
+
+/// `dlogits = p ⊙ (dp − Σ_v p_v dp_v)` row by row.
+pub(crate) fn softmax_backward<T: KernelFloat>(
+    probs: &[T],
+    grad_probs: &[T],
+    vocab: usize,
+) -> Vec<T> {
+    let mut grad = vocab_sized_buffer(probs.len());
+    grad.par_chunks_mut(vocab)
+        .zip(probs.par_chunks(vocab).zip(grad_probs.par_chunks(vocab)))
+        .for_each(|(g, (p, dp))| {
+            g.copy_from_slice(dp);
+            jacobian_row_in_place(p, g, &[], &[], T::ZERO, None, 0.0);
+        });
+    grad
+}
+
+/// The self-match pass over the rows `first_row..` of whole batch elements (`logits` holds a
+/// multiple of `S = gathered.rows_per_batch` rows), into `out`, one row per logits row:
+/// `[Z_0 … Z_{S−1} | x_0 … x_{K−1} | ce | max | sum | weight]`, with `Z = P Pᵀ` within each
+/// element, `x_k` the softmax at the gathered ids and the cross-entropy columns of
+/// [`forward_rows_into`].
+pub(crate) fn self_match_forward_into<T: KernelFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let seq = gathered.rows_per_batch;
+    let width = gathered.width;
+    let row_count = logits.len() / vocab;
+    let stride = seq + width + CE_COLUMNS;
+    let with_logit_sum = rows.label_smoothing != 0.0;
+    let mut probs = vocab_sized_buffer::<T>(logits.len());
+    let all_finite = AtomicBool::new(true);
+    probs
+        .par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .zip(out.par_chunks_mut(stride))
+        .enumerate()
+        .for_each(|(local, ((p, row), out_row))| {
+            let row_index = first_row + local;
+            let Some(stats) = softmax_row_into(row, p, with_logit_sum) else {
+                all_finite.store(false, Ordering::Relaxed);
+                return;
+            };
+            for (o, &id) in out_row[seq..seq + width]
+                .iter_mut()
+                .zip(gathered.row_ids(row_index))
+            {
+                *o = p[id as usize];
+            }
+            rows.columns(row, row_index, stats, &mut out_row[seq + width..]);
+        });
+    if !all_finite.load(Ordering::Relaxed) {
+        return Err(non_finite_error("logits"));
+    }
+    for element in 0..row_count / seq {
+        let element_probs = MatRef::row_major(&probs[element * seq * vocab..], seq, vocab);
+        matmul(
+            MatMut::with_row_stride(&mut out[element * seq * stride..], seq, seq, stride),
+            element_probs,
+            element_probs.t(),
+            false,
+        );
+    }
+    Ok(())
+}
+
+/// The logits gradient of [`self_match_forward_into`]'s rows, into `grad`:
+///
+/// `dlogits = p ⊙ (d + h·w − Σ_v p_v d_v) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k g_k x_k·[v = id_k]`
+///
+/// with `d = (dZ + dZᵀ) P + scatter(g at ids)` (the dense part of `d` in the first term, its
+/// sparse part in the last) and `h`, `w` as in [`backward_rows_into`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn self_match_backward_into<T: KernelFloat>(
+    logits: &[T],
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad: &mut [T],
+) {
+    let seq = gathered.rows_per_batch;
+    let width = gathered.width;
+    let row_count = logits.len() / vocab;
+    let stride = seq + width + CE_COLUMNS;
+    let eps = rows.label_smoothing;
+    // P again, from the logits and each row's max and sum kept in the output.
+    let mut probs = vocab_sized_buffer::<T>(logits.len());
+    probs
+        .par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (p, row))| {
+            let stats = &out[local * stride + seq + width..][..CE_COLUMNS];
+            let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
+            for (pv, &x) in p.iter_mut().zip(row) {
+                *pv = T::exp_nonpositive(x - max) * inv_sum;
+            }
+        });
+    // Z = P Pᵀ: the dense gradient of P is (dZ + dZᵀ) P, written into `grad` first.
+    let mut symmetric = vec![T::ZERO; seq * seq];
+    for element in 0..row_count / seq {
+        let grad_self = &grad_out[element * seq * stride..];
+        for i in 0..seq {
+            for j in 0..seq {
+                symmetric[i * seq + j] = grad_self[i * stride + j] + grad_self[j * stride + i];
+            }
+        }
+        matmul(
+            MatMut::row_major(&mut grad[element * seq * vocab..], seq, vocab),
+            MatRef::row_major(&symmetric, seq, seq),
+            MatRef::row_major(&probs[element * seq * vocab..], seq, vocab),
+            false,
+        );
+    }
+    grad.par_chunks_mut(vocab)
+        .zip(probs.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(local, (g, p))| {
+            let row_index = first_row + local;
+            let grads = &grad_out[local * stride..][..stride];
+            let ce_grad = grads[seq + width] * out[local * stride + seq + width + 3];
+            jacobian_row_in_place(
+                p,
+                g,
+                gathered.row_ids(row_index),
+                &grads[seq..seq + width],
+                ce_grad,
+                rows.target(row_index),
+                eps,
+            );
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate_on_the_kernel_range() {
+        let mut worst = 0.0f64;
+        for step in 0..200_000 {
+            let x = -87.0 * step as f32 / 200_000.0;
+            let fast = f32::exp_nonpositive(x) as f64;
+            let exact = (x as f64).exp();
+            worst = worst.max(((fast - exact) / exact).abs());
+        }
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert_eq!(f32::exp_nonpositive(-100.0), 0.0);
+        assert_eq!(f32::exp_nonpositive(0.0), 1.0);
+    }
+
+    fn forward_rows<T: KernelFloat>(
+        logits: &[T],
+        vocab: usize,
+        gathered: Gathered,
+        rows: &TargetRows,
+    ) -> Vec<T> {
+        let mut out = vec![T::ZERO; logits.len() / vocab * (gathered.width + CE_COLUMNS)];
+        forward_rows_into(logits, vocab, gathered, rows, 0, &mut out).unwrap();
+        out
+    }
+
+    fn backward_rows<T: KernelFloat>(
+        logits: &[T],
+        vocab: usize,
+        gathered: Gathered,
+        rows: &TargetRows,
+        out: &[T],
+        grad_out: &[T],
+    ) -> Vec<T> {
+        let mut grad = vec![T::ZERO; logits.len()];
+        backward_rows_into(
+            logits, vocab, gathered, rows, 0, out, grad_out, &mut grad, true,
+        );
+        grad
+    }
+
+    /// A row whose dense gradient part cancels (`scale` and `offset` both 0) still gets its
+    /// sparse terms: the kernel once returned early there and left the row zero.
+    #[test]
+    fn backward_keeps_sparse_terms_when_the_dense_part_cancels() {
+        let logits = [0f64; 4]; // p = 1/4 everywhere
+        let ids = [1u32, 2];
+        let gathered = Gathered {
+            ids: &ids,
+            width: 2,
+            rows_per_batch: 1,
+        };
+        // A padding row (no cross-entropy gradient) and gathered gradients g = (1, -1): the
+        // gradient of p_1 - p_2 is p_1 (e_1 - p) - p_2 (e_2 - p) = (0, 1/4, -1/4, 0).
+        let padded = [0u32];
+        let cfg = CrossEntropyConfig {
+            pad_id: Some(0),
+            label_smoothing: 0.0,
+        };
+        let non_pad = [3u32];
+        let rows = TargetRows::new(&non_pad, 4, 1, &cfg).unwrap();
+        let pad_rows = TargetRows {
+            targets: Some(&padded),
+            ..rows
+        };
+        let out = forward_rows(&logits, 4, gathered, &pad_rows);
+        let grad = backward_rows(
+            &logits,
+            4,
+            gathered,
+            &pad_rows,
+            &out,
+            &[1.0, -1.0, 0.0, 0.0, 0.0, 0.0],
+        );
+        assert_eq!(grad, [0.0, 0.25, -0.25, 0.0]);
+        // A cross-entropy gradient (h w = 1, target 3) cancelled by a gathered one (g x = 4/4):
+        // the gradient of CE + 4 p_1 is (p - e_3) + (e_1 - p) = e_1 - e_3.
+        let gathered = Gathered {
+            ids: &ids[..1],
+            width: 1,
+            rows_per_batch: 1,
+        };
+        let out = forward_rows(&logits, 4, gathered, &rows);
+        let grad = backward_rows(
+            &logits,
+            4,
+            gathered,
+            &rows,
+            &out,
+            &[4.0, 1.0, 0.0, 0.0, 0.0],
+        );
+        assert_eq!(grad, [0.0, 1.0, 0.0, -1.0]);
+    }
+}
