@@ -1,9 +1,12 @@
 //! Pieces of a training loop the examples share: the learning-rate schedule, the optimiser,
-//! checkpoints of a `VarMap` in memory, and step timing.
+//! checkpoints of a `VarMap` in memory, step timing, and the log and partial results a study
+//! writes as it goes.
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use std::fmt::Write as _;
+use std::path::Path;
 
 /// The learning rate at `step` (0-based): a linear warm-up over `warmup` steps to `peak`,
 /// then a cosine decay to 10 % of `peak` at step `total`.
@@ -89,4 +92,57 @@ pub struct StepTime {
     pub wall_s: f64,
     /// Process CPU time (all threads), [`process_cpu_s`].
     pub cpu_s: f64,
+}
+
+/// One row of a study's `log.csv`: the training losses averaged since the previous row, and the
+/// dev BLEU at this step.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    /// The global training step (warm-up steps included).
+    pub step: usize,
+    /// Training cross-entropy (label-smoothed where the study smooths).
+    pub ce_loss: f64,
+    /// Teacher-forced `-log BLEU` of the training batches (the example says which form and
+    /// length model), the same yardstick whatever the objective optimises.
+    pub bleu_loss: f64,
+    /// Dev BLEU (greedy decoding, 0–100) at this step.
+    pub dev_bleu: f64,
+}
+
+/// The `log.csv` of finished runs, given as `(objective, seed, rows)`: the header
+/// `step,objective,seed,ce_loss,bleu_loss,dev_bleu`, then one line a row, losses to 6 decimals
+/// and BLEU to 4.
+///
+/// ```
+/// use candle_bleu_research::train::{log_csv, LogRow};
+/// let rows = [LogRow { step: 100, ce_loss: 2.5, bleu_loss: 1.25, dev_bleu: 30.125 }];
+/// assert_eq!(
+///     log_csv([("ce", 1, &rows[..])]),
+///     "step,objective,seed,ce_loss,bleu_loss,dev_bleu\n100,ce,1,2.500000,1.250000,30.1250\n"
+/// );
+/// ```
+pub fn log_csv<'a>(runs: impl IntoIterator<Item = (&'a str, u64, &'a [LogRow])>) -> String {
+    let mut csv = String::from("step,objective,seed,ce_loss,bleu_loss,dev_bleu\n");
+    for (objective, seed, rows) in runs {
+        for row in rows {
+            // Writing to a String cannot fail.
+            let _ = writeln!(
+                csv,
+                "{},{objective},{seed},{:.6},{:.6},{:.4}",
+                row.step, row.ce_loss, row.bleu_loss, row.dev_bleu
+            );
+        }
+    }
+    csv
+}
+
+/// Rewrites `dir/results.json` as `{"partial": true, "runs": runs}`: the runs a study has
+/// finished so far, so that an interrupted study leaves its finished runs behind.
+pub fn write_partial_results(dir: &Path, runs: &[serde_json::Value]) -> Result<()> {
+    let partial = serde_json::json!({"partial": true, "runs": runs});
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&partial)?,
+    )?;
+    Ok(())
 }

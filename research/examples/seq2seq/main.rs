@@ -55,9 +55,9 @@ use candle_bleu_research::eval::{self, mean_sd};
 use candle_bleu_research::model::ModelConfig;
 use candle_bleu_research::progress;
 use candle_bleu_research::stats::seed_tests;
+use candle_bleu_research::train::{log_csv, write_partial_results};
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -353,32 +353,16 @@ fn main() -> Result<()> {
             );
             progress::say(&bars, line)?;
             json_runs.push(run_json(&output)?);
-            std::fs::write(
-                args.out.join("results.json"),
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"partial": true, "runs": json_runs}),
-                )?,
-            )?;
+            write_partial_results(&args.out, &json_runs)?;
             runs.push(output);
         }
     }
 
     // Files: results, log, curves.
-    let mut csv = String::from("step,objective,seed,ce_loss,bleu_loss,dev_bleu\n");
-    for run in &runs {
-        for row in &run.log {
-            writeln!(
-                csv,
-                "{},{},{},{:.6},{:.6},{:.4}",
-                row.step,
-                run.objective.name(),
-                run.seed,
-                row.ce_loss,
-                row.bleu_loss,
-                row.dev_bleu
-            )?;
-        }
-    }
+    let csv = log_csv(
+        runs.iter()
+            .map(|r| (r.objective.name(), r.seed, r.log.as_slice())),
+    );
     std::fs::write(args.out.join("log.csv"), csv)?;
 
     // Paired bootstrap (sacrebleu's, from `exact::bootstrap`): per seed, and pooled over seeds,

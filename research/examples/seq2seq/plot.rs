@@ -8,7 +8,8 @@ use candle_bleu_research::plot::{
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::train::{LogRow, Objective, RunOutput};
+use crate::train::{Objective, RunOutput};
+use candle_bleu_research::train::LogRow;
 
 const STYLE: CurveStyle = CurveStyle {
     caption: 22,

@@ -12,7 +12,7 @@ use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, PAD};
 use candle_bleu_research::eval::bleu_100;
 use candle_bleu_research::model::transformer::Dropout;
 use candle_bleu_research::model::{translate, ModelConfig, Seq2Seq};
-use candle_bleu_research::train::{adamw, learning_rate, restore, snapshot};
+use candle_bleu_research::train::{adamw, learning_rate, restore, snapshot, LogRow};
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
 use indicatif::ProgressBar;
@@ -70,15 +70,6 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Longest greedy decode.
     pub max_decode_len: usize,
-}
-
-/// One row of the CSV log: losses averaged since the previous row, dev BLEU at this step.
-#[derive(Debug, Clone)]
-pub struct LogRow {
-    pub step: usize,
-    pub ce_loss: f64,
-    pub bleu_loss: f64,
-    pub dev_bleu: f64,
 }
 
 /// Everything a finished run produced.

@@ -14,7 +14,7 @@ use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder
 use candle_bleu_research::model::transformer::Dropout;
 use candle_bleu_research::model::{ModelConfig, Seq2Seq};
 use candle_bleu_research::train::{
-    adamw, learning_rate, process_cpu_s, snapshot, Snapshot, StepTime,
+    adamw, learning_rate, process_cpu_s, snapshot, LogRow, Snapshot, StepTime,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
@@ -187,17 +187,6 @@ impl TrainConfig {
     pub fn total_steps(&self) -> usize {
         self.warmup_steps + self.arm_steps
     }
-}
-
-/// One CSV row: losses averaged since the previous row, dev BLEU at this step.
-#[derive(Debug, Clone)]
-pub struct LogRow {
-    pub step: usize,
-    pub ce_loss: f64,
-    /// Teacher-forced `-log BLEU` (expected form, `Given` lengths) of the training batches,
-    /// the same yardstick for every arm.
-    pub bleu_loss: f64,
-    pub dev_bleu: f64,
 }
 
 /// The data of a run.

@@ -38,7 +38,9 @@ use candle_bleu_research::eval::{self, mean_sd};
 use candle_bleu_research::model::ModelConfig;
 use candle_bleu_research::progress::{self, say};
 use candle_bleu_research::stats::seed_tests;
-use candle_bleu_research::train::{process_cpu_s, restore, snapshot, StepTime};
+use candle_bleu_research::train::{
+    log_csv, process_cpu_s, restore, snapshot, write_partial_results, LogRow, StepTime,
+};
 use candle_core::Device;
 use clap::{Parser, ValueEnum};
 use indicatif::MultiProgress;
@@ -46,7 +48,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use arms::{Arm, Init, LogRow, RunData, Stretch, TrainConfig, WarmStart};
+use arms::{Arm, Init, RunData, Stretch, TrainConfig, WarmStart};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LengthArg {
@@ -545,27 +547,13 @@ fn main() -> Result<()> {
                 ),
             )?;
             json_runs.push(run_json(&output, &args.out)?);
-            std::fs::write(
-                args.out.join("results.json"),
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"partial": true, "runs": json_runs}),
-                )?,
-            )?;
+            write_partial_results(&args.out, &json_runs)?;
             runs.push(output);
         }
     }
 
     // Files: log, results.
-    let mut csv = String::from("step,objective,seed,ce_loss,bleu_loss,dev_bleu\n");
-    for run in &runs {
-        for row in &run.log {
-            writeln!(
-                csv,
-                "{},{},{},{:.6},{:.6},{:.4}",
-                row.step, run.arm.name, run.seed, row.ce_loss, row.bleu_loss, row.dev_bleu
-            )?;
-        }
-    }
+    let csv = log_csv(runs.iter().map(|r| (r.arm.name, r.seed, r.log.as_slice())));
     std::fs::write(args.out.join("log.csv"), csv)?;
 
     // Paired bootstrap against `ce`: pooled (the seeds' test sets concatenated, segment i of

@@ -7,10 +7,10 @@ use candle_bleu_research::eval::Measures;
 use candle_bleu_research::plot::{
     bar_panel, colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle,
 };
+use candle_bleu_research::train::LogRow;
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::arms::LogRow;
 use crate::RunOutput;
 
 const STYLE: CurveStyle = CurveStyle {
