@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench hidden -- --shape 32,64,512,64,32000        # [B,S,D,T,V]
 //! cargo bench --bench hidden -- --shape 64,14,256,14,8000 --rounds 9
-//! cargo bench --bench hidden -- --peaked 2.5 --filter 1e-5         # a peaked distribution
+//! cargo bench --bench hidden -- --peaked 3 --zipf 1.5 --filter 1e-5 # a peaked distribution
 //! cargo bench --bench hidden -- --variants logits,hidden --json out.json
 //! ```
 //!
@@ -20,7 +20,9 @@
 //! 4-grams, corpus, add-1), the
 //! cross-entropy pads id 0 and smooths labels by 0.1, `λ` = 0.3, the output layer is tied
 //! embeddings (no bias), all in f32. Hidden states are N(0, 1); the weight is N(0, σ²/D) with
-//! σ = `--peaked` (default 1: nearly uniform softmax rows). The entropy of the rows is printed.
+//! σ = `--peaked` (default 1: nearly uniform softmax rows); `--zipf α` adds a unigram prior
+//! `−α·ln(v + 1)` to id `v`'s logit (see `inputs`). The rows' mean entropy and the share of
+//! tiles that `--filter` skips are printed.
 //!
 //! Memory: each variant's first step runs in a child process of its own (this binary with
 //! `--memory-of VARIANT`), which reports the peak resident set above what the inputs and
@@ -94,6 +96,7 @@ struct Args {
     variants: Vec<String>,
     filter: f64,
     peaked: f64,
+    zipf: f64,
     block_elements: usize,
     vocab_tile: usize,
     form: Form,
@@ -110,6 +113,7 @@ fn parse_args() -> Args {
             .to_vec(),
         filter: 1e-5,
         peaked: 1.0,
+        zipf: 0.0,
         block_elements: HiddenConfig::DEFAULT_BLOCK_ELEMENTS,
         vocab_tile: HiddenConfig::default().vocab_tile,
         form: Form::Expected,
@@ -128,6 +132,7 @@ fn parse_args() -> Args {
             "--variants" => args.variants = value().split(',').map(String::from).collect(),
             "--filter" => args.filter = value().parse().unwrap(),
             "--peaked" => args.peaked = value().parse().unwrap(),
+            "--zipf" => args.zipf = value().parse().unwrap(),
             "--block-elements" => args.block_elements = value().parse().unwrap(),
             "--vocab-tile" => args.vocab_tile = value().parse().unwrap(),
             "--form" => {
@@ -161,8 +166,18 @@ fn inputs(args: &Args) -> Result<Inputs> {
     let [b, s, d, t, v] = args.shape;
     let dev = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
-    let hidden = Tensor::randn(0f32, 1.0, (b, s, d), &dev)?;
-    let weight = Tensor::randn(0f32, (args.peaked / (d as f64).sqrt()) as f32, (v, d), &dev)?;
+    let mut hidden = Tensor::randn(0f32, 1.0, (b, s, d), &dev)?;
+    let mut weight = Tensor::randn(0f32, (args.peaked / (d as f64).sqrt()) as f32, (v, d), &dev)?;
+    if args.zipf > 0.0 {
+        // A unigram prior in the logits, as trained output layers carry: hidden feature 0 is 1
+        // and weight column 0 is −α·ln(v + 1), so id v's logit is shifted by −α·ln(v + 1)
+        // (frequent tokens have small ids, as BPE vocabularies order them).
+        let ones = Tensor::ones((b, s, 1), DType::F32, &dev)?;
+        hidden = Tensor::cat(&[&ones, &hidden.narrow(2, 1, d - 1)?], 2)?;
+        let prior =
+            ((Tensor::arange(1f32, v as f32 + 1.0, &dev)?.log()? * -args.zipf)?).reshape((v, 1))?;
+        weight = Tensor::cat(&[&prior, &weight.narrow(1, 1, d - 1)?], 1)?;
+    }
     let mut ref_ids = vec![0u32; b * t];
     let mut target_ids = vec![0u32; b * s];
     let mut lengths = Vec::with_capacity(b);
@@ -263,6 +278,34 @@ fn mean_entropy(x: &Inputs) -> Result<f64> {
     entropy.to_scalar::<f64>()
 }
 
+/// The share of the backward's `rows of a block × vocab_tile` tiles whose probabilities all lie
+/// below `--filter` (the tiles gradient filtering skips), over up to 8 blocks spread over the
+/// rows, blocks sized as the hidden path sizes them.
+fn skipped_tile_share(x: &Inputs, args: &Args) -> Result<f64> {
+    let [b, s, d, _, v] = args.shape;
+    let rows = b * s;
+    let block = (args.block_elements / v).max(1).min(rows);
+    let tile = args.vocab_tile.min(v);
+    let hidden = x.hidden.as_tensor().reshape((rows, d))?;
+    let (mut skipped, mut tiles) = (0usize, 0usize);
+    let blocks = rows.div_ceil(block);
+    for k in 0..blocks.min(8) {
+        let start = k * blocks / blocks.min(8) * block;
+        let n = block.min(rows - start);
+        let logits = hidden
+            .narrow(0, start, n)?
+            .matmul(&x.weight.as_tensor().t()?)?;
+        let probs = candle_nn::ops::softmax_last_dim(&logits)?;
+        for v0 in (0..v).step_by(tile) {
+            let len = tile.min(v - v0);
+            let max = probs.narrow(1, v0, len)?.max_all()?.to_scalar::<f32>()?;
+            skipped += usize::from((max as f64) < args.filter);
+            tiles += 1;
+        }
+    }
+    Ok(skipped as f64 / tiles as f64)
+}
+
 /// `(rss_extra_mib, heap_peak_mib)` of one step in this process.
 fn memory_of(variant: &str, x: &Inputs, args: &Args) -> Result<(f64, f64)> {
     let live_before = LIVE.load(Ordering::Relaxed);
@@ -297,12 +340,16 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let [b, s, d, t, v] = args.shape;
+    let skipped_share = skipped_tile_share(&x, &args)?;
     println!(
-        "device: cpu ({} rayon threads); [B,S,D,T,V] = [{b},{s},{d},{t},{v}] f32; mean row entropy {:.3} nats (ln V = {:.3}); filter τ = {:e}",
+        "device: cpu ({} rayon threads); [B,S,D,T,V] = [{b},{s},{d},{t},{v}] f32; peaked σ = {}, zipf α = {}: mean row entropy {:.3} nats (ln V = {:.3}); filter τ = {:e} skips {:.1} % of the backward's tiles",
         rayon::current_num_threads(),
+        args.peaked,
+        args.zipf,
         mean_entropy(&x)?,
         (v as f64).ln(),
-        args.filter
+        args.filter,
+        100.0 * skipped_share
     );
     // Memory: one child process per variant.
     let exe = std::env::current_exe().expect("the bench's path");
@@ -365,6 +412,8 @@ fn main() -> Result<()> {
             "filter": args.filter,
             "form": format!("{:?}", args.form),
             "peaked": args.peaked,
+            "zipf": args.zipf,
+            "skipped_tile_share": skipped_share,
             "block_elements": args.block_elements,
             "vocab_tile": args.vocab_tile,
             "mean_entropy_nats": mean_entropy(&x)?,
