@@ -5,7 +5,7 @@
     python3 research/scripts/rescore.py docs/translate_run/results.json [more results.json ...]
 
 For every run in `runs`, the hypothesis file `test_hyp` is scored against `test_ref` (both
-relative to the results.json) with sacrebleu's BLEU (the tokenizer its `bleu_signature` or
+relative to the results.json; `X.gz` is read where `X` is missing) with sacrebleu's BLEU (the tokenizer its `bleu_signature` or
 `signature` names: `13a` for the real-data study, `none` for the synthetic ones), chrF and
 chrF++ where the run reports them, and compared with the reported values. Then, per objective,
 the mean ± sd over seeds and, where the file has a `ce` control, the seed-level paired t-test of
@@ -13,6 +13,7 @@ each objective against it (scipy's `ttest_rel`) with Holm's correction over the 
 comparison with the study's own `paired_t_vs_ce` / `holm_adjusted_p_vs_ce`. Exits non-zero if a
 score differs from the reported one by more than 1e-9 (sacrebleu rounds nothing internally).
 """
+import gzip
 import json
 import os
 import re
@@ -29,7 +30,12 @@ def tokenizer_of(signature):
 
 
 def read_lines(path):
-    with open(path, encoding="utf-8") as f:
+    # A committed copy may hold a file gzipped (docs/study_run: `test_hyp` names `X`, the file
+    # is `X.gz`); sacrebleu itself reads `.gz` files directly.
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
         return [line.rstrip("\n") for line in f]
 
 

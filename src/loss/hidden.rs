@@ -40,8 +40,8 @@ use super::{
     References,
 };
 use candle_core::{
-    backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Module, Result,
-    Shape, Storage, Tensor, Var, D,
+    backend::BackendStorage, bail, CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape,
+    Storage, Tensor, Var, D,
 };
 use candle_nn::Linear;
 use rayon::prelude::*;
@@ -353,6 +353,8 @@ struct FromHidden {
     block_rows: usize,
     vocab_tile: usize,
     filter_below: Option<f64>,
+    /// Whether the op's third input is the projection's bias or [`bias_input`]'s placeholder.
+    has_bias: bool,
 }
 
 impl FromHidden {
@@ -684,39 +686,9 @@ fn mark_skipped<T: KernelFloat>(
         });
 }
 
-impl CustomOp2 for FromHidden {
+impl CustomOp3 for FromHidden {
     fn name(&self) -> &'static str {
         "candle-bleu-loss-from-hidden"
-    }
-
-    fn cpu_fwd(
-        &self,
-        hidden: &CpuStorage,
-        hidden_layout: &Layout,
-        weight: &CpuStorage,
-        weight_layout: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.cpu_forward((hidden, hidden_layout), (weight, weight_layout), None)
-    }
-
-    fn bwd(
-        &self,
-        hidden: &Tensor,
-        weight: &Tensor,
-        out: &Tensor,
-        grad_out: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (h, w, _) = self.cpu_backward(hidden, weight, None, out, grad_out)?;
-        Ok((Some(h), Some(w)))
-    }
-}
-
-/// [`FromHidden`] with a bias.
-struct FromHiddenWithBias(FromHidden);
-
-impl CustomOp3 for FromHiddenWithBias {
-    fn name(&self) -> &'static str {
-        "candle-bleu-loss-from-hidden-bias"
     }
 
     fn cpu_fwd(
@@ -728,10 +700,10 @@ impl CustomOp3 for FromHiddenWithBias {
         bias: &CpuStorage,
         bias_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        self.0.cpu_forward(
+        self.cpu_forward(
             (hidden, hidden_layout),
             (weight, weight_layout),
-            Some((bias, bias_layout)),
+            self.has_bias.then_some((bias, bias_layout)),
         )
     }
 
@@ -743,10 +715,18 @@ impl CustomOp3 for FromHiddenWithBias {
         out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (h, w, b) = self
-            .0
-            .cpu_backward(hidden, weight, Some(bias), out, grad_out)?;
+        let bias = self.has_bias.then_some(bias);
+        let (h, w, b) = self.cpu_backward(hidden, weight, bias, out, grad_out)?;
         Ok((Some(h), Some(w), b))
+    }
+}
+
+/// The third input of the hidden-state ops: the projection's bias, or a one-element
+/// placeholder (no gradient) when the layer has none, so that each op is one `CustomOp3`.
+fn bias_input(inputs: &HiddenInputs) -> Result<Tensor> {
+    match &inputs.bias {
+        Some(bias) => Ok(bias.clone()),
+        None => Tensor::zeros(1, inputs.dtype, inputs.hidden.device()),
     }
 }
 
@@ -814,6 +794,8 @@ struct AttachBlocks {
     out: Tensor,
     rows: ComposedRows,
     block_rows: usize,
+    /// Whether the op's third input is the projection's bias or [`bias_input`]'s placeholder.
+    has_bias: bool,
 }
 
 impl AttachBlocks {
@@ -905,13 +887,15 @@ impl AttachBlocks {
     }
 }
 
-impl CustomOp2 for AttachBlocks {
+impl CustomOp3 for AttachBlocks {
     fn name(&self) -> &'static str {
         "candle-bleu-loss-from-hidden-composed"
     }
 
     fn cpu_fwd(
         &self,
+        _: &CpuStorage,
+        _: &Layout,
         _: &CpuStorage,
         _: &Layout,
         _: &CpuStorage,
@@ -927,6 +911,8 @@ impl CustomOp2 for AttachBlocks {
         _: &Layout,
         _: &candle_core::CudaStorage,
         _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         self.cuda_out()
     }
@@ -934,6 +920,8 @@ impl CustomOp2 for AttachBlocks {
     #[cfg(feature = "metal")]
     fn metal_fwd(
         &self,
+        _: &candle_core::MetalStorage,
+        _: &Layout,
         _: &candle_core::MetalStorage,
         _: &Layout,
         _: &candle_core::MetalStorage,
@@ -946,69 +934,12 @@ impl CustomOp2 for AttachBlocks {
         &self,
         hidden: &Tensor,
         weight: &Tensor,
-        _: &Tensor,
-        grad_out: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (h, w, _) = self.backward(hidden, weight, None, grad_out)?;
-        Ok((Some(h), Some(w)))
-    }
-}
-
-/// [`AttachBlocks`] with a bias.
-struct AttachBlocksWithBias(AttachBlocks);
-
-impl CustomOp3 for AttachBlocksWithBias {
-    fn name(&self) -> &'static str {
-        "candle-bleu-loss-from-hidden-composed-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.0.cpu_out()
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.0.cuda_out()
-    }
-
-    #[cfg(feature = "metal")]
-    fn metal_fwd(
-        &self,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::MetalStorage, Shape)> {
-        self.0.metal_out()
-    }
-
-    fn bwd(
-        &self,
-        hidden: &Tensor,
-        weight: &Tensor,
         bias: &Tensor,
         _: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (h, w, b) = self.0.backward(hidden, weight, Some(bias), grad_out)?;
+        let bias = self.has_bias.then_some(bias);
+        let (h, w, b) = self.backward(hidden, weight, bias, grad_out)?;
         Ok((Some(h), Some(w), b))
     }
 }
@@ -1058,13 +989,11 @@ fn hidden_rows(
             block_rows,
             vocab_tile: cfg.vocab_tile,
             filter_below: cfg.filter_below,
+            has_bias: inputs.bias.is_some(),
         };
-        match &inputs.bias {
-            Some(bias) => inputs
-                .hidden
-                .apply_op3(&inputs.weight, bias, FromHiddenWithBias(op))?,
-            None => inputs.hidden.apply_op2(&inputs.weight, op)?,
-        }
+        inputs
+            .hidden
+            .apply_op3(&inputs.weight, &bias_input(inputs)?, op)?
     } else {
         let rows = ComposedRows {
             ids: ids
@@ -1106,15 +1035,11 @@ fn hidden_rows(
             out,
             rows,
             block_rows,
+            has_bias: inputs.bias.is_some(),
         };
-        match &inputs.bias {
-            Some(bias) => {
-                inputs
-                    .hidden
-                    .apply_op3(&inputs.weight, bias, AttachBlocksWithBias(op))?
-            }
-            None => inputs.hidden.apply_op2(&inputs.weight, op)?,
-        }
+        inputs
+            .hidden
+            .apply_op3(&inputs.weight, &bias_input(inputs)?, op)?
     };
     out.reshape((batch, seq, ()))
 }
