@@ -274,3 +274,55 @@ fn plot_panels_draw() {
     let blue = colour(0);
     assert!(pixels.chunks(3).any(|p| p == [blue.0, blue.1, blue.2]));
 }
+
+#[test]
+fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
+    use candle_bleu_research::model::transformer::{Transformer, TransformerConfig};
+    use candle_bleu_research::translate::batches::{BatchIds, IdPairs};
+    use candle_bleu_research::translate::evaluate::output_distribution;
+    let vocab = 40;
+    let config = TransformerConfig {
+        src_vocab: vocab,
+        tgt_vocab: vocab,
+        d_model: 16,
+        heads: 4,
+        d_ff: 32,
+        encoder_layers: 1,
+        decoder_layers: 1,
+        max_len: 16,
+        dropout: 0.0,
+        tie_all: true,
+    };
+    let model = Transformer::new(config, &VarMap::new(), 7, &Device::Cpu)?;
+    let pairs = IdPairs {
+        src: vec![vec![5, 6, 7], vec![8, 9], vec![10, 11, 12, 13]],
+        tgt: vec![vec![14, 15], vec![16, 17, 18, 19], vec![20]],
+    };
+    let ids = BatchIds {
+        pad: PAD,
+        bos: BOS,
+        eos: EOS,
+    };
+    // Every target token and its EOS, no padding: 3 + 5 + 2 positions.
+    let measured = output_distribution(&model, &pairs, ids, 2, (1e-30, 3, 8))?;
+    assert_eq!(measured.positions, 10);
+    assert!(measured.mean_entropy_nats > 0.0);
+    assert!(measured.mean_entropy_nats <= (vocab as f64).ln() + 1e-6);
+    assert!(measured.mean_target_prob > 0.0 && measured.mean_target_prob < 1.0);
+    // No probability lies below 1e-30: nothing is below τ, no tile is skippable.
+    assert_eq!(measured.share_below_tau, 0.0);
+    assert_eq!(measured.skipped_tile_share, 0.0);
+    // Batch size does not change the per-position numbers (batching changes only padding).
+    let one_by_one = output_distribution(&model, &pairs, ids, 1, (1e-30, 3, 8))?;
+    assert_eq!(one_by_one.positions, 10);
+    assert!((one_by_one.mean_entropy_nats - measured.mean_entropy_nats).abs() < 1e-4);
+    // Every probability of this untrained model is below 0.999: every tile is skippable.
+    let all = output_distribution(&model, &pairs, ids, 2, (0.999, 3, 8))?;
+    assert_eq!((all.share_below_tau, all.skipped_tile_share), (1.0, 1.0));
+    // Bad arguments are named errors.
+    for (tau, block, tile) in [(0.0, 3, 8), (1.0, 3, 8), (1e-5, 0, 8), (1e-5, 3, 0)] {
+        let err = output_distribution(&model, &pairs, ids, 2, (tau, block, tile)).unwrap_err();
+        assert!(err.to_string().contains("output_distribution"), "{err}");
+    }
+    Ok(())
+}

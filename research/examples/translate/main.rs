@@ -21,6 +21,7 @@
 //! cargo run --release --example translate -- --resume          # continue an interrupted study
 //! cargo run --release --example translate -- --quick           # a tiny smoke run (< 1 min)
 //! cargo run --release --example translate -- --lang fr --seeds 5
+//! cargo run --release --example translate -- --output-distribution  # after a study: its models' softmax rows
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -33,8 +34,8 @@ use candle_bleu_research::progress::{format_duration, StudyProgress};
 use candle_bleu_research::stats::{holm, mean_sd, paired_t_test, PairedT};
 use candle_bleu_research::translate::batches::{BatchIds, IdPairs};
 use candle_bleu_research::translate::evaluate::{
-    bootstrap, decode_ids, score, segment_stats, sentence_bleu_13a, Bootstrap, Search, TextScores,
-    BLEU_SIGNATURE, CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
+    bootstrap, decode_ids, output_distribution, score, segment_stats, sentence_bleu_13a, Bootstrap,
+    Search, TextScores, BLEU_SIGNATURE, CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
 };
 use candle_bleu_research::translate::run::{
     best_weights, run, FormName, Objective, RunSpec, RunState, Schedule, Setup,
@@ -153,6 +154,15 @@ struct Args {
     /// Resamples of sacrebleu's paired bootstrap.
     #[arg(long, default_value_t = 1000)]
     bootstrap: usize,
+    /// Instead of training: measure the teacher-forced output distributions of a finished
+    /// study's selected baseline and `ce` checkpoints on dev (mean entropy, the share of
+    /// probabilities and of the hidden-state loss's backward tiles below `--filter-tau`), print
+    /// them and write `output_distribution.json`.
+    #[arg(long)]
+    output_distribution: bool,
+    /// The gradient-filtering threshold `--output-distribution` measures against.
+    #[arg(long, default_value_t = 1e-5)]
+    filter_tau: f64,
 }
 
 impl Args {
@@ -478,7 +488,7 @@ fn main() -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs/translate").join(&args.lang));
-    if out.join("runs").exists() && !args.resume {
+    if out.join("runs").exists() && !args.resume && !args.output_distribution {
         println!(
             "{} holds an earlier study: starting over (use --resume to continue it)",
             out.display()
@@ -606,8 +616,12 @@ fn main() -> Result<()> {
         args.label_smoothing
     );
 
-    // 1. The cross-entropy baseline of every seed, until dev BLEU stops improving.
     let runs_dir = out.join("runs");
+    if args.output_distribution {
+        return report_output_distributions(&study, &runs_dir, &seeds, &out);
+    }
+
+    // 1. The cross-entropy baseline of every seed, until dev BLEU stops improving.
     let mut baselines: BTreeMap<u64, RunState> = BTreeMap::new();
     for &seed in &seeds {
         let spec = RunSpec {
@@ -971,6 +985,62 @@ fn main() -> Result<()> {
     );
     println!("outputs in {}", out.display());
     let _: Option<serde_json::Value> = load_json(&out.join("results.json"))?;
+    Ok(())
+}
+
+/// `--output-distribution`: the teacher-forced output distributions of every seed's selected
+/// baseline and `ce` checkpoints on dev, with the hidden-state loss's default blocks and tiles.
+fn report_output_distributions(
+    study: &Study,
+    runs_dir: &Path,
+    seeds: &[u64],
+    out: &Path,
+) -> Result<()> {
+    let hidden = HiddenConfig::default();
+    let vocab = study.model.tgt_vocab;
+    let block_rows = (hidden.block_elements / vocab).max(1);
+    let ids = BatchIds {
+        pad: PAD,
+        bos: BOS,
+        eos: EOS,
+    };
+    let mut report = Vec::new();
+    for &seed in seeds {
+        for kind in ["baseline", "ce"] {
+            let weights = best_weights(&runs_dir.join(format!("seed{seed}")).join(kind));
+            if !weights.exists() {
+                bail!(
+                    "--output-distribution: {} is missing (run the study first)",
+                    weights.display()
+                );
+            }
+            let model = study.load_model(&weights)?;
+            let measured = output_distribution(
+                &model,
+                &study.dev.ids,
+                ids,
+                study.args.batch_size,
+                (study.args.filter_tau, block_rows, hidden.vocab_tile),
+            )?;
+            println!(
+                "seed {seed} {kind:>8}: {} dev positions, mean entropy {:.3} nats (ln V = {:.3}), \
+                 reference token p {:.3}, {:.2} % of probabilities < {:e}, {:.1} % of the \
+                 {block_rows} × {} tiles skippable",
+                measured.positions,
+                measured.mean_entropy_nats,
+                (vocab as f64).ln(),
+                measured.mean_target_prob,
+                100.0 * measured.share_below_tau,
+                measured.tau,
+                100.0 * measured.skipped_tile_share,
+                measured.vocab_tile,
+            );
+            report.push(json!({"seed": seed, "model": kind, "weights": weights, "dev": measured}));
+        }
+    }
+    let path = out.join("output_distribution.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!("{}", path.display());
     Ok(())
 }
 

@@ -344,6 +344,11 @@ impl Transformer {
         &self.config
     }
 
+    /// The device its weights are on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The output layer: `hidden [.., D] → logits [.., V]`. With tied embeddings its weight is
     /// the embedding matrix and it has no bias. This is the `proj` of the BLEU loss's
     /// hidden-state entry points.

@@ -10,6 +10,7 @@ use candle_bleu::exact::{corpus_bleu, corpus_stats, sentence_bleu, BleuConfig, B
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::batches::{make_batch, BatchIds, IdPairs};
 use crate::decode::{beam_search, greedy, BeamConfig, MaxLength, Specials};
 use crate::model::transformer::Transformer;
 
@@ -196,5 +197,95 @@ pub fn bootstrap(
         bleu_p: bleu_sys.p_value,
         chrf_delta: chrf_sys.score - chrf_base.score,
         chrf_p: chrf_sys.p_value,
+    })
+}
+
+/// What a trained model's teacher-forced output distributions look like on a split: the
+/// numbers that decide what gradient filtering (`candle_bleu::loss::HiddenConfig::filter_below`)
+/// can skip in the backward of the loss from hidden states.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputDistribution {
+    /// Target positions measured (each reference token and the EOS; padding excluded).
+    pub positions: usize,
+    /// Mean entropy of their softmax rows, nats.
+    pub mean_entropy_nats: f64,
+    /// Mean probability of the reference token.
+    pub mean_target_prob: f64,
+    /// Share of their probabilities that lie below `tau`.
+    pub share_below_tau: f64,
+    /// Share of the `block_rows × vocab_tile` tiles whose probabilities all lie below `tau`:
+    /// blocks of consecutive rows of each batch's `[B·T, V]` logits, padding rows included,
+    /// as the hidden-state loss cuts them in training.
+    pub skipped_tile_share: f64,
+    /// The threshold.
+    pub tau: f64,
+    /// Rows per block.
+    pub block_rows: usize,
+    /// Vocabulary columns per tile.
+    pub vocab_tile: usize,
+}
+
+/// Measures [`OutputDistribution`] of `model` on `pairs`, teacher-forced without dropout, in
+/// batches of `batch_size` consecutive pairs.
+pub fn output_distribution(
+    model: &Transformer,
+    pairs: &IdPairs,
+    ids: BatchIds,
+    batch_size: usize,
+    (tau, block_rows, vocab_tile): (f64, usize, usize),
+) -> Result<OutputDistribution> {
+    if pairs.is_empty() || batch_size == 0 || block_rows == 0 || vocab_tile == 0 {
+        return Err(anyhow!(
+            "output_distribution: needs pairs ({}), batch_size ({batch_size}), block_rows \
+             ({block_rows}) and vocab_tile ({vocab_tile}) >= 1",
+            pairs.len()
+        ));
+    }
+    if !(tau > 0.0 && tau < 1.0) {
+        return Err(anyhow!(
+            "output_distribution: tau must be in (0, 1), got {tau}"
+        ));
+    }
+    let indices: Vec<usize> = (0..pairs.len()).collect();
+    let (mut positions, mut entropy, mut target_prob, mut below) = (0.0, 0.0, 0.0, 0.0);
+    let (mut skipped, mut tiles) = (0usize, 0usize);
+    for chunk in indices.chunks(batch_size) {
+        let batch = make_batch(pairs, chunk, ids, model.device())?;
+        let memory = model.encode(&batch.src, ids.pad, None)?;
+        let states = model.decode(&batch.dec_in, &memory, None)?;
+        let logits = model.logits(&states)?.flatten_to(1)?;
+        let (rows, vocab) = logits.dims2()?;
+        let log_probs = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+        let probs = log_probs.exp()?;
+        let targets = batch.dec_out.flatten_all()?;
+        let kept = targets.ne(ids.pad)?.to_dtype(candle_core::DType::F32)?;
+        let row_entropy = (&probs * &log_probs)?.sum(1)?.neg()?;
+        let row_target = probs.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?;
+        let row_below = probs.lt(tau)?.to_dtype(candle_core::DType::F32)?.sum(1)?;
+        let masked_sum = |t: &Tensor| -> Result<f64> {
+            Ok(f64::from((t * &kept)?.sum_all()?.to_scalar::<f32>()?))
+        };
+        positions += masked_sum(&Tensor::ones_like(&kept)?)?;
+        entropy += masked_sum(&row_entropy)?;
+        target_prob += masked_sum(&row_target)?;
+        below += masked_sum(&row_below)? / vocab as f64;
+        for start in (0..rows).step_by(block_rows) {
+            let n = block_rows.min(rows - start);
+            let column_max = probs.narrow(0, start, n)?.max(0)?.to_vec1::<f32>()?;
+            for tile in column_max.chunks(vocab_tile) {
+                skipped += usize::from(tile.iter().all(|&p| f64::from(p) < tau));
+                tiles += 1;
+            }
+        }
+    }
+    Ok(OutputDistribution {
+        positions: positions as usize,
+        mean_entropy_nats: entropy / positions,
+        mean_target_prob: target_prob / positions,
+        share_below_tau: below / positions,
+        skipped_tile_share: skipped as f64 / tiles as f64,
+        tau,
+        block_rows,
+        vocab_tile,
     })
 }
