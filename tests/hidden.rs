@@ -536,8 +536,9 @@ fn gradients_pass_finite_differences() -> Result<()> {
     Ok(())
 }
 
-/// A peaked output distribution over `V = 300`: 16 frequent tokens with large weights, the
-/// rest with small ones, so that most tiles of 16 columns hold probabilities near `e^-20`.
+/// A peaked output distribution over `V = 300`: 16 frequent tokens with large weights and a
+/// bias of 20, the rest with small ones, so that every tile of 16 rare columns holds
+/// probabilities near `e^-20` in every row (the filter skips them).
 /// Targets and reference ids are spread over the whole vocabulary, so that the sparse terms of
 /// skipped tiles matter.
 struct Peaked {
@@ -566,7 +567,16 @@ fn peaked() -> Result<Peaked> {
     Ok(Peaked {
         hidden: random(&[batch, seq, dim], 2.0, 12)?,
         weight: Tensor::from_vec(weight, (vocab, dim), &Device::Cpu)?,
-        bias: random(&[vocab], 0.1, 13)?,
+        // The frequent tokens' bias of 20 puts every row's maximum far above the rare tokens'
+        // logits, so every tile of rare columns lies below τ in all rows of a block.
+        bias: (random(&[vocab], 0.1, 13)?
+            + Tensor::from_vec(
+                (0..vocab)
+                    .map(|v| if v < 16 { 20.0 } else { 0.0 })
+                    .collect::<Vec<f64>>(),
+                vocab,
+                &Device::Cpu,
+            )?)?,
         refs: References::from_ids(&Tensor::from_vec(ids, (batch, seq), &Device::Cpu)?, 0)?,
         targets: Tensor::from_vec(targets, (batch, seq), &Device::Cpu)?,
     })
