@@ -413,9 +413,10 @@ impl FromHidden {
         };
         // The paired form is not filtered (see `HiddenConfig`).
         let filter = self.filter_below.filter(|_| !spec.paired);
-        // The gradient products run a tile of the vocabulary at a time even without filtering:
-        // the tile's slices of the weight and of its gradient stay in cache across the block's
-        // rows (measured 5-8 % faster at V = 32000 than one product over the whole vocabulary).
+        // The gradient products run a tile of the vocabulary at a time, with or without
+        // filtering: one loop for both, and the tile's slices of the weight and of its gradient
+        // stay in cache across the block's rows (the speed against one product over the whole
+        // vocabulary is equal within the noise of BENCHMARKS.md's runs).
         let tile = self.vocab_tile.min(vocab);
         let tiles: Vec<(usize, usize)> = (0..vocab)
             .step_by(tile)
