@@ -77,8 +77,8 @@ pub struct HiddenConfig {
     /// sequences at once (the paired form). The forward holds one block of logits, the backward
     /// one block of logits and one of their gradient.
     pub block_elements: usize,
-    /// Vocabulary columns per tile in the backward (`>= 1`): its gradient products run a tile
-    /// at a time, and gradient filtering skips whole tiles.
+    /// Vocabulary columns per tile in the backward (`>= 1`): the unit that gradient filtering
+    /// skips. Used only with `filter_below`.
     pub vocab_tile: usize,
     /// Gradient filtering: in the backward, skip the dense part of a tile whose softmax
     /// probabilities all lie below this threshold (`0 < τ < 1`). `None` (default): no
@@ -87,8 +87,12 @@ pub struct HiddenConfig {
 }
 
 impl HiddenConfig {
-    /// The default block size: 4 Mi logits (16 MiB in f32).
-    pub const DEFAULT_BLOCK_ELEMENTS: usize = 4 << 20;
+    /// The default block size: 16 Mi logits (64 MiB in f32). Each block of rows reads the whole
+    /// weight (and reads and writes its gradient) once, so fewer, larger blocks are faster at
+    /// large vocabularies; measured at `[B·S, D] = [2048, 512]`, the step's heap peak is the
+    /// same as with 4 Mi-logit blocks at `V = 128 000` and 3 % higher at `V = 32 000`
+    /// (BENCHMARKS.md, "The loss from hidden states").
+    pub const DEFAULT_BLOCK_ELEMENTS: usize = 16 << 20;
 
     /// Checks the fields; errors name the field and its value.
     fn validate(&self) -> Result<()> {
@@ -413,11 +417,12 @@ impl FromHidden {
         };
         // The paired form is not filtered (see `HiddenConfig`).
         let filter = self.filter_below.filter(|_| !spec.paired);
-        // The gradient products run a tile of the vocabulary at a time, with or without
-        // filtering: one loop for both, and the tile's slices of the weight and of its gradient
-        // stay in cache across the block's rows (the speed against one product over the whole
-        // vocabulary is equal within the noise of BENCHMARKS.md's runs).
-        let tile = self.vocab_tile.min(vocab);
+        // Without filtering one product spans the whole vocabulary (running them a tile at a
+        // time measured the same within noise, BENCHMARKS.md, and sums `dH` in another order).
+        let tile = match filter {
+            Some(_) => self.vocab_tile.min(vocab),
+            None => vocab,
+        };
         let tiles: Vec<(usize, usize)> = (0..vocab)
             .step_by(tile)
             .map(|v0| (v0, tile.min(vocab - v0)))

@@ -367,7 +367,13 @@ impl Study {
                 label_smoothing: self.args.label_smoothing,
             },
             bleu: BleuLossConfig::default(),
-            hidden: HiddenConfig::default(),
+            // The committed study's block size (the library's default then). The blocks set the
+            // order in which the weight gradient is summed, so another size trains a model that
+            // differs in rounding, and its scores by seed-level noise.
+            hidden: HiddenConfig {
+                block_elements: 4 << 20,
+                ..HiddenConfig::default()
+            },
             train: &self.train.ids,
             train_text: &self.train.references,
             batch_size: self.args.batch_size,
