@@ -90,8 +90,8 @@ impl HiddenConfig {
     /// The default block size: 16 Mi logits (64 MiB in f32). Each block of rows reads the whole
     /// weight (and reads and writes its gradient) once, so fewer, larger blocks are faster at
     /// large vocabularies; measured at `[B·S, D] = [2048, 512]`, the step's heap peak is the
-    /// same as with 4 Mi-logit blocks at `V = 128 000` and 3 % higher at `V = 32 000`
-    /// (BENCHMARKS.md, "The loss from hidden states").
+    /// same as with 4 Mi-logit blocks at `V = 128 000` (769 MiB) and 16 % higher at
+    /// `V = 32 000` (238 against 206 MiB) (BENCHMARKS.md, "The loss from hidden states").
     pub const DEFAULT_BLOCK_ELEMENTS: usize = 16 << 20;
 
     /// Checks the fields; errors name the field and its value.
