@@ -5,7 +5,7 @@
     python3 research/scripts/rescore.py docs/translate_run/results.json [more results.json ...]
 
 For every run in `runs`, the hypothesis file `test_hyp` is scored against `test_ref` (both
-relative to the results.json; `X.gz` is read where `X` is missing) with sacrebleu's BLEU (the tokenizer its `bleu_signature` or
+relative to the results.json; `.gz` files are read gzipped) with sacrebleu's BLEU (the tokenizer its `bleu_signature` or
 `signature` names: `13a` for the real-data study, `none` for the synthetic ones), chrF and
 chrF++ where the run reports them, and compared with the reported values. Then, per objective,
 the mean ± sd over seeds and, where the file has a `ce` control, the seed-level paired t-test of
@@ -30,10 +30,7 @@ def tokenizer_of(signature):
 
 
 def read_lines(path):
-    # A committed copy may hold a file gzipped (docs/study_run: `test_hyp` names `X`, the file
-    # is `X.gz`); sacrebleu itself reads `.gz` files directly.
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
-        path += ".gz"
+    # The committed copies in docs/ hold their outputs gzipped; sacrebleu reads `.gz` too.
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", newline="\n") as f:
         return [line.rstrip("\n") for line in f]

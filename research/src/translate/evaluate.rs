@@ -265,7 +265,7 @@ pub fn output_distribution(
         let masked_sum = |t: &Tensor| -> Result<f64> {
             Ok(f64::from((t * &kept)?.sum_all()?.to_scalar::<f32>()?))
         };
-        positions += masked_sum(&Tensor::ones_like(&kept)?)?;
+        positions += f64::from(kept.sum_all()?.to_scalar::<f32>()?);
         entropy += masked_sum(&row_entropy)?;
         target_prob += masked_sum(&row_target)?;
         below += masked_sum(&row_below)? / vocab as f64;
