@@ -561,28 +561,35 @@ fn main() -> Result<()> {
     test_ref.push('\n');
     std::fs::write(out.join("test.ref"), test_ref)?;
 
-    // The plan, for the progress projection.
+    // The plan, for the progress projection: one entry per `Study::train` call below (each
+    // call takes back what it does not run: an early stop, a resumed run, or seed 1's final
+    // expected and MRT runs, which are the chosen grid runs), then the test decodes.
     let seeds: Vec<u64> = (1..=args.seeds).collect();
-    let grid = args.lambdas.len();
+    let with_mrt = args.objectives.iter().any(|o| o == "mrt");
     let mut plan: Vec<(String, usize)> = seeds
         .iter()
         .map(|_| ("baseline".to_string(), args.base_steps))
         .collect();
-    plan.push(("ce+expected".into(), args.finetune_steps * grid));
-    if args.objectives.iter().any(|o| o == "mrt") {
-        plan.push(("mrt".into(), args.finetune_steps * grid));
+    plan.push((
+        "ce+expected".into(),
+        args.finetune_steps * args.lambdas.len(),
+    ));
+    if with_mrt {
+        plan.push(("mrt".into(), args.finetune_steps * args.mus.len()));
     }
-    for _ in &seeds[1..] {
+    for _ in &seeds {
         for o in std::iter::once("ce").chain(args.objectives.iter().map(String::as_str)) {
             plan.push((kind_of(o), args.finetune_steps));
         }
     }
-    plan.push(("ce".into(), args.finetune_steps));
-    for o in &args.objectives {
-        if o != "expected" && o != "mrt" {
-            plan.push((kind_of(o), args.finetune_steps));
-        }
-    }
+    // Per seed: the baseline, every objective and the control's extra length penalties.
+    let sweep_extra = args
+        .lp_sweep
+        .iter()
+        .filter(|&&lp| lp != args.length_penalty)
+        .count();
+    let decodes = seeds.len() * (2 + args.objectives.len() + sweep_extra);
+    plan.push((TEST_DECODE.into(), decodes));
     let progress = StudyProgress::new(&plan);
     let log_path = out.join("log.csv");
     let fresh_log = !log_path.exists();
@@ -684,7 +691,6 @@ fn main() -> Result<()> {
         lambda_grid.push((lambda, state.best_dev_bleu));
     }
     let lambda = best_of(&lambda_grid);
-    let with_mrt = args.objectives.iter().any(|o| o == "mrt");
     let mut mu_grid = Vec::new();
     if with_mrt {
         for &mu in &args.mus {
@@ -789,9 +795,25 @@ fn main() -> Result<()> {
         train_seconds: state.train_seconds,
         eval_seconds: state.eval_seconds,
     };
+    let mut decoded = 0;
+    let mut tick = Instant::now();
+    let mut count_decode = |tracker: &mut Tracker| {
+        decoded += 1;
+        tracker
+            .progress
+            .record(TEST_DECODE, 1, tick.elapsed().as_secs_f64());
+        tick = Instant::now();
+        tracker.progress.show(
+            &format!("decoding the test set (beam search): {decoded} of {decodes}"),
+            true,
+        );
+    };
+    // The control's scores at the reported length penalty, for the sweep.
+    let mut control_scores = BTreeMap::new();
     for &seed in &seeds {
         let file = format!("test.baseline.seed{seed}.hyp");
         let (scores, _) = study.test(&baselines[&seed], &file, args.length_penalty)?;
+        count_decode(&mut tracker);
         records.push(record(
             "baseline",
             seed,
@@ -804,6 +826,10 @@ fn main() -> Result<()> {
             let state = &states[&(name.clone(), seed)];
             let file = format!("test.{name}.seed{seed}.hyp");
             let (scores, hyps) = study.test(state, &file, args.length_penalty)?;
+            count_decode(&mut tracker);
+            if name == "ce" {
+                control_scores.insert(seed, scores);
+            }
             segment.insert(
                 (name.clone(), seed),
                 segment_stats(&hyps, &study.test.references)?,
@@ -814,17 +840,14 @@ fn main() -> Result<()> {
     let mut sweep = Vec::new();
     for &seed in &seeds {
         for &lp in &args.lp_sweep {
-            let file = format!("test.ce.seed{seed}.lp{lp}.hyp");
-            let (scores, _) = if lp == args.length_penalty {
-                let state = &states[&("ce".to_string(), seed)];
-                study.test(state, &format!("test.ce.seed{seed}.hyp"), lp)?
+            // The reported length penalty is the control's own decode, already scored.
+            let (scores, file) = if lp == args.length_penalty {
+                (control_scores[&seed], format!("test.ce.seed{seed}.hyp"))
             } else {
-                study.test(&states[&("ce".to_string(), seed)], &file, lp)?
-            };
-            let file = if lp == args.length_penalty {
-                format!("test.ce.seed{seed}.hyp")
-            } else {
-                file
+                let file = format!("test.ce.seed{seed}.lp{lp}.hyp");
+                let (scores, _) = study.test(&states[&("ce".to_string(), seed)], &file, lp)?;
+                count_decode(&mut tracker);
+                (scores, file)
             };
             sweep.push(json!({"seed": seed, "length_penalty": lp, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
                 "test_length_ratio": scores.length_ratio, "test_bleu_without_bp": scores.bleu_without_bp, "test_hyp": file}));
@@ -1046,6 +1069,9 @@ fn report_output_distributions(
     println!("{}", path.display());
     Ok(())
 }
+
+/// The progress plan's name for one beam-search decode of the test set.
+const TEST_DECODE: &str = "test decode";
 
 fn kind_of(objective: &str) -> String {
     match objective {
