@@ -507,3 +507,53 @@ impl Transformer {
         layer_norm(&x.squeeze(1)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weights are `Var`s, so a step's own output is part of a graph; what the cache
+    /// keeps between steps must not be, or every step's activations stay alive.
+    #[test]
+    fn the_decoder_cache_keeps_no_autograd_graph() -> Result<()> {
+        let config = TransformerConfig {
+            src_vocab: 20,
+            tgt_vocab: 20,
+            d_model: 8,
+            heads: 2,
+            d_ff: 16,
+            encoder_layers: 1,
+            decoder_layers: 2,
+            max_len: 8,
+            dropout: 0.0,
+            tie_all: true,
+        };
+        let device = Device::Cpu;
+        let model = Transformer::new(config, &VarMap::new(), 3, &device)?;
+        let src = Tensor::new(&[[4u32, 5, 6, 2], [7, 8, 2, 0]], &device)?;
+        let memory = model.encode(&src, 0, None)?;
+        let mut cache = model.start(&memory, 2)?;
+        let mut states = None;
+        for token in [1u32, 9] {
+            states = Some(model.step(&Tensor::new(&[token; 4], &device)?, &mut cache)?);
+        }
+        assert!(states.expect("two steps ran").track_op());
+        let cache = cache.select(&Tensor::new(&[1u32, 0, 3, 2], &device)?)?;
+        let mut kept = vec![&cache.memory_mask];
+        for (k, v) in &cache.cross {
+            kept.extend([k, v]);
+        }
+        for (k, v) in cache.past.iter().flatten() {
+            kept.extend([k, v]);
+        }
+        assert_eq!(kept.len(), 1 + 2 * 2 + 2 * 2);
+        for tensor in kept {
+            assert!(
+                !tensor.track_op(),
+                "a cached tensor {:?} holds a graph",
+                tensor.dims()
+            );
+        }
+        Ok(())
+    }
+}
