@@ -22,6 +22,7 @@ use crate::data::tokens::Vocab;
 use crate::data::{source_tensor, Encoded, BOS, EOS, PAD};
 use transformer::{drop, Dropout};
 
+pub mod nat;
 pub mod soft_decode;
 pub mod transformer;
 

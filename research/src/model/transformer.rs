@@ -270,7 +270,7 @@ impl DecoderCache {
 
 /// The encoder–decoder.
 pub struct Transformer {
-    src_embedding: Tensor,
+    pub(crate) src_embedding: Tensor,
     tgt_embedding: Tensor,
     positions: Tensor,
     encoder: Vec<EncoderLayer>,
@@ -363,7 +363,7 @@ impl Transformer {
     }
 
     /// `embedding[ids] · sqrt(D) + positions[offset..offset + T]`, `ids` u32 `[B, T]`.
-    fn embed(&self, table: &Tensor, ids: &Tensor, offset: usize) -> Result<Tensor> {
+    pub(crate) fn embed(&self, table: &Tensor, ids: &Tensor, offset: usize) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         if offset + t > self.config.max_len {
             bail!(
@@ -417,18 +417,32 @@ impl Transformer {
             .flat_map(|i| (0..t).map(move |j| if j > i { -1e9 } else { 0.0 }))
             .collect();
         let causal = Tensor::from_vec(causal, (1, 1, t, t), &self.device)?;
-        let mut x = drop(self.embed(&self.tgt_embedding, dec_in, 0)?, &mut dropout)?;
+        let x = drop(self.embed(&self.tgt_embedding, dec_in, 0)?, &mut dropout)?;
+        self.decoder_states(x, memory, &causal, &mut dropout)
+    }
+
+    /// The decoder layers and the final layer norm over input embeddings `x` f32 `[B, T, D]`:
+    /// states f32 `[B, T, D]`. `self_mask` is additive and broadcasts to `[B, H, T, T]` (the
+    /// causal mask here; the non-autoregressive decoder's key-padding mask in
+    /// [`super::nat`]).
+    pub(crate) fn decoder_states(
+        &self,
+        mut x: Tensor,
+        memory: &Memory,
+        self_mask: &Tensor,
+        dropout: &mut Option<&mut Dropout>,
+    ) -> Result<Tensor> {
         for layer in &self.decoder {
             let h = layer_norm(&x)?;
-            let a = layer.self_attention.forward(&h, &h, Some(&causal))?;
-            x = (&x + drop(a, &mut dropout)?)?;
+            let a = layer.self_attention.forward(&h, &h, Some(self_mask))?;
+            x = (&x + drop(a, dropout)?)?;
             let h = layer_norm(&x)?;
             let a = layer
                 .cross_attention
                 .forward(&h, &memory.states, Some(&memory.mask))?;
-            x = (&x + drop(a, &mut dropout)?)?;
+            x = (&x + drop(a, dropout)?)?;
             let h = layer_norm(&x)?;
-            x = (&x + drop(layer.ff.forward(&h)?, &mut dropout)?)?;
+            x = (&x + drop(layer.ff.forward(&h)?, dropout)?)?;
         }
         layer_norm(&x)
     }
