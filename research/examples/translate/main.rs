@@ -24,28 +24,29 @@
 //! cargo run --release --example translate -- --output-distribution  # after a study: its models' softmax rows
 //! ```
 
-use anyhow::{bail, Context, Result};
-use candle_bleu::loss::{BleuLossConfig, CrossEntropyConfig, HiddenConfig};
+use anyhow::{bail, Result};
+use candle_bleu::loss::HiddenConfig;
 use candle_bleu_research::checkpoint::{load_json, save_json};
-use candle_bleu_research::data::{build_corpus, Bpe, BpeConfig, CorpusConfig, Pair, BOS, EOS, PAD};
-use candle_bleu_research::decode::{BeamConfig, MaxLength, Specials};
+use candle_bleu_research::data::{Bpe, BOS, EOS, PAD};
+use candle_bleu_research::decode::{BeamConfig, MaxLength};
 use candle_bleu_research::model::transformer::{Transformer, TransformerConfig};
-use candle_bleu_research::progress::{format_duration, StudyProgress};
+use candle_bleu_research::progress::format_duration;
 use candle_bleu_research::stats::{holm, mean_sd, paired_t_test, PairedT};
-use candle_bleu_research::translate::batches::{BatchIds, IdPairs};
+use candle_bleu_research::translate::batches::BatchIds;
+use candle_bleu_research::translate::data::{prepare, DataConfig, SplitData, StudyData};
 use candle_bleu_research::translate::evaluate::{
-    bootstrap, decode_ids, output_distribution, score, segment_stats, sentence_bleu_13a, Bootstrap,
-    Search, TextScores, BLEU_SIGNATURE, CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
+    bootstrap, decode_texts, output_distribution, score, segment_stats, Bootstrap, Search,
+    TextScores, BLEU_SIGNATURE, CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
 };
 use candle_bleu_research::translate::run::{
-    best_weights, run, FormName, Objective, RunSpec, RunState, Schedule, Setup,
+    best_weights, load_model, run, FormName, Objective, RunSpec, RunState, Schedule, Setup,
 };
+use candle_bleu_research::translate::track::Tracker;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -219,37 +220,6 @@ impl Args {
     }
 }
 
-/// The pairs of a split as subword ids and as text.
-struct SplitData {
-    ids: IdPairs,
-    sources: Vec<String>,
-    references: Vec<String>,
-}
-
-fn encode(bpe: &Bpe, pairs: &[Pair], max_tokens: Option<usize>) -> Result<(SplitData, usize)> {
-    let src = bpe.encode_batch(&pairs.iter().map(|p| p.source.as_str()).collect::<Vec<_>>())?;
-    let tgt = bpe.encode_batch(&pairs.iter().map(|p| p.target.as_str()).collect::<Vec<_>>())?;
-    let mut data = SplitData {
-        ids: IdPairs::default(),
-        sources: Vec::new(),
-        references: Vec::new(),
-    };
-    let mut dropped = 0;
-    for ((s, t), pair) in src.into_iter().zip(tgt).zip(pairs) {
-        if let Some(max) = max_tokens {
-            if s.len() > max || t.len() > max {
-                dropped += 1;
-                continue;
-            }
-        }
-        data.ids.src.push(s);
-        data.ids.tgt.push(t);
-        data.sources.push(pair.source.clone());
-        data.references.push(pair.target.clone());
-    }
-    Ok((data, dropped))
-}
-
 /// Reads one reported number off a run.
 type Metric = fn(&RunRecord) -> f64;
 
@@ -289,32 +259,9 @@ struct Study {
     test: SplitData,
 }
 
-/// What a study writes as it goes: the progress projection and `log.csv`.
-struct Tracker {
-    progress: StudyProgress,
-    log: std::fs::File,
-}
-
 impl Study {
-    fn specials() -> Specials {
-        Specials {
-            bos: BOS,
-            eos: EOS,
-            pad: PAD,
-        }
-    }
-
-    fn detok(&self, ids: &[u32]) -> String {
-        self.bpe.decode(ids).unwrap_or_default()
-    }
-
     fn load_model(&self, weights: &Path) -> Result<Transformer> {
-        let mut varmap = candle_nn::VarMap::new();
-        let model = Transformer::new(self.model, &varmap, 0, &self.device)?;
-        varmap
-            .load(weights)
-            .with_context(|| format!("loading {}", weights.display()))?;
-        Ok(model)
+        load_model(self.model, weights, &self.device)
     }
 
     fn decode_texts(
@@ -323,19 +270,7 @@ impl Study {
         split: &SplitData,
         search: Search,
     ) -> Result<Vec<String>> {
-        let batch = match search {
-            Search::Greedy => 250,
-            Search::Beam(_) => 100,
-        };
-        let ids = decode_ids(
-            model,
-            &split.ids.src,
-            Self::specials(),
-            search,
-            batch,
-            &self.device,
-        )?;
-        Ok(ids.iter().map(|i| self.detok(i)).collect())
+        decode_texts(model, &split.ids.src, search, &self.bpe, &self.device)
     }
 
     /// Trains (or resumes, or loads) one run.
@@ -346,108 +281,26 @@ impl Study {
         kind: &str,
         spec: &RunSpec,
     ) -> Result<RunState> {
-        let planned = spec.max_steps;
         let dev_bleu = |model: &Transformer| -> Result<f64> {
             let hyps = self.decode_texts(model, &self.dev, Search::Greedy)?;
             candle_bleu_research::translate::evaluate::bleu(&hyps, &self.dev.references)
         };
         let detok = |ids: &[u32]| self.bpe.decode(ids).unwrap_or_default();
         let setup = Setup {
-            model: self.model,
-            ids: BatchIds {
-                pad: PAD,
-                bos: BOS,
-                eos: EOS,
-            },
-            cross_entropy: CrossEntropyConfig {
-                pad_id: Some(PAD),
-                label_smoothing: self.args.label_smoothing,
-            },
-            bleu: BleuLossConfig::default(),
-            // The committed study's block size (the library's default then). The blocks set the
-            // order in which the weight gradient is summed, so another size trains a model that
-            // differs in rounding, and its scores by seed-level noise.
-            hidden: HiddenConfig {
-                block_elements: 4 << 20,
-                ..HiddenConfig::default()
-            },
-            train: &self.train.ids,
-            train_text: &self.train.references,
-            batch_size: self.args.batch_size,
             mrt_sources: self.args.mrt_sources,
             mrt_candidates: self.args.mrt_candidates,
             mrt_alpha: self.args.mrt_alpha,
-            detokenize: &detok,
-            sentence_bleu: &sentence_bleu_13a,
-            dev_bleu: &dev_bleu,
-            device: self.device.clone(),
+            ..Setup::recipe(
+                self.model,
+                &self.train,
+                self.args.batch_size,
+                self.args.label_smoothing,
+                &detok,
+                &dev_bleu,
+                self.device.clone(),
+            )
         };
-        let progress = &mut tracker.progress;
-        let log = &mut tracker.log;
-        // Evaluations up to this step are in log.csv already (a resumed run's earlier ones).
-        let mut logged_to: Option<usize> = None;
-        let mut executed = 0usize;
-        let mut tick = Instant::now();
-        let started = Instant::now();
-        let state = run(spec, &setup, &mut |state: &RunState| {
-            // Called once per step run in this session (a resumed run's earlier steps are
-            // neither recorded nor planned again); wall time, evaluations included.
-            progress.record(kind, 1, tick.elapsed().as_secs_f64());
-            tick = Instant::now();
-            executed += 1;
-            let from = *logged_to.get_or_insert(state.step - 1);
-            let fresh: Vec<_> = state
-                .evals
-                .iter()
-                .filter(|e| e.step > from || (e.step == 0 && from == 0 && executed == 1))
-                .collect();
-            for eval in &fresh {
-                let _ = writeln!(
-                    log,
-                    "{label},{kind},{},{},{},{},{:.2},{:.1}",
-                    spec.seed,
-                    eval.step,
-                    eval.train_loss.map_or(String::new(), |v| format!("{v:.4}")),
-                    eval.train_ce.map_or(String::new(), |v| format!("{v:.4}")),
-                    eval.dev_bleu,
-                    state.train_seconds + state.eval_seconds
-                );
-                let _ = log.flush();
-            }
-            let fresh = !fresh.is_empty();
-            if let Some(last) = state.evals.last() {
-                logged_to = Some(last.step.max(from));
-            }
-            let dev = match state.evals.last() {
-                Some(e) => format!(
-                    "dev BLEU {:.2} at step {}, best {:.2} at {}",
-                    e.dev_bleu, e.step, state.best_dev_bleu, state.best_step
-                ),
-                None => "no dev evaluation yet".to_string(),
-            };
-            progress.show(
-                &format!(
-                    "{label}: step {}/{} ({:.0} ms/step), {dev}",
-                    state.step,
-                    spec.max_steps,
-                    state.ms_per_step(),
-                ),
-                fresh,
-            );
-        })?;
-        // Early stops and steps completed in an earlier session leave the plan.
-        tracker
-            .progress
-            .unplan(kind, planned.saturating_sub(executed));
-        tracker.progress.println(&format!(
-            "{label}: best dev BLEU {:.2} at step {} of {} ({:.0} ms/step, {} this session)",
-            state.best_dev_bleu,
-            state.best_step,
-            state.step,
-            state.ms_per_step(),
-            format_duration(started.elapsed().as_secs_f64())
-        ));
-        Ok(state)
+        tracker.train(label, kind, spec, |on_step| run(spec, &setup, on_step))
     }
 
     /// Beam-decodes the test set with a run's best weights, writes the hypotheses, scores them.
@@ -502,49 +355,23 @@ fn main() -> Result<()> {
     let started = Instant::now();
 
     // Data: the corpus, the BPE model on its training split, subword ids.
-    let corpus_cfg = CorpusConfig {
-        catalogs: args.catalogs.clone(),
-        lang: args.lang.clone(),
-        ..Default::default()
-    };
-    let mut corpus = build_corpus(&corpus_cfg)?;
-    println!("{}", corpus.summary);
-    std::fs::write(out.join("corpus.json"), corpus.summary.to_json())?;
-    if args.quick {
-        corpus.train.truncate(400);
-        corpus.dev.truncate(40);
-        corpus.test.truncate(40);
-    }
-    if corpus.train.is_empty() || corpus.dev.is_empty() || corpus.test.is_empty() {
-        bail!(
-            "the corpus from {} has an empty split (train {}, dev {}, test {})",
-            corpus_cfg.messages_dir().display(),
-            corpus.train.len(),
-            corpus.dev.len(),
-            corpus.test.len()
-        );
-    }
-    let bpe = Bpe::train_on_pairs(
-        &corpus.train,
-        &BpeConfig {
-            vocab_size: args.bpe_vocab,
-            ..Default::default()
-        },
-    )?;
-    bpe.save(out.join("tokenizer.json"))?;
     let max_len = 128;
-    // Positions for BOS/EOS and the decoder's length limit; longer training pairs are dropped.
-    let (train, dropped) = encode(&bpe, &corpus.train, Some(max_len / 2 - 2))?;
-    let (dev, _) = encode(&bpe, &corpus.dev, None)?;
-    let (test, _) = encode(&bpe, &corpus.test, None)?;
-    println!(
-        "BPE: {} subwords; {} training pairs ({dropped} longer than {} subwords dropped), {} dev, {} test",
-        bpe.vocab_size(),
-        train.ids.len(),
-        max_len / 2 - 2,
-        dev.ids.len(),
-        test.ids.len()
-    );
+    let StudyData {
+        summary: corpus_summary,
+        bpe,
+        train,
+        dev,
+        test,
+    } = prepare(
+        &DataConfig {
+            catalogs: &args.catalogs,
+            lang: &args.lang,
+            bpe_vocab: args.bpe_vocab,
+            quick: args.quick,
+            max_len,
+        },
+        &out,
+    )?;
     let model = TransformerConfig {
         src_vocab: bpe.vocab_size(),
         tgt_vocab: bpe.vocab_size(),
@@ -590,19 +417,6 @@ fn main() -> Result<()> {
         .count();
     let decodes = seeds.len() * (2 + args.objectives.len() + sweep_extra);
     plan.push((TEST_DECODE.into(), decodes));
-    let progress = StudyProgress::new(&plan);
-    let log_path = out.join("log.csv");
-    let fresh_log = !log_path.exists();
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)?;
-    if fresh_log {
-        writeln!(
-            log,
-            "run,objective,seed,step,train_loss,train_ce,dev_bleu,seconds"
-        )?;
-    }
     let study = Study {
         args: args.clone(),
         out: out.clone(),
@@ -613,7 +427,7 @@ fn main() -> Result<()> {
         dev,
         test,
     };
-    let mut tracker = Tracker { progress, log };
+    let mut tracker = Tracker::open(&out, &plan)?;
     println!(
         "model: d={} layers={}+{} heads 4 ff {} dropout {} tied embeddings, V={}; batch {}; label smoothing {}",
         model.d_model,
@@ -972,7 +786,7 @@ fn main() -> Result<()> {
         "study": "translate",
         "language": args.lang,
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "corpus": corpus.summary,
+        "corpus": corpus_summary,
         "bpe_vocab": study.bpe.vocab_size(),
         "model": {"d_model": model.d_model, "layers": model.encoder_layers, "heads": model.heads, "d_ff": model.d_ff,
                   "dropout": model.dropout, "tied_embeddings": true, "max_len": model.max_len},

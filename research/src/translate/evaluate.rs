@@ -11,6 +11,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::batches::{make_batch, BatchIds, IdPairs};
+use crate::data::{Bpe, BOS, EOS, PAD};
 use crate::decode::{beam_search, greedy, BeamConfig, MaxLength, Specials};
 use crate::model::transformer::Transformer;
 
@@ -64,6 +65,31 @@ pub fn decode_ids(
         }
     }
     Ok(out)
+}
+
+/// [`decode_ids`] of `sources` in batches of 250 (greedy) or 100 (beam search), detokenised
+/// by `bpe`.
+pub fn decode_texts(
+    model: &Transformer,
+    sources: &[Vec<u32>],
+    search: Search,
+    bpe: &Bpe,
+    device: &Device,
+) -> Result<Vec<String>> {
+    let batch = match search {
+        Search::Greedy => 250,
+        Search::Beam(_) => 100,
+    };
+    let specials = Specials {
+        bos: BOS,
+        eos: EOS,
+        pad: PAD,
+    };
+    let ids = decode_ids(model, sources, specials, search, batch, device)?;
+    Ok(ids
+        .iter()
+        .map(|i| bpe.decode(i).unwrap_or_default())
+        .collect())
 }
 
 /// The scores of one system output against one reference per segment.

@@ -2,5 +2,7 @@
 //! batches, and one training run (objective, dev selection, checkpoints, resume).
 
 pub mod batches;
+pub mod data;
 pub mod evaluate;
 pub mod run;
+pub mod track;

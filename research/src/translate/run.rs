@@ -21,11 +21,14 @@ use candle_bleu::loss::{
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::batches::{make_batch, BatchIds, Batches, IdPairs};
+use super::data::SplitData;
+use super::evaluate::sentence_bleu_13a;
 use crate::checkpoint::{load_json, load_vars, save_json, save_optimizer, save_vars};
+use crate::data::{BOS, EOS, PAD};
 use crate::decode::{sample, MaxLength, Specials};
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
 use crate::mrt::{risk, sequence_log_probs};
@@ -156,9 +159,68 @@ pub struct Setup<'a> {
     pub device: Device,
 }
 
-/// One run.
+impl<'a> Setup<'a> {
+    /// The translate study's recipe on `train`: padding `PAD`, BOS/EOS, label smoothing
+    /// `label_smoothing`, the default BLEU loss, 4 Mi-logit blocks, MRT with 16 sources × 4
+    /// candidates at `α = 1` and sacrebleu's sentence BLEU as its cost.
+    pub fn recipe(
+        model: TransformerConfig,
+        train: &'a SplitData,
+        batch_size: usize,
+        label_smoothing: f64,
+        detokenize: &'a (dyn Fn(&[u32]) -> String + Sync),
+        dev_bleu: &'a (dyn Fn(&Transformer) -> Result<f64> + Sync),
+        device: Device,
+    ) -> Self {
+        Self {
+            model,
+            ids: BatchIds {
+                pad: PAD,
+                bos: BOS,
+                eos: EOS,
+            },
+            cross_entropy: CrossEntropyConfig {
+                pad_id: Some(PAD),
+                label_smoothing,
+            },
+            bleu: BleuLossConfig::default(),
+            // The committed study's block size (the library's default then). The blocks set
+            // the order in which the weight gradient is summed, so another size trains a model
+            // that differs in rounding, and its scores by seed-level noise.
+            hidden: HiddenConfig {
+                block_elements: 4 << 20,
+                ..HiddenConfig::default()
+            },
+            train: &train.ids,
+            train_text: &train.references,
+            batch_size,
+            mrt_sources: 16,
+            mrt_candidates: 4,
+            mrt_alpha: 1.0,
+            detokenize,
+            sentence_bleu: &sentence_bleu_13a,
+            dev_bleu,
+            device,
+        }
+    }
+}
+
+/// A [`Transformer`] of `config` with the weights of `weights` (safetensors).
+pub fn load_model(
+    config: TransformerConfig,
+    weights: &Path,
+    device: &Device,
+) -> Result<Transformer> {
+    let mut varmap = VarMap::new();
+    let model = Transformer::new(config, &varmap, 0, device)?;
+    load_vars(&mut varmap, weights)?;
+    Ok(model)
+}
+
+/// One run; `O` names what it minimises (translate's [`Objective`] by default, the NAT study's
+/// own objectives in [`crate::nat`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunSpec {
+pub struct RunSpec<O = Objective> {
     /// Directory of the run's checkpoints and state.
     pub dir: PathBuf,
     /// Model initialisation and dropout seed.
@@ -166,7 +228,7 @@ pub struct RunSpec {
     /// Batch-order seed (the same for every objective of a seed: a paired design).
     pub batch_seed: u64,
     /// What to minimise.
-    pub objective: Objective,
+    pub objective: O,
     /// Start from these weights instead of the seed's initialisation.
     pub init: Option<PathBuf>,
     /// Step budget.
@@ -194,9 +256,9 @@ pub struct Eval {
 
 /// A run's persisted state (`state.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunState {
+pub struct RunState<O = Objective> {
     /// The spec the state belongs to.
-    pub spec: RunSpec,
+    pub spec: RunSpec<O>,
     /// Steps completed.
     pub step: usize,
     /// Evaluations so far (the first at step 0 when the run starts from `init`).
@@ -213,15 +275,15 @@ pub struct RunState {
     pub done: bool,
 }
 
-impl RunState {
+impl<O> RunState<O> {
     /// Milliseconds per training step.
     pub fn ms_per_step(&self) -> f64 {
         1e3 * self.train_seconds / self.step.max(1) as f64
     }
 }
 
-/// A seed for `(seed, purpose, step)`.
-fn mix(seed: u64, purpose: u64, step: usize) -> u64 {
+/// A seed for `(seed, purpose, step)`: purpose 1 is a step's dropout masks.
+pub fn mix(seed: u64, purpose: u64, step: usize) -> u64 {
     let mut x = seed
         ^ purpose.wrapping_mul(0xA24B_AED4_963E_E407)
         ^ (step as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25);
@@ -235,8 +297,34 @@ pub fn best_weights(dir: &std::path::Path) -> PathBuf {
     dir.join("best.safetensors")
 }
 
-/// Runs (or resumes, or just loads when done) `spec`. `on_step(done, of)` reports progress.
-pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) -> Result<RunState> {
+/// What the objective of a run may be: anything a `state.json` can hold and compare.
+pub trait RunObjective:
+    Clone + PartialEq + std::fmt::Debug + Serialize + serde::de::DeserializeOwned
+{
+}
+
+impl<O: Clone + PartialEq + std::fmt::Debug + Serialize + serde::de::DeserializeOwned> RunObjective
+    for O
+{
+}
+
+/// A training step of a run: `(pair indices of the batch, step)` → `(loss, its
+/// cross-entropy part)`, both scalars. It draws its own dropout masks (from [`mix`]`(seed, 1,
+/// step)`), so a step is a function of the spec and the step alone.
+pub type StepLoss<'a> = dyn FnMut(&[usize], usize) -> Result<(Tensor, Tensor)> + 'a;
+
+/// Runs (or resumes, or just loads when done) `spec` over the model whose variables are
+/// `varmap` (freshly initialised from `spec.seed`): AdamW on `step_loss`'s loss over the
+/// batches of `batches`, `dev_bleu` every `spec.eval_every` steps, the best weights kept,
+/// checkpoints that let an interrupted run resume. `on_step` reports progress.
+pub fn train_run<O: RunObjective>(
+    spec: &RunSpec<O>,
+    varmap: &mut VarMap,
+    batches: &Batches,
+    dev_bleu: &dyn Fn() -> Result<f64>,
+    step_loss: &mut StepLoss,
+    on_step: &mut dyn FnMut(&RunState<O>),
+) -> Result<RunState<O>> {
     if spec.eval_every == 0 || spec.max_steps == 0 {
         bail!("eval_every and max_steps must be >= 1: {spec:?}");
     }
@@ -244,23 +332,21 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
     let state_path = spec.dir.join("state.json");
     let model_path = spec.dir.join("model.safetensors");
     let optim_path = spec.dir.join("optim.safetensors");
-    let mut varmap = VarMap::new();
-    let model = Transformer::new(setup.model, &varmap, spec.seed, &setup.device)?;
     let vars = varmap.data().lock().expect("VarMap lock").clone();
     let mut optimizer = AdamW::new(&vars, AdamWConfig::default())?;
-    let previous: Option<RunState> = load_json(&state_path)?;
+    let previous: Option<RunState<O>> = load_json(&state_path)?;
     let mut state = match previous {
         Some(state) if state.spec.objective == spec.objective && state.spec.seed == spec.seed => {
             if state.done {
                 return Ok(state);
             }
-            load_vars(&mut varmap, &model_path)?;
+            load_vars(varmap, &model_path)?;
             optimizer.load(&optim_path)?;
             state
         }
         _ => {
             if let Some(init) = &spec.init {
-                load_vars(&mut varmap, init)?;
+                load_vars(varmap, init)?;
             }
             let mut state = RunState {
                 spec: spec.clone(),
@@ -276,7 +362,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                 // The starting point is a candidate too: a fine-tune that never beats it
                 // selects it.
                 let started = Instant::now();
-                let dev = (setup.dev_bleu)(&model)?;
+                let dev = dev_bleu()?;
                 state.eval_seconds += started.elapsed().as_secs_f64();
                 state.evals.push(Eval {
                     step: 0,
@@ -285,28 +371,79 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                     train_ce: None,
                 });
                 state.best_dev_bleu = dev;
-                save_vars(&varmap, &best_weights(&spec.dir))?;
+                save_vars(varmap, &best_weights(&spec.dir))?;
             }
             state
         }
-    };
-    let batches = Batches::new(setup.train, setup.batch_size, spec.batch_seed)?;
-    let specials = Specials {
-        bos: setup.ids.bos,
-        eos: setup.ids.eos,
-        pad: setup.ids.pad,
     };
     let (mut loss_sum, mut ce_sum, mut since) = (0.0, 0.0, 0usize);
     while state.step < spec.max_steps {
         let step = state.step;
         let started = Instant::now();
         optimizer.config.lr = spec.schedule.at(step + 1);
-        let batch = make_batch(setup.train, batches.at(step), setup.ids, &setup.device)?;
+        let (loss, ce) = step_loss(batches.at(step), step)?;
+        optimizer.backward_step(&loss)?;
+        loss_sum += f64::from(loss.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
+        ce_sum += f64::from(ce.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
+        since += 1;
+        state.train_seconds += started.elapsed().as_secs_f64();
+        state.step += 1;
+        if state.step % spec.eval_every == 0 || state.step == spec.max_steps {
+            let started = Instant::now();
+            let dev = dev_bleu()?;
+            state.eval_seconds += started.elapsed().as_secs_f64();
+            state.evals.push(Eval {
+                step: state.step,
+                dev_bleu: dev,
+                train_loss: Some(loss_sum / since as f64),
+                train_ce: Some(ce_sum / since as f64),
+            });
+            (loss_sum, ce_sum, since) = (0.0, 0.0, 0);
+            if dev > state.best_dev_bleu {
+                state.best_dev_bleu = dev;
+                state.best_step = state.step;
+                save_vars(varmap, &best_weights(&spec.dir))?;
+            }
+            let since_best = state
+                .evals
+                .iter()
+                .filter(|e| e.step > state.best_step)
+                .count();
+            if spec.patience.is_some_and(|p| since_best >= p) || state.step == spec.max_steps {
+                state.done = true;
+            }
+            save_vars(varmap, &model_path)?;
+            save_optimizer(&optimizer, &optim_path)?;
+            save_json(&state, &state_path)?;
+            if state.done {
+                on_step(&state);
+                break;
+            }
+        }
+        on_step(&state);
+    }
+    Ok(state)
+}
+
+/// Runs (or resumes, or just loads when done) `spec` with translate's model and objectives
+/// ([`train_run`]). `on_step(state)` reports progress.
+pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) -> Result<RunState> {
+    let mut varmap = VarMap::new();
+    let model = Transformer::new(setup.model, &varmap, spec.seed, &setup.device)?;
+    let batches = Batches::new(setup.train, setup.batch_size, spec.batch_seed)?;
+    let specials = Specials {
+        bos: setup.ids.bos,
+        eos: setup.ids.eos,
+        pad: setup.ids.pad,
+    };
+    let dev_bleu = || (setup.dev_bleu)(&model);
+    let mut step_loss = |indices: &[usize], step: usize| -> Result<(Tensor, Tensor)> {
+        let batch = make_batch(setup.train, indices, setup.ids, &setup.device)?;
         let mut dropout = Dropout::new(setup.model.dropout, mix(spec.seed, 1, step));
         let memory = model.encode(&batch.src, setup.ids.pad, Some(&mut dropout))?;
         let states = model.decode(&batch.dec_in, &memory, Some(&mut dropout))?;
         let proj = model.output_projection();
-        let (loss, ce) = match spec.objective {
+        Ok(match spec.objective {
             Objective::Ce => {
                 let ce = cross_entropy_from_hidden(
                     &states,
@@ -357,48 +494,16 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                 )?;
                 ((&ce + (r * mu)?)?, ce)
             }
-        };
-        optimizer.backward_step(&loss)?;
-        loss_sum += f64::from(loss.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
-        ce_sum += f64::from(ce.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
-        since += 1;
-        state.train_seconds += started.elapsed().as_secs_f64();
-        state.step += 1;
-        if state.step % spec.eval_every == 0 || state.step == spec.max_steps {
-            let started = Instant::now();
-            let dev = (setup.dev_bleu)(&model)?;
-            state.eval_seconds += started.elapsed().as_secs_f64();
-            state.evals.push(Eval {
-                step: state.step,
-                dev_bleu: dev,
-                train_loss: Some(loss_sum / since as f64),
-                train_ce: Some(ce_sum / since as f64),
-            });
-            (loss_sum, ce_sum, since) = (0.0, 0.0, 0);
-            if dev > state.best_dev_bleu {
-                state.best_dev_bleu = dev;
-                state.best_step = state.step;
-                save_vars(&varmap, &best_weights(&spec.dir))?;
-            }
-            let since_best = state
-                .evals
-                .iter()
-                .filter(|e| e.step > state.best_step)
-                .count();
-            if spec.patience.is_some_and(|p| since_best >= p) || state.step == spec.max_steps {
-                state.done = true;
-            }
-            save_vars(&varmap, &model_path)?;
-            save_optimizer(&optimizer, &optim_path)?;
-            save_json(&state, &state_path)?;
-            if state.done {
-                on_step(&state);
-                break;
-            }
-        }
-        on_step(&state);
-    }
-    Ok(state)
+        })
+    };
+    train_run(
+        spec,
+        &mut varmap,
+        &batches,
+        &dev_bleu,
+        &mut step_loss,
+        on_step,
+    )
 }
 
 /// MRT's risk for the first `setup.mrt_sources` sources of the batch: candidates sampled from
