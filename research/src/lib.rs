@@ -26,6 +26,7 @@ pub mod device;
 pub mod eval;
 pub mod model;
 pub mod mrt;
+pub mod nat;
 pub mod optim;
 pub mod plot;
 pub mod progress;
