@@ -10,7 +10,9 @@ relative to the results.json; `.gz` files are read gzipped) with sacrebleu's BLE
 chrF++ where the run reports them, and compared with the reported values. Then, per objective,
 the mean ± sd over seeds and, where the file has a `ce` control, the seed-level paired t-test of
 each objective against it (scipy's `ttest_rel`) with Holm's correction over the objectives, for
-comparison with the study's own `paired_t_vs_ce` / `holm_adjusted_p_vs_ce`. Exits non-zero if a
+comparison with the study's own `paired_t_vs_ce` / `holm_adjusted_p_vs_ce`. Runs that carry a
+`condition` and a `variant` (the NAT study: distilled/raw/ar, length beam and duplicate removal)
+are grouped by them, and each group's objectives are compared with that group's `ce`. Exits non-zero if a
 score differs from the reported one by more than 1e-9 (sacrebleu rounds nothing internally).
 """
 import gzip
@@ -56,7 +58,8 @@ def rescore(results_path):
         ref = read_lines(os.path.join(base, run["test_ref"]))
         tok = tokenizer_of(run.get("bleu_signature") or run.get("signature"))
         bleu = BLEU(tokenize=tok).corpus_score(hyp, [ref]).score
-        line = f"{run['objective']:>16} seed {run['seed']}: BLEU {bleu:8.4f} (reported {run['test_bleu']:8.4f})"
+        group = " ".join(str(run[k]) for k in ("condition", "variant") if run.get(k) is not None)
+        line = f"{group + ' ' if group else ''}{run['objective']:>16} seed {run['seed']}: BLEU {bleu:8.4f} (reported {run['test_bleu']:8.4f})"
         worst = max(worst, abs(bleu - run["test_bleu"]))
         metrics = {"bleu": bleu}
         if run.get("test_chrf") is not None:
@@ -68,7 +71,7 @@ def rescore(results_path):
             line += f"  chrF {chrf:7.4f} (reported {run['test_chrf']:7.4f})"
             metrics["chrf"] = chrf
         print(line)
-        scores.setdefault(run["objective"], {})[run["seed"]] = metrics
+        scores.setdefault(group, {}).setdefault(run["objective"], {})[run["seed"]] = metrics
     print(f"largest difference from the reported scores: {worst:.2e}")
 
     try:
@@ -77,28 +80,31 @@ def rescore(results_path):
         print("(scipy missing: seed-level tests skipped)")
         return worst
     print("\nper objective: mean ± sd over seeds; seed-level paired t-test vs ce, Holm over objectives")
-    control = scores.get("ce")
-    for metric in ("bleu", "chrf"):
-        rows, pvalues = [], []
-        for objective, by_seed in scores.items():
-            values = [by_seed[s][metric] for s in sorted(by_seed) if metric in by_seed[s]]
-            if not values:
-                continue
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
-            row = [objective, statistics.mean(values), sd, None, None]
-            if control and objective not in ("ce", "baseline"):
-                seeds = sorted(set(by_seed) & set(control))
-                a = [by_seed[s][metric] for s in seeds]
-                b = [control[s][metric] for s in seeds]
-                if len(seeds) > 1 and any(x != y for x, y in zip(a, b)):
-                    row[3] = statistics.mean(x - y for x, y in zip(a, b))
-                    row[4] = float(ttest_rel(a, b).pvalue)
-                    pvalues.append(row[4])
-            rows.append(row)
-        adjusted = iter(holm(pvalues))
-        for objective, mean, sd, delta, p in rows:
-            tail = "" if p is None else f"  Δ {delta:+.2f}  p {p:.3f}  Holm {next(adjusted):.3f}"
-            print(f"{metric:>5} {objective:>16}: {mean:6.2f} ± {sd:.2f}{tail}")
+    for group, by_objective in scores.items():
+        if group:
+            print(f"-- {group}")
+        control = by_objective.get("ce")
+        for metric in ("bleu", "chrf"):
+            rows, pvalues = [], []
+            for objective, by_seed in by_objective.items():
+                values = [by_seed[s][metric] for s in sorted(by_seed) if metric in by_seed[s]]
+                if not values:
+                    continue
+                sd = statistics.stdev(values) if len(values) > 1 else 0.0
+                row = [objective, statistics.mean(values), sd, None, None]
+                if control and objective not in ("ce", "baseline"):
+                    seeds = sorted(set(by_seed) & set(control))
+                    a = [by_seed[s][metric] for s in seeds]
+                    b = [control[s][metric] for s in seeds]
+                    if len(seeds) > 1 and any(x != y for x, y in zip(a, b)):
+                        row[3] = statistics.mean(x - y for x, y in zip(a, b))
+                        row[4] = float(ttest_rel(a, b).pvalue)
+                        pvalues.append(row[4])
+                rows.append(row)
+            adjusted = iter(holm(pvalues))
+            for objective, mean, sd, delta, p in rows:
+                tail = "" if p is None else f"  Δ {delta:+.2f}  p {p:.3f}  Holm {next(adjusted):.3f}"
+                print(f"{metric:>5} {objective:>16}: {mean:6.2f} ± {sd:.2f}{tail}")
     return worst
 
 
