@@ -5,12 +5,9 @@
 
 mod common;
 
-use candle_bleu::exact::chrf::{corpus_chrf, ChrfConfig};
-use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
-use candle_bleu::exact::{corpus_bleu, BleuConfig};
 use candle_bleu_research::data::mo::MoWriter;
 use candle_bleu_research::nat::files::read_lines_gz;
-use common::example_command;
+use common::{check_13a_scores, run_example};
 use std::path::Path;
 
 /// A French catalogue of 300 messages (the study's default language is German: this checks
@@ -64,14 +61,7 @@ fn write_catalogue(dir: &Path) {
 }
 
 fn run(args: &[&str]) -> (bool, String, String) {
-    let output = example_command("nat", args)
-        .output()
-        .expect("cannot start cargo run");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    run_example("nat", args)
 }
 
 #[test]
@@ -79,7 +69,7 @@ fn quick_nat_study_is_reproducible_from_its_files() {
     let dir = std::env::temp_dir().join(format!("candle-bleu-nat-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_catalogue(&dir);
-    let (out, work) = (dir.join("out"), dir.join("work"));
+    let (out, work, none) = (dir.join("out"), dir.join("work"), dir.join("none"));
     let args = [
         "--quick",
         "--lang",
@@ -91,7 +81,7 @@ fn quick_nat_study_is_reproducible_from_its_files() {
         "--work",
         work.to_str().unwrap(),
         "--translate-run",
-        dir.join("none").to_str().unwrap(),
+        none.to_str().unwrap(),
         "--cpu",
     ];
     let started = std::time::Instant::now();
@@ -116,33 +106,10 @@ fn quick_nat_study_is_reproducible_from_its_files() {
     assert_eq!(runs.len(), 1 + 8 * (2 * 4 + 3));
     let references = read_lines_gz(&out.join("test.ref.gz")).unwrap();
     assert!(!references.is_empty());
-    let ref_tokens: Vec<Vec<Vec<String>>> = references
-        .iter()
-        .map(|r| vec![tokenize(r, Tokenizer::V13a, false)])
-        .collect();
-    let ref_text: Vec<Vec<String>> = references.iter().map(|r| vec![r.clone()]).collect();
     for run in runs {
         let file = run["test_hyp"].as_str().unwrap();
         assert!(file.ends_with(".gz"), "{run}");
-        let hyps = read_lines_gz(&out.join(file)).unwrap();
-        assert_eq!(hyps.len(), references.len(), "{run}");
-        let hyp_tokens: Vec<Vec<String>> = hyps
-            .iter()
-            .map(|h| tokenize(h, Tokenizer::V13a, false))
-            .collect();
-        let bleu = corpus_bleu(&hyp_tokens, &ref_tokens, &BleuConfig::default()).unwrap();
-        let chrf = corpus_chrf(&hyps, &ref_text, ChrfConfig::default()).unwrap();
-        assert_eq!(run["test_bleu"].as_f64().unwrap(), bleu.score, "{run}");
-        assert_eq!(run["test_chrf"].as_f64().unwrap(), chrf.score, "{run}");
-        assert_eq!(
-            run["test_length_ratio"].as_f64().unwrap(),
-            bleu.ratio,
-            "{run}"
-        );
-        assert_eq!(
-            run["bleu_signature"],
-            "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
-        );
+        check_13a_scores(run, &read_lines_gz(&out.join(file)).unwrap(), &references);
         if run["dedup"] == true {
             assert_eq!(run["repetition_share"].as_f64().unwrap(), 0.0, "{run}");
         }

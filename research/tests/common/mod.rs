@@ -52,6 +52,53 @@ pub fn example_command(name: &str, args: &[&str]) -> Command {
     command
 }
 
+/// Runs `cargo run --example <name> -- <args>` ([`example_command`]): whether it succeeded,
+/// its stdout and its stderr.
+#[allow(dead_code)]
+pub fn run_example(name: &str, args: &[&str]) -> (bool, String, String) {
+    let output = example_command(name, args)
+        .output()
+        .expect("cannot start cargo run");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Checks that a real-data study's `run` (a results.json row) reports the BLEU (13a), chrF,
+/// length ratio and signature of its hypotheses `hyps` against `references`, as the crate's
+/// exact scorer computes them (sacrebleu's defaults).
+#[allow(dead_code)]
+pub fn check_13a_scores(run: &serde_json::Value, hyps: &[String], references: &[String]) {
+    use candle_bleu::exact::chrf::{corpus_chrf, ChrfConfig};
+    use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
+    use candle_bleu::exact::{corpus_bleu, BleuConfig};
+    assert_eq!(hyps.len(), references.len(), "{run}");
+    let ref_tokens: Vec<Vec<Vec<String>>> = references
+        .iter()
+        .map(|r| vec![tokenize(r, Tokenizer::V13a, false)])
+        .collect();
+    let ref_text: Vec<Vec<String>> = references.iter().map(|r| vec![r.clone()]).collect();
+    let hyp_tokens: Vec<Vec<String>> = hyps
+        .iter()
+        .map(|h| tokenize(h, Tokenizer::V13a, false))
+        .collect();
+    let bleu = corpus_bleu(&hyp_tokens, &ref_tokens, &BleuConfig::default()).unwrap();
+    let chrf = corpus_chrf(hyps, &ref_text, ChrfConfig::default()).unwrap();
+    assert_eq!(run["test_bleu"].as_f64().unwrap(), bleu.score, "{run}");
+    assert_eq!(run["test_chrf"].as_f64().unwrap(), chrf.score, "{run}");
+    assert_eq!(
+        run["test_length_ratio"].as_f64().unwrap(),
+        bleu.ratio,
+        "{run}"
+    );
+    assert_eq!(
+        run["bleu_signature"],
+        "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    );
+}
+
 /// Checks a synthetic study's `results.json` in `out`: a `runs` array whose every run names
 /// its test hypotheses and references by paths relative to `out` that exist, carries
 /// sacrebleu's `tok:none` signature, and whose `test_bleu` equals the crate's exact corpus BLEU
