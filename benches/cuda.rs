@@ -1,0 +1,995 @@
+//! The loss on a CUDA GPU, forward + backward: time and peak device memory of each step, with the
+//! crate's CUDA kernels off (composed candle ops) and on (`set_cuda_kernels(true)`), beside
+//! PyTorch eager and `torch.compile` on the same GPU (`benches/torch_cuda.py`, read with
+//! `--torch`). `benches/cuda_vs_torch.sh` runs the two sides alternately.
+//!
+//! ```text
+//! scripts/build-cuda.sh build --release --features cuda --bench cuda   # builds here, no GPU needed
+//! target/cuda/release/deps/cuda-<hash> [--quick] [--repeats N] [--warmup N] [--json PATH]
+//!     [--torch PATH] [--only KEY,…] [--kernels both|off|on] [--cpu]
+//! cargo bench --features cuda --bench cuda -- --quick                  # the same through cargo
+//! ```
+//!
+//! Rows (each with the kernels off and on), forward + backward, gradients dropped:
+//! - logits `[B,S,T,V]` = `[32,64,64,32000]` f32 and `[64,128,128,50000]` bf16 (the loss computes
+//!   bf16 logits in f32): `cross_entropy_from_logits`, `bleu_loss_from_logits` Expected,
+//!   LowerBound and Paired, `ce_bleu_from_logits` Expected — inputs as in `benches/loss.rs`
+//!   (logits N(0, 1), one reference of `T` ids uniform in `[0, V)`, no padding, random targets,
+//!   default configs);
+//! - hidden states `[B,S,D,T,V]` = `[32,64,512,64,32000]` and `[32,64,512,64,128000]` f32:
+//!   `ce_bleu_from_hidden` and `ce_bleu_from_logits(Linear::forward(hidden))`, inputs and config
+//!   as in `benches/hidden.rs` (λ = 0.3, label smoothing 0.1, pad 0, lengths in `[S/2, S]`,
+//!   tied weight N(0, 1/D), default blocks).
+//!
+//! Per shape, each row runs `--warmup` untimed steps (NVRTC compile and cuBLAS set-up included),
+//! one untimed memory step, then `--repeats` rounds that alternate the rows; every step ends
+//! with `device.synchronize()` inside the timer (CUDA is asynchronous). The table gives the
+//! median and min–max in ms.
+//!
+//! Peak device memory: candle 0.11 has no caching allocator of its own; its CUDA backend
+//! allocates every buffer through cudarc 0.19's `CudaStream::alloc`, which calls
+//! `cuMemAllocAsync` (and `cuMemFreeAsync` on drop) when the context `has_async_alloc()`
+//! (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`): those come from the device's current memory
+//! pool (`cuDeviceGetMemPool`, the default pool unless someone set another). Before a step the
+//! bench reads the pool's `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` and sets `CU_MEMPOOL_ATTR_USED_MEM_HIGH`
+//! to 0 (which resets the high-water mark to the current use); after the step and a synchronize
+//! it reads `CU_MEMPOOL_ATTR_USED_MEM_HIGH`; the peak is the difference: everything the step
+//! allocated on top of the inputs (logits or hidden states and weight, references, targets),
+//! the gradients included; the maximum over the memory step and the timed steps. It is reported in bytes and as a multiple of the `[B, S, V]` logits
+//! tensor (in the logits' dtype; f32 for the hidden rows). cuBLAS's own workspace (allocated by
+//! cuBLAS, not candle) is outside the pool. Without memory pools the bench falls back to
+//! sampling `cuMemGetInfo` from a second thread during the memory step (free before − least free
+//! seen: a lower bound, whole-device) and says so. The PyTorch side reports
+//! `max_memory_allocated()` − `memory_allocated()` before the step, the same quantity through its
+//! caching allocator.
+//!
+//! `--json PATH` (default `benches/results/cuda-<unix time>.json`) gets the raw rows; `--torch
+//! PATH` reads `benches/torch_cuda.py`'s JSON and adds, per row, candle / eager and
+//! candle / compile for the median time and the peak memory (< 1: candle is faster / smaller).
+//! `--quick`: tiny shapes (a smoke run; `torch_cuda.py --quick` uses the same). `--cpu` runs the
+//! rows on the CPU (no device memory; for checking the bench on a machine without a GPU).
+
+use anyhow::{anyhow, Context, Result};
+use candle_bleu::loss::{
+    bleu_loss_from_logits, ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_logits,
+    set_cuda_kernels, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References,
+    TrainingLossConfig,
+};
+use candle_core::cuda_backend::cudarc::driver::{result as cu, sys, CudaContext};
+use candle_core::cuda_backend::cudarc::nvrtc;
+use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_nn::Linear;
+use serde_json::{json, Value};
+use std::ffi::c_void;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+const LOGITS_SHAPES: [([usize; 4], DType); 2] = [
+    ([32, 64, 64, 32000], DType::F32),
+    ([64, 128, 128, 50000], DType::BF16),
+];
+const LOGITS_SHAPES_QUICK: [([usize; 4], DType); 2] = [
+    ([4, 16, 16, 1000], DType::F32),
+    ([8, 16, 16, 2000], DType::BF16),
+];
+const HIDDEN_SHAPES: [[usize; 5]; 2] = [[32, 64, 512, 64, 32000], [32, 64, 512, 64, 128000]];
+const HIDDEN_SHAPES_QUICK: [[usize; 5]; 2] = [[4, 16, 64, 16, 1000], [4, 16, 64, 16, 4000]];
+
+struct Args {
+    quick: bool,
+    repeats: usize,
+    warmup: usize,
+    json: Option<String>,
+    torch: Option<String>,
+    only: Option<Vec<String>>,
+    kernels: Vec<bool>,
+    cpu: bool,
+}
+
+const USAGE: &str = "usage: cuda [--quick] [--repeats N] [--warmup N] [--json PATH] [--torch PATH] \
+[--only KEY,...] [--kernels both|off|on] [--cpu]
+  KEY: cross_entropy, expected, lower_bound, paired, ce_expected, hidden_ce_expected, logits, hidden";
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        quick: false,
+        repeats: 10,
+        warmup: 2,
+        json: None,
+        torch: None,
+        only: None,
+        kernels: vec![false, true],
+        cpu: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| anyhow!("{arg} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--cpu" => args.cpu = true,
+            "--repeats" => args.repeats = value()?.parse().context("--repeats N")?,
+            "--warmup" => args.warmup = value()?.parse().context("--warmup N")?,
+            "--json" => args.json = Some(value()?),
+            "--torch" => args.torch = Some(value()?),
+            "--only" => args.only = Some(value()?.split(',').map(String::from).collect()),
+            "--kernels" => {
+                args.kernels = match value()?.as_str() {
+                    "both" => vec![false, true],
+                    "off" => vec![false],
+                    "on" => vec![true],
+                    other => anyhow::bail!("--kernels both|off|on, got {other}"),
+                }
+            }
+            // `cargo bench` passes --bench to harness-less benches.
+            "--bench" => {}
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => anyhow::bail!("unknown argument {other}\n{USAGE}"),
+        }
+    }
+    anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
+    Ok(args)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peak device memory
+// ---------------------------------------------------------------------------------------------
+
+/// How the peak device memory of a step is read.
+enum Memory {
+    /// The device's current memory pool, which candle's `cuMemAllocAsync` allocations come from.
+    Pool(sys::CUmemoryPool),
+    /// No memory pools: `cuMemGetInfo` sampled from a second thread (whole device, lower bound).
+    Sampled(Arc<CudaContext>),
+    /// On the CPU (`--cpu`): not measured.
+    Off,
+}
+
+fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: `pool` is the device's pool (cuDeviceGetMemPool); the USED_MEM_* and
+    // RESERVED_MEM_* attributes are cuuint64_t, which `value` is.
+    unsafe { cu::mem_pool::get_attribute(pool, attr, &mut value as *mut u64 as *mut c_void) }
+        .map_err(|e| anyhow!("cuMemPoolGetAttribute({attr:?}): {e:?}"))?;
+    Ok(value)
+}
+
+fn reset_pool_high(pool: sys::CUmemoryPool) -> Result<()> {
+    let mut zero: u64 = 0;
+    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+    // SAFETY: as above; USED_MEM_HIGH may only be set to 0, which resets it to the current use.
+    unsafe { cu::mem_pool::set_attribute(pool, attr, &mut zero as *mut u64 as *mut c_void) }
+        .map_err(|e| anyhow!("cuMemPoolSetAttribute(USED_MEM_HIGH, 0): {e:?}"))
+}
+
+/// What a [`Memory`] read before a step.
+enum Before {
+    Pool(u64),
+    Sampled {
+        free: usize,
+        stop: Arc<AtomicBool>,
+        sampler: std::thread::JoinHandle<Result<usize>>,
+    },
+    Off,
+}
+
+impl Memory {
+    fn method(&self) -> &'static str {
+        match self {
+            Memory::Pool(_) => {
+                "CU_MEMPOOL_ATTR_USED_MEM_HIGH after the step (reset to 0 before it) minus \
+                 CU_MEMPOOL_ATTR_USED_MEM_CURRENT before it, on the device's current memory pool \
+                 (candle allocates with cuMemAllocAsync)"
+            }
+            Memory::Sampled(_) => {
+                "FALLBACK (no memory pools, has_async_alloc() = false): cuMemGetInfo free memory \
+                 before the step minus the least free memory sampled from a second thread during \
+                 it; a lower bound, and counts anything else on the device"
+            }
+            Memory::Off => "not measured (CPU)",
+        }
+    }
+
+    /// Bytes in use in the pool now (the inputs), where a pool is read.
+    fn in_use(&self) -> Result<Option<u64>> {
+        match self {
+            Memory::Pool(pool) => Ok(Some(pool_attribute(
+                *pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            )?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Call after a synchronize, right before the step.
+    fn before(&self) -> Result<Before> {
+        match self {
+            Memory::Pool(pool) => {
+                let current = pool_attribute(
+                    *pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                )?;
+                reset_pool_high(*pool)?;
+                Ok(Before::Pool(current))
+            }
+            Memory::Sampled(ctx) => {
+                let (free, _) = ctx.mem_get_info()?;
+                let stop = Arc::new(AtomicBool::new(false));
+                let (ctx, flag) = (ctx.clone(), stop.clone());
+                let sampler = std::thread::spawn(move || -> Result<usize> {
+                    let mut least = usize::MAX;
+                    loop {
+                        let done = flag.load(Ordering::Relaxed);
+                        least = least.min(ctx.mem_get_info()?.0);
+                        if done {
+                            return Ok(least);
+                        }
+                    }
+                });
+                Ok(Before::Sampled {
+                    free,
+                    stop,
+                    sampler,
+                })
+            }
+            Memory::Off => Ok(Before::Off),
+        }
+    }
+
+    /// Call after the step and a synchronize: the step's peak bytes above `before`.
+    fn after(&self, before: Before) -> Result<Option<u64>> {
+        match (self, before) {
+            (Memory::Pool(pool), Before::Pool(current)) => {
+                let high = pool_attribute(
+                    *pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                )?;
+                Ok(Some(high.saturating_sub(current)))
+            }
+            (
+                Memory::Sampled(_),
+                Before::Sampled {
+                    free,
+                    stop,
+                    sampler,
+                },
+            ) => {
+                stop.store(true, Ordering::Relaxed);
+                let least = sampler
+                    .join()
+                    .map_err(|_| anyhow!("the cuMemGetInfo sampler panicked"))??;
+                Ok(Some(free.saturating_sub(least) as u64))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device
+// ---------------------------------------------------------------------------------------------
+
+/// The header lines, their JSON, and how memory is read.
+fn describe(device: &Device) -> Result<(Vec<String>, Value, Memory)> {
+    let Device::Cuda(cuda) = device else {
+        return Ok((
+            vec![
+                "device: cpu (--cpu: a smoke run of the rows; no device memory, times are not GPU times)"
+                    .into(),
+            ],
+            json!({ "name": "cpu" }),
+            Memory::Off,
+        ));
+    };
+    let stream = cuda.cuda_stream();
+    let ctx = stream.context().clone();
+    let name = ctx.name()?;
+    let (major, minor) = ctx.compute_capability()?;
+    let total = ctx.total_mem()?;
+    let mut driver: i32 = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut driver) }.result()?;
+    let (mut nvrtc_major, mut nvrtc_minor) = (0i32, 0i32);
+    // SAFETY: writes two ints.
+    let nvrtc_version = unsafe { nvrtc::sys::nvrtcVersion(&mut nvrtc_major, &mut nvrtc_minor) }
+        .result()
+        .ok()
+        .map(|_| format!("{nvrtc_major}.{nvrtc_minor}"));
+    let built_for = option_env!("CUDARC_CUDA_VERSION").unwrap_or("unknown");
+    let cu_device = ctx.cu_device();
+    let async_alloc = ctx.has_async_alloc();
+    let mut lines = vec![
+        format!(
+            "device: cuda:0 {name} (compute capability {major}.{minor}, {:.1} GiB)",
+            total as f64 / (1u64 << 30) as f64
+        ),
+        format!(
+            "CUDA driver {}.{} (cuDriverGetVersion {driver}); built against CUDA {built_for} \
+             (CUDARC_CUDA_VERSION); NVRTC {}; CUDA_COMPUTE_CAP at build {}",
+            driver / 1000,
+            (driver % 1000) / 10,
+            nvrtc_version.as_deref().unwrap_or("unknown"),
+            option_env!("CUDA_COMPUTE_CAP").unwrap_or("unknown"),
+        ),
+        format!(
+            "candle: gemm_reduced_precision f32 {} / bf16 {} (TF32 off unless set); crate kernels \
+             compiled by NVRTC on first use",
+            candle_core::cuda_backend::gemm_reduced_precision_f32(),
+            candle_core::cuda_backend::gemm_reduced_precision_bf16(),
+        ),
+    ];
+    let mut default_is_current = None;
+    let memory = if async_alloc {
+        // SAFETY: `cu_device` is candle's context's device.
+        let pool = unsafe { cu::device::get_mem_pool(cu_device) }?;
+        // SAFETY: as above.
+        let default_pool = unsafe { cu::device::get_default_mem_pool(cu_device) }?;
+        default_is_current = Some(pool == default_pool);
+        lines.push(format!(
+            "memory: has_async_alloc() = true: candle allocates with cuMemAllocAsync from the \
+             device's current memory pool ({}); peak = USED_MEM_HIGH − USED_MEM_CURRENT per step",
+            if pool == default_pool {
+                "the default pool"
+            } else {
+                "NOT the default pool"
+            }
+        ));
+        Memory::Pool(pool)
+    } else {
+        lines.push(
+            "memory: has_async_alloc() = false (no memory pools): FALLBACK to cuMemGetInfo \
+             sampled during the step (a whole-device lower bound)"
+                .into(),
+        );
+        Memory::Sampled(ctx.clone())
+    };
+    let info = json!({
+        "name": name,
+        "compute_capability": format!("{major}.{minor}"),
+        "total_mem_bytes": total,
+        "driver_version": driver,
+        "cuda_build_version": built_for,
+        "nvrtc_version": nvrtc_version,
+        "has_async_alloc": async_alloc,
+        "pool_is_default": default_is_current,
+        "gemm_reduced_precision_f32": candle_core::cuda_backend::gemm_reduced_precision_f32(),
+        "gemm_reduced_precision_bf16": candle_core::cuda_backend::gemm_reduced_precision_bf16(),
+    });
+    Ok((lines, info, memory))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------------------------
+
+type Step<'a> = Rc<dyn Fn() -> candle_core::Result<()> + 'a>;
+
+struct Row<'a> {
+    name: &'static str,
+    /// The row's name in torch_cuda.py's JSON.
+    key: &'static str,
+    kernels: bool,
+    step: Step<'a>,
+}
+
+#[derive(Default)]
+struct Outcome {
+    runs_ms: Vec<f64>,
+    peak_bytes: Option<u64>,
+    peak_runs: Vec<u64>,
+    error: Option<String>,
+}
+
+/// The inputs of `benches/loss.rs`.
+struct LogitsInputs {
+    var: Var,
+    refs: References,
+    targets: Tensor,
+}
+
+fn logits_inputs(device: &Device, [b, s, t, v]: [usize; 4], dtype: DType) -> Result<LogitsInputs> {
+    let logits = Tensor::randn(0f32, 1.0, (b, s, v), device)?.to_dtype(dtype)?;
+    // Ids drawn on the CPU (curand's uniform is in (0, 1], which could give the id V).
+    let ids = Tensor::rand(0f32, v as f32, (b, t), &Device::Cpu)?
+        .to_dtype(DType::U32)?
+        .to_device(device)?;
+    let targets = Tensor::rand(0f32, v as f32, (b, s), &Device::Cpu)?
+        .to_dtype(DType::U32)?
+        .to_device(device)?;
+    Ok(LogitsInputs {
+        var: Var::from_tensor(&logits)?,
+        refs: References::from_ids(&ids, u32::MAX)?,
+        targets,
+    })
+}
+
+fn logits_steps(x: &LogitsInputs) -> Vec<(&'static str, &'static str, Step<'_>)> {
+    let bleu = |form: Form| -> Step<'_> {
+        Rc::new(move || {
+            let cfg = BleuLossConfig {
+                form,
+                ..Default::default()
+            };
+            let out = bleu_loss_from_logits(x.var.as_tensor(), None, &x.refs, &cfg)?;
+            drop(out.loss.backward()?);
+            Ok(())
+        })
+    };
+    vec![
+        (
+            "cross_entropy_from_logits",
+            "cross_entropy",
+            Rc::new(move || {
+                let loss = cross_entropy_from_logits(
+                    x.var.as_tensor(),
+                    &x.targets,
+                    &CrossEntropyConfig::default(),
+                )?;
+                drop(loss.backward()?);
+                Ok(())
+            }),
+        ),
+        (
+            "bleu_loss_from_logits Expected",
+            "expected",
+            bleu(Form::Expected),
+        ),
+        (
+            "bleu_loss_from_logits LowerBound",
+            "lower_bound",
+            bleu(Form::LowerBound),
+        ),
+        ("bleu_loss_from_logits Paired", "paired", bleu(Form::Paired)),
+        (
+            "ce_bleu_from_logits Expected",
+            "ce_expected",
+            Rc::new(move || {
+                let cfg = TrainingLossConfig::default();
+                let out = ce_bleu_from_logits(x.var.as_tensor(), None, &x.refs, &x.targets, &cfg)?;
+                drop(out.loss.backward()?);
+                Ok(())
+            }),
+        ),
+    ]
+}
+
+/// The inputs of `benches/hidden.rs` (σ = 1, no Zipf prior), built on the CPU and moved.
+struct HiddenInputs {
+    hidden: Var,
+    proj: Linear,
+    refs: References,
+    targets: Tensor,
+    lengths: Tensor,
+}
+
+fn hidden_inputs(device: &Device, [b, s, d, t, v]: [usize; 5]) -> Result<HiddenInputs> {
+    use rand::{Rng, SeedableRng};
+    let cpu = Device::Cpu;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
+    let hidden = Tensor::randn(0f32, 1.0, (b, s, d), &cpu)?.to_device(device)?;
+    let weight =
+        Tensor::randn(0f32, (1.0 / (d as f64).sqrt()) as f32, (v, d), &cpu)?.to_device(device)?;
+    let mut ref_ids = vec![0u32; b * t];
+    let mut target_ids = vec![0u32; b * s];
+    let mut lengths = Vec::with_capacity(b);
+    for e in 0..b {
+        let length = rng.gen_range(s / 2..=s).max(1);
+        lengths.push(length as u32);
+        for i in 0..length.min(t) {
+            ref_ids[e * t + i] = rng.gen_range(1..v as u32);
+        }
+        for i in 0..length {
+            target_ids[e * s + i] = rng.gen_range(1..v as u32);
+        }
+    }
+    let weight = Var::from_tensor(&weight)?;
+    Ok(HiddenInputs {
+        hidden: Var::from_tensor(&hidden)?,
+        proj: Linear::new(weight.as_tensor().clone(), None),
+        refs: References::from_ids(&Tensor::from_vec(ref_ids, (b, t), device)?, 0)?,
+        targets: Tensor::from_vec(target_ids, (b, s), device)?,
+        lengths: Tensor::from_vec(lengths, b, device)?,
+    })
+}
+
+/// `benches/hidden.rs`'s config: λ = 0.3, pad 0, label smoothing 0.1, default blocks.
+fn hidden_config() -> TrainingLossConfig {
+    TrainingLossConfig {
+        bleu_weight: 0.3,
+        ce: CrossEntropyConfig {
+            pad_id: Some(0),
+            label_smoothing: 0.1,
+        },
+        hidden: HiddenConfig::default(),
+        bleu: BleuLossConfig::default(),
+    }
+}
+
+fn hidden_steps(x: &HiddenInputs) -> Vec<(&'static str, &'static str, Step<'_>)> {
+    vec![
+        (
+            "ce_bleu_from_hidden Expected",
+            "hidden_ce_expected",
+            Rc::new(move || {
+                let out = ce_bleu_from_hidden(
+                    x.hidden.as_tensor(),
+                    &x.proj,
+                    Some(&x.lengths),
+                    &x.refs,
+                    &x.targets,
+                    &hidden_config(),
+                )?;
+                drop(out.loss.backward()?);
+                Ok(())
+            }),
+        ),
+        (
+            "Linear + ce_bleu_from_logits Expected",
+            "hidden_ce_expected",
+            Rc::new(move || {
+                let logits = x.proj.forward(x.hidden.as_tensor())?;
+                let out = ce_bleu_from_logits(
+                    &logits,
+                    Some(&x.lengths),
+                    &x.refs,
+                    &x.targets,
+                    &hidden_config(),
+                )?;
+                drop(out.loss.backward()?);
+                Ok(())
+            }),
+        ),
+    ]
+}
+
+fn wanted(only: &Option<Vec<String>>, key: &str, group: &str) -> bool {
+    only.as_ref()
+        .is_none_or(|keys| keys.iter().any(|k| k == key || k == group))
+}
+
+/// One step of `row`, synchronized, timed; with the memory read around it when `memory`.
+fn run_step(device: &Device, row: &Row, memory: Option<&Memory>) -> Result<(f64, Option<u64>)> {
+    set_cuda_kernels(row.kernels);
+    device.synchronize()?;
+    let before = memory.map(Memory::before).transpose()?;
+    let start = Instant::now();
+    let result = (row.step)().and_then(|()| device.synchronize());
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    // Read (and stop a sampler) even when the step failed.
+    let peak = match (memory, before) {
+        (Some(m), Some(b)) => m.after(b),
+        _ => Ok(None),
+    };
+    result?;
+    Ok((ms, peak?))
+}
+
+/// Warm-up, one memory step, then `repeats` rounds alternating the rows.
+fn run_group(
+    device: &Device,
+    memory: &Memory,
+    rows: &[Row],
+    warmup: usize,
+    repeats: usize,
+) -> Vec<Outcome> {
+    let mut out: Vec<Outcome> = rows.iter().map(|_| Outcome::default()).collect();
+    let pool = matches!(memory, Memory::Pool(_));
+    for (row, o) in rows.iter().zip(&mut out) {
+        for _ in 0..warmup {
+            if let Err(e) = run_step(device, row, None) {
+                o.error = Some(format!("warm-up: {e:#}"));
+                break;
+            }
+        }
+    }
+    for (row, o) in rows.iter().zip(&mut out) {
+        if o.error.is_none() {
+            match run_step(device, row, Some(memory)) {
+                Ok((_, peak)) => o.peak_bytes = peak,
+                Err(e) => o.error = Some(format!("memory step: {e:#}")),
+            }
+        }
+    }
+    for _ in 0..repeats {
+        for (row, o) in rows.iter().zip(&mut out) {
+            if o.error.is_some() {
+                continue;
+            }
+            // The pool's counters cost two host calls outside the timer; the sampling fallback
+            // would run a thread beside the step, so it reads the memory step only.
+            match run_step(device, row, pool.then_some(memory)) {
+                Ok((ms, peak)) => {
+                    o.runs_ms.push(ms);
+                    if let Some(p) = peak {
+                        o.peak_runs.push(p);
+                        o.peak_bytes = o.peak_bytes.max(Some(p));
+                    }
+                }
+                Err(e) => o.error = Some(format!("timed run: {e:#}")),
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch's numbers
+// ---------------------------------------------------------------------------------------------
+
+/// torch_cuda.py's row for (key, shape, dtype, mode), where it has a time.
+fn torch_row<'a>(
+    torch: &'a Option<Value>,
+    key: &str,
+    shape: &[usize],
+    dtype: &str,
+    mode: &str,
+) -> Option<&'a Value> {
+    torch.as_ref()?.get("rows")?.as_array()?.iter().find(|r| {
+        let row_shape: Option<Vec<usize>> = r.get("shape").and_then(|s| {
+            s.as_array()?
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize))
+                .collect()
+        });
+        r.get("name").and_then(Value::as_str) == Some(key)
+            && row_shape.as_deref() == Some(shape)
+            && r.get("dtype").and_then(Value::as_str) == Some(dtype)
+            && r.get("mode").and_then(Value::as_str) == Some(mode)
+            && r.get("median_ms").and_then(Value::as_f64).is_some()
+    })
+}
+
+fn ratio(ours: Option<f64>, theirs: Option<f64>) -> Option<f64> {
+    match (ours, theirs) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".into(), |r| format!("{r:.2}x"))
+}
+
+fn median_min_max(times: &[f64]) -> Option<(f64, f64, f64)> {
+    if times.is_empty() {
+        return None;
+    }
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some((
+        sorted[sorted.len() / 2],
+        sorted[0],
+        sorted[sorted.len() - 1],
+    ))
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::F64 => "f64",
+        _ => "f32",
+    }
+}
+
+/// Prints a group's table and appends its JSON rows.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    title: &str,
+    shape: &[usize],
+    dtype: &str,
+    logits_bytes: usize,
+    rows: &[Row],
+    outcomes: &[Outcome],
+    torch: &Option<Value>,
+    raw: &mut Vec<Value>,
+) {
+    println!("\n{title}");
+    println!(
+        "{:<40} {:>4} {:>9} {:>17} {:>10} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
+        "row",
+        "kern",
+        "median ms",
+        "min-max ms",
+        "peak MiB",
+        "/logits",
+        "t/eager",
+        "t/comp",
+        "m/eager",
+        "m/comp"
+    );
+    for (row, o) in rows.iter().zip(outcomes) {
+        let stats = median_min_max(&o.runs_ms);
+        let eager = torch_row(torch, row.key, shape, dtype, "eager");
+        let compile = torch_row(torch, row.key, shape, dtype, "compile");
+        let t = |r: Option<&Value>, field: &str| r.and_then(|r| r.get(field)?.as_f64());
+        let median = stats.map(|s| s.0);
+        let peak = o.peak_bytes.map(|p| p as f64);
+        let ratios = [
+            ratio(median, t(eager, "median_ms")),
+            ratio(median, t(compile, "median_ms")),
+            ratio(peak, t(eager, "peak_bytes")),
+            ratio(peak, t(compile, "peak_bytes")),
+        ];
+        let kern = if row.kernels { "on" } else { "off" };
+        match (&o.error, stats) {
+            (None, Some((median, min, max))) => println!(
+                "{:<40} {:>4} {:>9.2} {:>17} {:>10} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
+                row.name,
+                kern,
+                median,
+                format!("{min:.2}-{max:.2}"),
+                o.peak_bytes.map_or("-".into(), |p| format!(
+                    "{:.1}",
+                    p as f64 / (1u64 << 20) as f64
+                )),
+                o.peak_bytes.map_or("-".into(), |p| format!(
+                    "{:.2}x",
+                    p as f64 / logits_bytes as f64
+                )),
+                fmt_ratio(ratios[0]),
+                fmt_ratio(ratios[1]),
+                fmt_ratio(ratios[2]),
+                fmt_ratio(ratios[3]),
+            ),
+            (error, _) => println!(
+                "{:<40} {:>4} FAILED: {}",
+                row.name,
+                kern,
+                error
+                    .as_deref()
+                    .and_then(|e| e.lines().next())
+                    .unwrap_or("no timed run")
+            ),
+        }
+        raw.push(json!({
+            "name": row.name,
+            "key": row.key,
+            "shape": shape,
+            "dtype": dtype,
+            "kernels": row.kernels,
+            "median_ms": stats.map(|s| s.0),
+            "min_ms": stats.map(|s| s.1),
+            "max_ms": stats.map(|s| s.2),
+            "runs_ms": o.runs_ms,
+            "peak_bytes": o.peak_bytes,
+            "peak_bytes_runs": o.peak_runs,
+            "logits_bytes": logits_bytes,
+            "peak_over_logits": o.peak_bytes.map(|p| p as f64 / logits_bytes as f64),
+            "vs_torch": {
+                "time_over_eager": ratios[0],
+                "time_over_compile": ratios[1],
+                "peak_over_eager": ratios[2],
+                "peak_over_compile": ratios[3],
+                "eager_error": eager.is_none().then(|| torch_error(torch, row.key, shape, dtype, "eager")).flatten(),
+                "compile_error": compile.is_none().then(|| torch_error(torch, row.key, shape, dtype, "compile")).flatten(),
+            },
+            "error": o.error,
+        }));
+    }
+}
+
+/// The error string PyTorch recorded for a row that has no time.
+fn torch_error(
+    torch: &Option<Value>,
+    key: &str,
+    shape: &[usize],
+    dtype: &str,
+    mode: &str,
+) -> Option<String> {
+    torch
+        .as_ref()?
+        .get("rows")?
+        .as_array()?
+        .iter()
+        .find(|r| {
+            r.get("name").and_then(Value::as_str) == Some(key)
+                && r.get("dtype").and_then(Value::as_str) == Some(dtype)
+                && r.get("mode").and_then(Value::as_str) == Some(mode)
+                && r.get("shape").and_then(Value::as_array).is_some_and(|s| {
+                    s.iter()
+                        .map(Value::as_u64)
+                        .eq(shape.iter().map(|&d| Some(d as u64)))
+                })
+        })?
+        .get("error")?
+        .as_str()
+        .map(String::from)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let device = if args.cpu {
+        Device::Cpu
+    } else {
+        Device::new_cuda(0).map_err(|e| {
+            anyhow!(
+                "no CUDA device 0: {e}\nthis bench needs an NVIDIA GPU, its driver's libcuda.so.1 \
+                 and the CUDA 13 libraries (libcublas, libcublasLt, libcurand, libcudart, \
+                 libnvrtc) on LD_LIBRARY_PATH — not the link stub (docs/gpu.md); --cpu runs the \
+                 rows on the CPU as a smoke test"
+            )
+        })?
+    };
+    let (header, device_info, memory) = describe(&device)?;
+    for line in &header {
+        println!("{line}");
+    }
+    let torch: Option<Value> = match &args.torch {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("--torch {path}"))?;
+            let doc: Value =
+                serde_json::from_str(&text).with_context(|| format!("parsing --torch {path}"))?;
+            println!(
+                "torch: {path}: torch {} on {}",
+                doc.get("torch_version")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?"),
+                doc.get("device_name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+            );
+            Some(doc)
+        }
+        None => None,
+    };
+    println!(
+        "forward + backward per step, synchronized; {} warm-up step(s), 1 memory step, then the \
+         median and min-max of {} rounds alternating the rows of a shape; kernels {}",
+        args.warmup,
+        args.repeats,
+        match args.kernels.as_slice() {
+            [false] => "off",
+            [true] => "on",
+            _ => "off and on",
+        }
+    );
+    println!("peak: {}", memory.method());
+    if torch.is_some() {
+        println!(
+            "t/eager, t/comp: candle median / PyTorch median (eager, torch.compile); m/…: peak \
+             memory ratios; < 1: candle is faster / smaller"
+        );
+    }
+    let mut raw = Vec::new();
+    let (logits_shapes, hidden_shapes) = if args.quick {
+        (LOGITS_SHAPES_QUICK, HIDDEN_SHAPES_QUICK)
+    } else {
+        (LOGITS_SHAPES, HIDDEN_SHAPES)
+    };
+    for (shape, dtype) in logits_shapes {
+        let x = logits_inputs(&device, shape, dtype)?;
+        let [b, s, _, v] = shape;
+        let logits_bytes = b * s * v * dtype.size_in_bytes();
+        let mut rows = Vec::new();
+        for (name, key, step) in logits_steps(&x) {
+            if !wanted(&args.only, key, "logits") {
+                continue;
+            }
+            for &kernels in &args.kernels {
+                rows.push(Row {
+                    name,
+                    key,
+                    kernels,
+                    step: step.clone(),
+                });
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let in_use = memory.in_use()?;
+        check_pool(in_use, logits_bytes);
+        let outcomes = run_group(&device, &memory, &rows, args.warmup, args.repeats);
+        let title = format!(
+            "logits [B,S,T,V] = {shape:?} {}: logits {:.1} MiB{}",
+            dtype_name(dtype),
+            logits_bytes as f64 / (1u64 << 20) as f64,
+            in_use.map_or(String::new(), |u| format!(
+                ", pool in use with the inputs {:.1} MiB",
+                u as f64 / (1u64 << 20) as f64
+            ))
+        );
+        report(
+            &title,
+            &shape,
+            dtype_name(dtype),
+            logits_bytes,
+            &rows,
+            &outcomes,
+            &torch,
+            &mut raw,
+        );
+    }
+    for shape in hidden_shapes {
+        if !wanted(&args.only, "hidden_ce_expected", "hidden") {
+            continue;
+        }
+        let x = hidden_inputs(&device, shape)?;
+        let [b, s, d, _, v] = shape;
+        let logits_bytes = b * s * v * 4;
+        let mut rows = Vec::new();
+        for (name, key, step) in hidden_steps(&x) {
+            for &kernels in &args.kernels {
+                rows.push(Row {
+                    name,
+                    key,
+                    kernels,
+                    step: step.clone(),
+                });
+            }
+        }
+        let in_use = memory.in_use()?;
+        check_pool(in_use, b * s * d * 4);
+        let outcomes = run_group(&device, &memory, &rows, args.warmup, args.repeats);
+        let title = format!(
+            "hidden states [B,S,D,T,V] = {shape:?} f32: the logits would be {:.1} MiB{}",
+            logits_bytes as f64 / (1u64 << 20) as f64,
+            in_use.map_or(String::new(), |u| format!(
+                ", pool in use with the inputs {:.1} MiB",
+                u as f64 / (1u64 << 20) as f64
+            ))
+        );
+        report(
+            &title,
+            &shape,
+            "f32",
+            logits_bytes,
+            &rows,
+            &outcomes,
+            &torch,
+            &mut raw,
+        );
+    }
+    set_cuda_kernels(false);
+
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| format!("benches/results/cuda-{stamp}.json"));
+    let doc = json!({
+        "unix_time": stamp,
+        "device": device_info,
+        "header": header,
+        "memory_method": memory.method(),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "torch_json": args.torch,
+        "rows": raw,
+    });
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {path}"))?;
+    println!("\nraw rows: {path}");
+    Ok(())
+}
+
+/// The pool must hold the inputs: otherwise candle's allocations do not come from it and the
+/// peaks read from it are not candle's.
+fn check_pool(in_use: Option<u64>, input_bytes: usize) {
+    if let Some(used) = in_use {
+        if used < input_bytes as u64 {
+            println!(
+                "WARNING: the memory pool holds {used} bytes with the {input_bytes}-byte inputs \
+                 allocated: candle's allocations do not come from it, so the peaks below are NOT \
+                 candle's"
+            );
+        }
+    }
+}
