@@ -10,10 +10,10 @@
 # BENCH_BINARY: the `cuda` bench built elsewhere (target/cuda/release/deps/cuda-<hash> from
 #   `scripts/build-cuda.sh build --release --features cuda --bench cuda`); no Rust toolchain is
 #   needed here. It needs the driver's libcuda.so.1 and the CUDA 13 libraries (libcublas,
-#   libcublasLt, libcurand, libcudart, libnvrtc + libnvrtc-builtins): set CANDLE_LIB_DIR to their
-#   directory (or directories, ':'-separated), else the script looks for them under
-#   $PYTHON's site-packages/nvidia/*/lib (the CUDA 13 wheels, e.g. torch's own when it is a
-#   CUDA 13 build) and adds them to LD_LIBRARY_PATH for the candle runs only. env.txt shows
+#   libcublasLt, libcurand, libcudart, libnvrtc + libnvrtc-builtins): the script looks for them
+#   under $PYTHON's site-packages/nvidia/*/lib (the CUDA 13 wheels, e.g. torch's own when it is
+#   a CUDA 13 build) and puts those directories, after CANDLE_LIB_DIR (':'-separated, for what
+#   the wheels lack), on LD_LIBRARY_PATH for the candle runs only. env.txt shows
 #   `ldd` of the binary; a library "not found" there is printed as a warning.
 # OUT_DIR: created; gets torch-<r>.json/.log, candle-<r>.json/.log per round, env.txt (nvidia-smi,
 #   versions, ldd of the binary) and console.log (everything printed).
@@ -52,11 +52,9 @@ out="$(realpath "$out")"
 python="${PYTHON:-python3}"
 exec > >(tee -a "$out/console.log") 2>&1
 
-lib_dir="${CANDLE_LIB_DIR:-}"
-if [[ -z "$lib_dir" ]]; then
-    # Directories under site-packages/nvidia/ holding the CUDA 13 libraries the binary links
-    # (CUDA 13 wheels put them all in nvidia/cu13/lib; per-library wheels in nvidia/*/lib).
-    find_libs='import glob, os, site, sys
+# Directories under site-packages/nvidia/ holding the CUDA 13 libraries the binary links
+# (CUDA 13 wheels put them all in nvidia/cu13/lib; per-library wheels in nvidia/*/lib).
+find_libs='import glob, os, site, sys
 want = ("libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libcudart.so.13", "libnvrtc.so.13")
 dirs = []
 for root in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
@@ -64,8 +62,8 @@ for root in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
         if "stubs" not in d and d not in dirs and any(os.path.exists(os.path.join(d, w)) for w in want):
             dirs.append(d)
 print(":".join(dirs))'
-    lib_dir="$("$python" -c "$find_libs" 2>/dev/null)"
-fi
+found="$("$python" -c "$find_libs" 2>/dev/null)"
+lib_dir="${CANDLE_LIB_DIR:-}${CANDLE_LIB_DIR:+${found:+:}}$found"
 candle_env=()
 if [[ -n "$lib_dir" ]]; then
     candle_env=(env "LD_LIBRARY_PATH=$lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
