@@ -231,6 +231,17 @@ fn bad_input_is_an_error_naming_the_argument() {
         argument(score_chrf_stats(&ChrfCounts::zeros(8), cfg)),
         "counts"
     );
+    // Matches above an order's hypothesis or reference n-grams: no text gives them (this
+    // scored chrF 250 before it was refused), and the message names the order.
+    for (hyp, reference) in [(2, 8), (8, 2)] {
+        let mut impossible = ChrfCounts::zeros(cfg.char_order + cfg.word_order);
+        impossible.hyp_ngrams[3] = hyp;
+        impossible.ref_ngrams[3] = reference;
+        impossible.matches[3] = 5;
+        let error = score_chrf_stats(&impossible, cfg).unwrap_err();
+        assert!(error.to_string().contains("order 4"), "{error}");
+        assert_eq!(argument(score_chrf_stats(&impossible, cfg)), "counts");
+    }
     let stats = corpus_chrf_stats(&hyps, &refs, cfg).unwrap();
     assert_eq!(
         argument(bootstrap_confidence(

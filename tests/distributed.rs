@@ -305,6 +305,30 @@ fn mismatched_shapes_are_an_error_on_every_worker() {
     }
 }
 
+/// A worker's negative statistics are refused before the all-reduce, where another worker's
+/// positive ones could hide them in the global sums.
+#[test]
+fn negative_local_statistics_are_an_error() -> Result<()> {
+    let cfg = BleuLossConfig::default();
+    let ones = Tensor::ones((1, 4), DType::F64, &Device::Cpu)?;
+    let length = Tensor::ones(1, DType::F64, &Device::Cpu)?;
+    let negative = Tensor::new(&[[3.0f64, -1.0, 1.0, 1.0]], &Device::Cpu)?;
+    let local = candle_bleu::loss::BleuStats {
+        matches: negative,
+        totals: ones.affine(4.0, 0.0)?,
+        hyp_len: length.affine(4.0, 0.0)?,
+        ref_len: length.affine(4.0, 0.0)?,
+    };
+    let err = distributed::bleu_loss_from_stats(&local, &cfg, &SingleWorker)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`stats.matches`") && err.contains("negative"),
+        "{err}"
+    );
+    Ok(())
+}
+
 #[test]
 fn broadcast_parameters_gives_every_worker_the_first_workers_values() -> Result<()> {
     let results = in_threads(3, |r| -> Result<Vec<Vec<f64>>> {

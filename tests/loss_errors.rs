@@ -737,6 +737,43 @@ fn loss_from_stats_rejects_bad_statistics() {
             );
         }
     }
+    // Negative statistics: no text gives them, and they used to be scored as a finite loss
+    // (matches −1, hyp_len −5).
+    for dtype in [DType::F32, DType::F64] {
+        let good_s = ok_stats.to_dtype(dtype).unwrap();
+        let good_l = ok_len.to_dtype(dtype).unwrap();
+        let negative_s = Tensor::new(&[[1.0, -1.0, 1.0, 1.0], [1.0; 4]], dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let negative_l = Tensor::new(&[-5.0, 1.0], dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        for (name, stats) in [
+            ("matches", stats_of(&negative_s, &good_s, &good_l, &good_l)),
+            ("totals", stats_of(&good_s, &negative_s, &good_l, &good_l)),
+            ("hyp_len", stats_of(&good_s, &good_s, &negative_l, &good_l)),
+            ("ref_len", stats_of(&good_s, &good_s, &good_l, &negative_l)),
+        ] {
+            assert_err(
+                &format!("negative {name} {dtype:?}"),
+                || loss_from_stats(&stats, &cfg),
+                &[&format!("`stats.{name}`"), "negative"],
+            );
+        }
+    }
+    // Large finite f32 statistics whose f32 sum overflows are finite, not refused as "NaN or
+    // infinite": the finiteness check is exact for every finite value.
+    let huge = Tensor::new(
+        &[[f32::MAX, f32::MAX, 1.0, 1.0], [f32::MAX, 1.0, 1.0, 1.0]],
+        dev,
+    )
+    .unwrap();
+    let huge_len = Tensor::new(&[f32::MAX, f32::MAX], dev).unwrap();
+    assert_ok("statistics near f32::MAX", || {
+        loss_from_stats(&stats_of(&huge, &huge, &huge_len, &huge_len), &cfg)
+    });
 }
 
 /// The kernel ops (`loss::testing`, not part of the API): every bad `logits`/`ids` is an error naming the argument — in

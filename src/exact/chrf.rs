@@ -479,6 +479,25 @@ pub fn score_chrf_stats(
             ),
         ));
     }
+    // Matches are `Σ_g min(count_hyp(g), count_ref(g))`: no text gives more than either side's
+    // n-grams, and a larger value would score above 100.
+    let orders = counts
+        .matches
+        .iter()
+        .zip(&counts.hyp_ngrams)
+        .zip(&counts.ref_ngrams);
+    for (order, ((&matches, &hyp), &reference)) in orders.enumerate() {
+        if matches > hyp.min(reference) {
+            return Err(invalid(
+                "counts",
+                format!(
+                    "order {} (index {order}) has {matches} matches but {hyp} hypothesis and \
+                     {reference} reference n-grams: matches must be at most both",
+                    order + 1
+                ),
+            ));
+        }
+    }
     Ok(score_unchecked(counts.clone(), cfg))
 }
 

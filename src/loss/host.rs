@@ -109,13 +109,40 @@ pub(crate) fn all_finite(t: &Tensor, check_off_cpu: bool) -> Result<Option<bool>
     if !t.device().is_cpu() && !check_off_cpu {
         return Ok(None);
     }
-    // A sum is NaN or infinite if any term is. Half precision is summed in f32, whose range
-    // the sums of the loss's statistics cannot leave; f32 and f64 in their own dtype.
-    let sum = match t.dtype() {
-        DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?.sum_all()?,
-        _ => t.sum_all()?,
+    // A sum is NaN or infinite if any term is: one pass, the common case. Half precision is
+    // summed in f32, f32 and f64 in their own dtype.
+    let t = match t.dtype() {
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?,
+        _ => t.clone(),
     };
-    Ok(Some(read_scalar(&sum)?.is_finite()))
+    if read_scalar(&t.sum_all()?)?.is_finite() {
+        return Ok(Some(true));
+    }
+    // A non-finite sum comes from a non-finite term or from finite terms whose sum overflowed
+    // (values near the dtype's maximum). `t · 0` is exactly 0 at every finite value and NaN at
+    // every other, so its sum tells the two apart.
+    Ok(Some(read_scalar(&(t * 0.0)?.sum_all()?)? == 0.0))
+}
+
+/// Whether every value of the float tensor `t` is finite, and whether every one is `>= 0`:
+/// `(finite, nonnegative)`, checked as [`all_finite`] is (`None`: not checked). `nonnegative`
+/// is `false` when `finite` is.
+pub(crate) fn finite_and_nonnegative(
+    t: &Tensor,
+    check_off_cpu: bool,
+) -> Result<Option<(bool, bool)>> {
+    match all_finite(t, check_off_cpu)? {
+        None => Ok(None),
+        Some(false) => Ok(Some((false, false))),
+        Some(true) => {
+            let t = match t.dtype() {
+                DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?,
+                _ => t.clone(),
+            };
+            let min = read_scalar(&t.flatten_all()?.min(0)?)?;
+            Ok(Some((true, min >= 0.0)))
+        }
+    }
 }
 
 /// The values of the u32 vector `t`: in place on the CPU (always), a counted copy elsewhere

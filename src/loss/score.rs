@@ -238,15 +238,41 @@ pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor
                 matches.device()
             );
         }
-        // A NaN or infinite statistic would silently give a NaN loss and NaN gradients.
-        if host::all_finite(t, cfg.check_values)? == Some(false) {
-            bail!(
-                "loss_from_stats: `stats.{name}` contains NaN or infinite values (shape {:?})",
+    }
+    check_stats_values("loss_from_stats: ", stats, cfg.check_values)?;
+    score(stats, cfg)
+}
+
+/// Errors unless every statistic is finite and `>= 0` (on the CPU always, elsewhere when
+/// `check_off_cpu`; see [`BleuLossConfig::check_values`]). No text gives a negative count or
+/// length: negative values would be scored as a finite, wrong loss, and a NaN or infinite one
+/// would give a NaN loss and NaN gradients. `context` prefixes the message.
+pub(crate) fn check_stats_values(
+    context: &str,
+    stats: &BleuStats,
+    check_off_cpu: bool,
+) -> Result<()> {
+    let named = [
+        ("matches", &stats.matches),
+        ("totals", &stats.totals),
+        ("hyp_len", &stats.hyp_len),
+        ("ref_len", &stats.ref_len),
+    ];
+    for (name, t) in named {
+        match host::finite_and_nonnegative(t, check_off_cpu)? {
+            Some((false, _)) => bail!(
+                "{context}`stats.{name}` contains NaN or infinite values (shape {:?})",
                 t.dims()
-            );
+            ),
+            Some((true, false)) => bail!(
+                "{context}`stats.{name}` contains negative values (shape {:?}): counts and \
+                 lengths are >= 0",
+                t.dims()
+            ),
+            _ => {}
         }
     }
-    score(stats, cfg)
+    Ok(())
 }
 
 /// [`loss_from_stats`] on statistics known to be well formed (from the loss itself).

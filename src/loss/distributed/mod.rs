@@ -115,6 +115,7 @@ pub use mpi_impl::MpiAllReduce;
 pub use nccl_impl::NcclAllReduce;
 pub use thread::ThreadAllReduce;
 
+use super::score;
 use super::{
     loss_from_stats, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Reduction,
     References, TrainingLoss, TrainingLossConfig,
@@ -350,6 +351,8 @@ fn compute_dtype(dtype: DType) -> DType {
 /// shard's sentence losses and its size.
 fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
     check_stats(local)?;
+    // Each worker's own statistics: a negative one could hide in the global sums.
+    score::check_stats_values("", local, cfg.check_values)?;
     let dtype = reduce_dtype(local.matches.device());
     // Summed in the reduce dtype (f64), as the single-process score sums them.
     let local = stats_in(local, dtype)?;
