@@ -24,10 +24,13 @@ pub fn test_device() -> Device {
                     panic!("CANDLE_BLEU_TEST_DEVICE must be cpu, cuda or metal, got {other:?}")
                 }
             };
-            // The crate's CUDA kernels are off by default (`loss::set_cuda_kernels`); the GPU
-            // runs of docs/gpu.md switch them on for a whole test binary with this variable.
-            if std::env::var("CANDLE_BLEU_TEST_CUDA_KERNELS").as_deref() == Ok("1") {
-                candle_bleu::loss::set_cuda_kernels(true);
+            // The GPU runs of docs/gpu.md choose the crate's CUDA kernels (`1`) or the composed
+            // candle ops (`0`) for a whole test binary with this variable; unset, the crate's
+            // default holds.
+            match std::env::var("CANDLE_BLEU_TEST_CUDA_KERNELS").as_deref() {
+                Ok("1") => candle_bleu::loss::set_cuda_kernels(true),
+                Ok("0") => candle_bleu::loss::set_cuda_kernels(false),
+                _ => {}
             }
             device.unwrap_or_else(|e| panic!("CANDLE_BLEU_TEST_DEVICE={wanted}: {e}"))
         })

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU runs of docs/gpu.md, on a machine with an NVIDIA GPU, its driver and CUDA 13 libraries
+# but no Rust toolchain, from the binaries that scripts/pack-gpu.sh packed on a build machine:
+#
+#   scripts/gpu-suite.sh PACK OUT_DIR [STEP ...]
+#
+# PACK is bins.tar.xz (or a directory of unpacked binaries); every step writes OUT_DIR/<step>.log
+# and the steps' last lines go to stdout. Steps (default: info kernels suite):
+#   info      nvidia-smi, the libraries found, the device as candle sees it
+#   kernels   tests/cuda_kernels.rs (the kernels against the CPU ops: f32, f64, f16, bf16, views,
+#             the hidden-state path, kernels vs composed ops) and the one-rank NCCL test
+#   suite     every loss test binary with the loss's tensors on the GPU
+#             (CANDLE_BLEU_TEST_DEVICE=cuda), kernels (KERNELS=1) then composed ops (KERNELS=0);
+#             each binary is stopped after TEST_TIMEOUT seconds (default 300)
+#   bench     benches/cuda.rs against benches/torch_cuda.py (benches/cuda_vs_torch.sh)
+#   examples  the seq2seq example (one seed) and translate --quick (catalogues: CATALOGS=dir)
+#
+# The libraries come from the machine itself (PyTorch's CUDA wheels or a system toolkit), never
+# a link stub: the binaries link libcuda.so.1, libcublas(Lt).so.13, libcurand.so.10,
+# libcudart.so.13, libnvrtc.so.13 and, with the nccl feature, libnccl.so.2.
+set -uo pipefail
+if [[ $# -lt 2 ]]; then
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+pack="$1"
+out="$2"
+shift 2
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(info kernels suite)
+mkdir -p "$out"
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+# 1. The binaries.
+if [[ -d "$pack" ]]; then
+    bins="$pack"
+else
+    bins="$(mktemp -d)/bins"
+    python3 - "$pack" "$(dirname "$bins")" <<'EOF'
+import sys, tarfile
+with tarfile.open(sys.argv[1], "r:xz") as tar:
+    tar.extractall(sys.argv[2], filter="data")
+EOF
+    chmod +x "$bins"/*
+fi
+
+# 2. The machine's CUDA libraries (the first directory holding each, stubs excluded).
+libdirs=()
+for lib in libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13 libnvrtc.so.13 \
+    libnvrtc-builtins.so.13.0 libnccl.so.2; do
+    dir="$(find /usr /opt /lib /lib64 -name "$lib" -not -path '*/stubs/*' 2>/dev/null | head -1)"
+    if [[ -n "$dir" ]]; then libdirs+=("$(dirname "$dir")"); else echo "gpu-suite: $lib not found" >&2; fi
+done
+LD_LIBRARY_PATH="$(printf '%s\n' "${libdirs[@]}" | awk '!seen[$0]++' | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+
+summary() { # the test binaries' result lines and failures of a log
+    grep -E '^test result:|FAILED|panicked|^failures:|error' "$1" | head -40
+}
+
+run_test() { # LOG NAME [ENV=VALUE ...] -- ARGS...
+    local log="$1" name="$2"
+    shift 2
+    local envs=()
+    while [[ $# -gt 0 && "$1" != "--" ]]; do envs+=("$1"); shift; done
+    shift
+    {
+        echo "== $name ${envs[*]} $*"
+        local start=$SECONDS
+        env "${envs[@]}" timeout "${TEST_TIMEOUT:-300}" "$bins/$name" "$@" 2>&1
+        echo "== exit $? after $((SECONDS - start)) s: $name ${envs[*]}"
+    } >>"$log"
+}
+
+for step in "${steps[@]}"; do
+    log="$out/$step.log"
+    : >"$log"
+    echo "### $step (log: $log)"
+    case "$step" in
+    info)
+        {
+            date -u
+            nvidia-smi
+            nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+            echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+            nproc
+            (cd "$bins" && sha256sum ./*)
+        } >>"$log" 2>&1
+        tail -n 20 "$log"
+        ;;
+    kernels)
+        run_test "$log" cuda_kernels -- --test-threads=1 --nocapture
+        run_test "$log" distributed -- --nocapture nccl
+        run_test "$log" lib_unit -- --test-threads=4
+        summary "$log"
+        ;;
+    suite)
+        for kernels in 1 0; do
+            for name in loss_errors loss_exact loss_extreme loss_grad loss_host_copies loss_props \
+                loss_spec_reference hidden cross_entropy training_loss docs_worked_example; do
+                run_test "$log" "$name" CANDLE_BLEU_TEST_DEVICE=cuda \
+                    CANDLE_BLEU_TEST_CUDA_KERNELS=$kernels PROPTEST_CASES="${PROPTEST_CASES:-64}" --
+            done
+        done
+        grep -E '^== (exit|[a-z_]+ CANDLE)|^test result:' "$log"
+        grep -E 'FAILED|panicked' "$log" | head -30
+        ;;
+    bench)
+        bash benches/cuda_vs_torch.sh "$bins/bench_cuda" "$out/bench" >>"$log" 2>&1
+        tail -n 60 "$log"
+        ;;
+    examples)
+        {
+            echo "== seq2seq (seed 1)"
+            start=$SECONDS
+            timeout 420 "$bins/seq2seq" --seeds 1 --out "$out/seq2seq" 2>&1
+            echo "== exit $? after $((SECONDS - start)) s: seq2seq"
+            echo "== translate --quick"
+            start=$SECONDS
+            timeout 300 "$bins/translate" --quick --catalogs "${CATALOGS:-gpu/locale}" \
+                --out "$out/translate-quick" 2>&1
+            echo "== exit $? after $((SECONDS - start)) s: translate --quick"
+        } >>"$log"
+        grep -E '^==|BLEU|bleu|step' "$log" | tail -n 40
+        ;;
+    *)
+        echo "gpu-suite: unknown step $step" >&2
+        ;;
+    esac
+done
