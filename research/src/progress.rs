@@ -44,6 +44,8 @@ pub fn say(bars: &MultiProgress, line: String) -> Result<()> {
 pub struct StudyProgress {
     /// Per kind: (planned steps, completed steps, seconds spent).
     kinds: BTreeMap<String, (f64, f64, f64)>,
+    /// Per kind: the estimated seconds per step, used until the kind has measured steps.
+    estimates: BTreeMap<String, f64>,
     started: Instant,
     bar: Option<ProgressBar>,
     last_line: Instant,
@@ -68,6 +70,7 @@ impl StudyProgress {
         });
         Self {
             kinds,
+            estimates: BTreeMap::new(),
             started: Instant::now(),
             bar,
             last_line: Instant::now(),
@@ -82,6 +85,14 @@ impl StudyProgress {
             .entry(kind.to_string())
             .or_insert((0.0, 0.0, 0.0))
             .0 += steps as f64;
+    }
+
+    /// The estimated `seconds` per step of `kind`, which the projection uses until `kind` has
+    /// measured steps. Without one, an unmeasured kind takes the mean measured rate of the
+    /// others, which is wrong when the kinds' steps differ (a distillation chunk against a
+    /// training step).
+    pub fn estimate(&mut self, kind: &str, seconds: f64) {
+        self.estimates.insert(kind.to_string(), seconds);
     }
 
     /// Records `steps` completed steps of `kind` that took `seconds`.
@@ -115,9 +126,13 @@ impl StudyProgress {
             measured.iter().sum::<f64>() / measured.len() as f64
         };
         self.kinds
-            .values()
-            .map(|&(planned, done, seconds)| {
-                let rate = if done > 0.0 { seconds / done } else { fallback };
+            .iter()
+            .map(|(kind, &(planned, done, seconds))| {
+                let rate = if done > 0.0 {
+                    seconds / done
+                } else {
+                    self.estimates.get(kind).copied().unwrap_or(fallback)
+                };
                 (planned - done).max(0.0) * rate
             })
             .sum()
