@@ -62,8 +62,8 @@ use std::ops::{Add, AddAssign};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
+use super::config::{invalid, MetricError, MAX_ORDER};
 use super::tokenize::{is_python_whitespace, python_lower_into};
-use super::{invalid, MetricError, MAX_ORDER};
 use crate::ngram::{IdTable, InternedMatcher};
 
 /// What to compute: sacrebleu's `CHRF(char_order, word_order, beta, lowercase, whitespace,

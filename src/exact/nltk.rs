@@ -10,7 +10,8 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use super::{invalid, sacre::length_ratio, BleuCounts, BleuScore, MetricError};
+use super::config::{invalid, BleuCounts, BleuScore, MetricError};
+use super::sacre::length_ratio;
 
 /// NLTK's corpus statistics. More than [`BleuCounts`], because NLTK:
 /// - floors each segment's denominator at 1 before summing (`max(1, t_n)` per segment), so

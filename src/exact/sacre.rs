@@ -1,7 +1,7 @@
 //! sacrebleu 2.6.0 semantics: `BLEU.compute_bleu` on summed statistics, operation for operation
 //! (same float operations in the same order, so uniform weights give sacrebleu's bits).
 
-use super::{BleuCounts, BleuScore, SmoothMethod};
+use super::config::{BleuCounts, BleuScore, SmoothMethod};
 
 /// sacrebleu's `my_log`: `ln(x)`, and `-9999999999` for `x == 0` (which makes the score 0).
 /// Shared with the bootstrap's `float32` scoring (`bootstrap::score_f32`).

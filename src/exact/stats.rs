@@ -8,7 +8,7 @@ use std::ops::{Add, AddAssign};
 
 use crate::ngram::{ClippedMatcher, InternedMatcher};
 
-use super::{check_max_order, BleuCounts, MetricError};
+use super::config::{check_max_order, BleuCounts, MetricError};
 
 impl BleuCounts {
     /// All-zero statistics for orders `1..=max_order`.

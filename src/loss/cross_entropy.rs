@@ -7,19 +7,9 @@
 //! the reference ids, so that one custom op carries both the cross-entropy terms and the BLEU
 //! token matches, and its backward receives both gradients in one call.
 
+use super::config::CrossEntropyConfig;
 use super::pipeline::{check_cross_entropy_inputs, logits_pass, Gather};
 use candle_core::{Result, Tensor};
-
-/// Configuration of [`cross_entropy_from_logits`]. Default: no padding, no label smoothing.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CrossEntropyConfig {
-    /// Target id of padding positions: they add nothing to the loss, its gradient or the count
-    /// the mean divides by (PyTorch's `ignore_index`). It may lie outside the vocabulary.
-    pub pad_id: Option<u32>,
-    /// Label smoothing `ε ∈ [0, 1)`: the target distribution is `(1 − ε)·onehot + ε/V`
-    /// (PyTorch's `label_smoothing`).
-    pub label_smoothing: f64,
-}
 
 /// Mean cross-entropy of `softmax(logits)` against `targets`: PyTorch's
 /// `F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index = pad_id,

@@ -4,10 +4,10 @@
 //! `M[i, j] = Π_{k<n} X[i+k, j+k]` is the n-gram match of the hypothesis n-gram at `i` with the
 //! reference n-gram at `j` (the transpose of the derivation's `M[j, i]`).
 
+use super::config::Form;
 use super::length::HypothesisWeights;
 use super::products::{extend_ngram_match, prod_last_dim};
 use super::references::ReferenceSide;
-use super::Form;
 use candle_core::{Result, Tensor};
 
 /// The inputs every form needs.

@@ -20,112 +20,33 @@
 //! each block as candle ops and back-propagates through it alone — so the GPU path keeps the
 //! `O(block)` memory too.
 
-use super::cross_entropy::CrossEntropyConfig;
-use super::gemm::{matmul, MatMut, MatRef};
+use super::bleu::bleu_loss_from_logits;
+use super::config::{
+    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, Form, HiddenConfig, TrainingLoss,
+    TrainingLossConfig,
+};
 use super::host::CpuView;
 use super::kernels::cpu::{
     backward_rows_into, forward_rows_into, row_gradient_coefficients, row_max_checked,
-    self_match_backward_into, self_match_forward_into, vocab_sized_buffer, Gathered, KernelFloat,
-    TargetRows, CE_COLUMNS,
+    self_match_backward_into, self_match_forward_into, vocab_sized_buffer, Gathered, TargetRows,
+    CE_COLUMNS,
 };
+use super::kernels::float::KernelFloat;
+use super::kernels::gemm::{matmul, MatMut, MatRef};
 use super::kernels::{contiguous_slice, dispatch_float};
 use super::pipeline::{
     check_bleu_arguments, check_bleu_weight, check_finite, check_targets, combine, cpu_kernels,
-    device_targets, finish, inputs_from_gathered, HypothesisInputs, HypothesisShape,
+    device_targets, finish, inputs_from_gathered, kernel_terms, HypothesisInputs, HypothesisShape,
 };
-use super::references::{ReferenceSide, ReferenceTokens};
-use super::training::{TrainingLoss, TrainingLossConfig};
-use super::{
-    bleu_loss_from_logits, ce_bleu_from_logits, score, BleuLossConfig, BleuLossOutput, Form,
-    References,
-};
+use super::references::{ReferenceSide, ReferenceTokens, References};
+use super::score;
+use super::training::ce_bleu_from_logits;
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape,
     Storage, Tensor, Var, D,
 };
 use candle_nn::Linear;
 use rayon::prelude::*;
-
-/// Block sizes and gradient filtering of the hidden-state entry points.
-///
-/// The logits of a block of rows (`rows × V`) are computed from the hidden states and the
-/// output projection, used and dropped, forward and backward (the backward recomputes them), so
-/// the loss's memory does not grow with `B · S · V`.
-///
-/// `Default`: blocks of at most [`HiddenConfig::DEFAULT_BLOCK_ELEMENTS`] logits, no filtering
-/// (exact: the same values and gradients as the logits path, to rounding).
-///
-/// **Gradient filtering** (`filter_below: Some(τ)`, Cut Cross-Entropy's): in the backward,
-/// a tile of `rows of a block × vocab_tile` columns whose softmax probabilities all lie below
-/// `τ` skips the dense part of its logits gradient. A row's logits gradient is
-/// `G[r,v] = p[r,v]·c_r + o_r + (sparse terms at the target and the gathered reference ids)`
-/// with `c_r = h·w − Σ_k g_k x_k` and the label-smoothing offset `o_r = −h·w·ε/V`; the offset
-/// (a rank-one term) and the sparse terms are kept exactly, only `p[r,v]·c_r` is dropped in
-/// skipped tiles. So the error of the hidden states' gradient is, row by row,
-///
-/// `‖ΔdH_r‖ ≤ |c_r| · Σ_{v skipped} p[r,v] · max_v ‖W_v‖ ≤ |c_r| · (skipped columns) · τ · max_v ‖W_v‖`
-///
-/// and that of the weight and bias gradients, column by column,
-/// `‖ΔdW_v‖ ≤ Σ_r |c_r| p[r,v] ‖H_r‖ ≤ τ Σ_r |c_r| ‖H_r‖`, `|Δdb_v| ≤ τ Σ_r |c_r|`. The forward
-/// (the loss value) is exact. The paired form is not filtered: its dense gradient also carries
-/// `((dZ + dZᵀ) P)[r,v]`, which the bound above does not cover. The CPU kernels filter; the
-/// composed path (other devices) ignores `filter_below` and is exact.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HiddenConfig {
-    /// The most logits one block holds (`rows × V` elements, `>= 1`): a block has
-    /// `max(1, block_elements / V)` rows, rounded to whole sequences where the loss needs whole
-    /// sequences at once (the paired form). The forward holds one block of logits, the backward
-    /// one block of logits and one of their gradient.
-    pub block_elements: usize,
-    /// Vocabulary columns per tile in the backward (`>= 1`): the unit that gradient filtering
-    /// skips. Used only with `filter_below`.
-    pub vocab_tile: usize,
-    /// Gradient filtering: in the backward, skip the dense part of a tile whose softmax
-    /// probabilities all lie below this threshold (`0 < τ < 1`). `None` (default): no
-    /// filtering, exact gradients.
-    pub filter_below: Option<f64>,
-}
-
-impl HiddenConfig {
-    /// The default block size: 16 Mi logits (64 MiB in f32). Each block of rows reads the whole
-    /// weight (and reads and writes its gradient) once, so fewer, larger blocks are faster at
-    /// large vocabularies; measured at `[B·S, D] = [2048, 512]`, the step's heap peak is the
-    /// same as with 4 Mi-logit blocks at `V = 128 000` (769 MiB) and 16 % higher at
-    /// `V = 32 000` (238 against 206 MiB) (BENCHMARKS.md, "The loss from hidden states").
-    pub const DEFAULT_BLOCK_ELEMENTS: usize = 16 << 20;
-
-    /// Checks the fields; errors name the field and its value.
-    fn validate(&self) -> Result<()> {
-        if self.block_elements == 0 {
-            bail!("HiddenConfig: `block_elements` must be >= 1, got 0");
-        }
-        if self.vocab_tile == 0 {
-            bail!("HiddenConfig: `vocab_tile` must be >= 1, got 0");
-        }
-        if let Some(tau) = self.filter_below {
-            if !(tau.is_finite() && tau > 0.0 && tau < 1.0) {
-                bail!("HiddenConfig: `filter_below` must be in (0, 1), got {tau}");
-            }
-        }
-        Ok(())
-    }
-
-    /// Rows per block: a multiple of `group` rows (1, or `S` for whole sequences), at least one
-    /// group, and at most `block_elements` logits when one group fits.
-    fn block_rows(&self, vocab: usize, group: usize) -> usize {
-        group * (self.block_elements / (group * vocab)).max(1)
-    }
-}
-
-impl Default for HiddenConfig {
-    fn default() -> Self {
-        Self {
-            block_elements: Self::DEFAULT_BLOCK_ELEMENTS,
-            vocab_tile: 2048,
-            filter_below: None,
-        }
-    }
-}
 
 /// The validated inputs: `hidden` as `[B·S, D]` rows, the projection's weight `[V, D]` and
 /// bias `[V]`, contiguous, in the compute dtype (f32 for f16/bf16).
@@ -975,7 +896,7 @@ fn hidden_rows(
         let (targets, pad_id, label_smoothing, inv_count) = match targets {
             Some((targets, ce)) => {
                 let targets = read(targets, "targets")?;
-                let inv_count = TargetRows::new(&targets, vocab, seq, ce)?.inv_count;
+                let inv_count = TargetRows::new(&targets, vocab, seq, kernel_terms(ce))?.inv_count;
                 (Some(targets), ce.pad_id, ce.label_smoothing, inv_count)
             }
             None => (None, None, 0.0, 0.0),

@@ -9,8 +9,8 @@
 //!
 //! with `s_i = Π_{k<=i} (1 - P[k, eos])` and `s_{-1} = 1`.
 
+use super::config::LengthModel;
 use super::products::prod_last_dim;
-use super::LengthModel;
 use candle_core::{DType, Device, Result, Tensor};
 
 /// The hypothesis weights of every order (index `n - 1`).

@@ -3,18 +3,17 @@
 //! ([`use_kernels`]), the pass over the logits ([`logits_pass`]) and the statistics from its
 //! results ([`finish`]).
 //!
-//! The path of `logits` through [`ce_bleu_from_logits`](super::ce_bleu_from_logits):
+//! The path of `logits` through [`ce_bleu_from_logits`](super::training::ce_bleu_from_logits):
 //! validate ([`check_logits`], [`check_targets`], [`check_bleu_arguments`]) → the reference side
-//! ([`References::side`](super::References)) → [`hypothesis_pass`] (one op over the logits on
+//! ([`References::side`](super::references::References)) → [`hypothesis_pass`] (one op over the logits on
 //! the CPU: [`super::kernels::RowOp`]) → [`finish`] (length weights, clipped matches, score).
 
-use super::cross_entropy::CrossEntropyConfig;
-use super::kernels::{cuda_kernels_loaded, GatherIds, RowOp};
-use super::references::{ReferenceSide, ReferenceTokens};
-use super::{
-    forms, host, length, score, BleuLossConfig, BleuLossOutput, BleuStats, Form, LengthModel,
-    References, TrainingLoss,
+use super::config::{
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Form, LengthModel, TrainingLoss,
 };
+use super::kernels::{cuda_kernels_loaded, CrossEntropyTerms, GatherIds, RowOp};
+use super::references::{ReferenceSide, ReferenceTokens, References};
+use super::{forms, host, length, score};
 use candle_core::{bail, DType, Device, Result, Tensor, D};
 
 thread_local! {
@@ -43,7 +42,7 @@ pub(crate) fn cpu_kernels(device: &Device) -> bool {
 
 /// The one choice between the crate's kernels and composed candle ops for tensors on `device`:
 /// the CPU kernels on the CPU; the CUDA kernels on CUDA when switched on
-/// ([`super::set_cuda_kernels`]) and loaded; composed ops otherwise.
+/// ([`super::kernels::set_cuda_kernels`]) and loaded; composed ops otherwise.
 pub(crate) fn use_kernels(device: &Device) -> bool {
     cpu_kernels(device) || cuda_kernels_loaded(device)
 }
@@ -358,8 +357,17 @@ pub(crate) fn logits_pass(
             });
         }
     };
-    let (_, seq, _) = logits.dims3()?;
-    let op = RowOp::rows(self_match, ids, targets)?;
+    let (_, seq, vocab) = logits.dims3()?;
+    // The CUDA kernels take `1/n`; counting the targets is the composed path's check (one copy).
+    let inv_count = match targets {
+        Some((targets, cfg)) if !logits.device().is_cpu() => {
+            let (_, _, count) = device_targets(targets, vocab, cfg)?;
+            Some(1.0 / f64::from(count))
+        }
+        _ => None,
+    };
+    let terms = targets.map(|(t, cfg)| (t, kernel_terms(cfg)));
+    let op = RowOp::rows(self_match, ids, terms, inv_count)?;
     let (self_columns, width) = op.columns(seq)?;
     let out = op.apply(logits)?;
     Ok(LogitsPass {
@@ -400,6 +408,14 @@ fn composed_logits_pass(
         (_, probs) => pass.probs = probs,
     }
     Ok(pass)
+}
+
+/// The cross-entropy's settings in the kernels' terms.
+pub(crate) fn kernel_terms(cfg: &CrossEntropyConfig) -> CrossEntropyTerms {
+    CrossEntropyTerms {
+        pad_id: cfg.pad_id,
+        label_smoothing: cfg.label_smoothing,
+    }
 }
 
 /// The targets on their device for composed ops: `(safe_targets, mask, count)` with pad
@@ -564,97 +580,4 @@ pub(crate) fn combine(
         cross_entropy,
         bleu,
     })
-}
-
-/// The kernel ops with their own validation, for the crate's tests and benches: not part of
-/// the API (the loss's entry points validate their arguments once and call `logits_pass`).
-pub mod testing {
-    use super::{check_logits, logits_pass, Gather, GatherIds};
-    use candle_core::{bail, DType, Result, Tensor};
-
-    /// `values[i] = exp(values[i])` for `values[i] <= 0` with the kernels' vectorised f32 `exp`
-    /// and lane loop (for `benches/stream.rs`).
-    pub fn exp_nonpositive_in_place(values: &mut [f32]) {
-        super::super::kernels::cpu::exp_nonpositive_in_place(values)
-    }
-
-    /// The PTX of the CUDA kernels for compute capability `(major, minor)`, compiled by NVRTC.
-    #[cfg(feature = "cuda")]
-    pub fn cuda_ptx(capability: (i32, i32)) -> Result<String> {
-        super::super::kernels::cuda::compile_ptx(capability)
-    }
-
-    /// Errors from `f`, prefixed with the op's name.
-    fn named<R>(op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        f().map_err(|e| candle_core::Error::Msg(format!("{op}: {e}")))
-    }
-
-    /// Checks `logits` (float `[B, S, V]`, all >= 1) and `ids` (u32 `[B, K]`, every id `< V`,
-    /// read back to the host) against each other.
-    fn check_logits_and_ids(logits: &Tensor, ids: &Tensor) -> Result<GatherIds> {
-        let (_, (batch, _, vocab)) = check_logits("logits", logits)?;
-        if ids.dtype() != DType::U32 {
-            bail!(
-                "`ids` must be u32, got {:?} with shape {:?}",
-                ids.dtype(),
-                ids.dims()
-            );
-        }
-        let width = match ids.dims() {
-            &[b, k] if b == batch => k,
-            dims => bail!(
-                "`ids` must be [B, K] with B = {batch} of `logits` (shape {:?}), got shape {dims:?}",
-                logits.dims()
-            ),
-        };
-        if !ids.device().same_device(logits.device()) {
-            bail!(
-                "`ids` are on {:?} but `logits` on {:?}",
-                ids.device(),
-                logits.device()
-            );
-        }
-        let ids = super::host::to_vec2::<u32>(ids)?.concat();
-        if let Some(p) = ids.iter().position(|&id| id as usize >= vocab) {
-            bail!(
-                "`ids[{}, {}]` = {} is out of the vocabulary: every id must be < V = {vocab}",
-                p / width.max(1),
-                p % width.max(1),
-                ids[p]
-            );
-        }
-        GatherIds::from_host(&ids, (batch, width), logits.device())
-    }
-
-    /// `softmax(logits)[b, i, ids[b, k]]`: `[B, S, K]`.
-    pub fn softmax_gather(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
-        named("softmax_gather", || {
-            let ids = check_logits_and_ids(logits, ids)?;
-            let pass = logits_pass(logits, Gather::Ids(&ids), None)?;
-            pass.gathered
-                .ok_or_else(|| candle_core::Error::Msg("internal: nothing gathered".into()))
-        })
-    }
-
-    /// `(P Pᵀ, P at ids)` with `P = softmax(logits)`: `[B, S, S]` and `[B, S, K]`.
-    pub fn softmax_self_match_gather(logits: &Tensor, ids: &Tensor) -> Result<(Tensor, Tensor)> {
-        named("softmax_self_match_gather", || {
-            let ids = check_logits_and_ids(logits, ids)?;
-            let pass = logits_pass(logits, Gather::SelfMatch(&ids), None)?;
-            match (pass.self_match, pass.gathered) {
-                (Some(z), Some(x)) => Ok((z, x)),
-                _ => bail!("internal: no self-match"),
-            }
-        })
-    }
-
-    /// `softmax(logits)` over the last dimension of float `[B, S, V]` logits, with a backward.
-    pub fn softmax_last_dim(logits: &Tensor) -> Result<Tensor> {
-        named("softmax_last_dim", || {
-            check_logits("logits", logits)?;
-            let pass = logits_pass(logits, Gather::Probs, None)?;
-            pass.probs
-                .ok_or_else(|| candle_core::Error::Msg("internal: no probabilities".into()))
-        })
-    }
 }

@@ -6,9 +6,10 @@
 //! one-hot or soft matrices they follow the derivation: reference self-matches
 //! `Y[j,j'] = Π_k A_{j+k}·A_{j'+k}` and products over the strictly lower triangle.
 
+use super::config::constant;
+use super::host;
 use super::kernels::GatherIds;
 use super::products::{extend_ngram_match, prod_last_dim};
-use super::{constant, host};
 use crate::ngram::reference_ngram_masks;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use std::collections::HashMap;

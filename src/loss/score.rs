@@ -1,7 +1,8 @@
 //! From statistics to the loss: smoothing, the guards, the brevity penalty, the reduction
 //! (docs/loss.md, §10 Score: smoothing, brevity penalty, guards).
 
-use super::{constant, host, BleuLossConfig, BleuStats, LossSmoothing, Reduction};
+use super::config::{constant, BleuLossConfig, BleuStats, LossSmoothing, Reduction};
+use super::host;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// Ratios below this are floored before the log (gradient 0 below the floor).

@@ -7,62 +7,12 @@
 //! term, so that its backward receives both gradients in one call and writes one logits
 //! gradient.
 
+use super::config::{TrainingLoss, TrainingLossConfig};
 use super::pipeline::{
     check_bleu_weight, check_cross_entropy_inputs, check_inputs, combine, finish, hypothesis_pass,
 };
-use super::{BleuLossConfig, BleuLossOutput, CrossEntropyConfig, HiddenConfig, References};
+use super::references::References;
 use candle_core::{Result, Tensor};
-
-/// The loss of a training step and its two parts.
-#[derive(Debug, Clone)]
-pub struct TrainingLoss {
-    /// Scalar: `cross_entropy + bleu_weight · bleu.loss`; call `backward` on this one.
-    pub loss: Tensor,
-    /// Scalar: the mean token cross-entropy (as [`cross_entropy_from_logits`](super::cross_entropy_from_logits)).
-    pub cross_entropy: Tensor,
-    /// The BLEU loss and its statistics (as [`bleu_loss_from_logits`](super::bleu_loss_from_logits)).
-    pub bleu: BleuLossOutput,
-}
-
-/// Configuration of a training step's loss: `cross_entropy + bleu_weight · bleu_loss`
-/// ([`ce_bleu_from_logits`]).
-///
-/// `Default`: `bleu_weight` 1, no padding and no label smoothing in the cross-entropy, the
-/// default BLEU loss ([`BleuLossConfig::default`]), default blocks for the hidden-state path.
-/// Set the fields you need and take the rest from `Default`:
-///
-/// ```
-/// use candle_bleu::loss::{CrossEntropyConfig, TrainingLossConfig};
-/// let cfg = TrainingLossConfig {
-///     bleu_weight: 0.3,
-///     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 },
-///     ..Default::default()
-/// };
-/// assert_eq!(cfg.bleu.max_order, 4);
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainingLossConfig {
-    /// `λ`, the weight of the BLEU loss: finite, `>= 0`. Default 1.
-    pub bleu_weight: f64,
-    /// The cross-entropy's padding id and label smoothing.
-    pub ce: CrossEntropyConfig,
-    /// The BLEU loss: form, length model, reduction, smoothing, orders.
-    pub bleu: BleuLossConfig,
-    /// Block sizes and gradient filtering of the hidden-state entry points; the logits entry
-    /// points ignore it.
-    pub hidden: HiddenConfig,
-}
-
-impl Default for TrainingLossConfig {
-    fn default() -> Self {
-        Self {
-            bleu_weight: 1.0,
-            ce: CrossEntropyConfig::default(),
-            bleu: BleuLossConfig::default(),
-            hidden: HiddenConfig::default(),
-        }
-    }
-}
 
 /// Cross-entropy plus weighted BLEU loss of one training step, from the logits:
 /// `loss = cross_entropy + cfg.bleu_weight · bleu.loss`.

@@ -94,6 +94,7 @@
 //! error (`MPI_Abort`, as `examples/data_parallel.rs` does). Errors on the reduced values (no
 //! non-pad token in the global batch) are raised on every worker alike.
 
+mod all_reduce;
 mod thread;
 
 #[cfg(feature = "mpi")]
@@ -105,6 +106,7 @@ mod nccl_impl;
 /// initialises MPI with the same version: `candle_bleu::loss::distributed::mpi::initialize()`.
 #[cfg(feature = "mpi")]
 pub use ::mpi;
+pub use all_reduce::{AllReduce, SingleWorker};
 /// cudarc's NCCL bindings (feature `nccl`), as candle re-exports them: `Comm` and `Id` for
 /// [`NcclAllReduce::new`].
 #[cfg(feature = "nccl")]
@@ -115,62 +117,14 @@ pub use mpi_impl::MpiAllReduce;
 pub use nccl_impl::NcclAllReduce;
 pub use thread::ThreadAllReduce;
 
-use super::score;
-use super::{
-    loss_from_stats, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Reduction,
-    References, TrainingLoss, TrainingLossConfig,
+use super::config::{
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Reduction, TrainingLoss,
+    TrainingLossConfig,
 };
+use super::references::References;
+use super::score::{self, loss_from_stats};
 use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
-
-/// A sum all-reduce over the workers of a data-parallel group.
-///
-/// Every worker calls [`AllReduce::sum`] with a tensor of the same shape and dtype, in the same
-/// order of calls, and gets the element-wise sum over all workers. Implementations must return
-/// the same values on every worker (so that parameters stay identical), on the input's device
-/// and in its dtype, with no gradient attached (the functions of this module detach what they
-/// pass and add the local gradient back themselves).
-pub trait AllReduce {
-    /// The element-wise sum of `t` over every worker: same shape, dtype and device as `t`.
-    fn sum(&self, t: &Tensor) -> Result<Tensor>;
-    /// The number of workers in the group (`>= 1`).
-    fn world_size(&self) -> usize;
-    /// This worker's index, in `0..world_size()`.
-    fn rank(&self) -> usize;
-}
-
-/// A group of one worker: [`AllReduce::sum`] returns its input. Code written for N workers runs
-/// unchanged in one process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SingleWorker;
-
-impl AllReduce for SingleWorker {
-    fn sum(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(t.detach())
-    }
-
-    fn world_size(&self) -> usize {
-        1
-    }
-
-    fn rank(&self) -> usize {
-        0
-    }
-}
-
-impl<R: AllReduce + ?Sized> AllReduce for &R {
-    fn sum(&self, t: &Tensor) -> Result<Tensor> {
-        (**self).sum(t)
-    }
-
-    fn world_size(&self) -> usize {
-        (**self).world_size()
-    }
-
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-}
 
 /// The range of elements `rank` holds when `total` elements are split over `world_size`
 /// workers as evenly as possible (the first `total % world_size` workers hold one more).
@@ -479,7 +433,7 @@ pub fn cross_entropy_sum_and_count(
     let vocab = vocab_of(logits)?;
     let count_dtype = reduce_dtype(logits.device());
     let (targets, count) = count_and_fillable_targets(targets, vocab, cfg, count_dtype)?;
-    let mean = super::cross_entropy_from_logits(logits, &targets, cfg)?;
+    let mean = super::cross_entropy::cross_entropy_from_logits(logits, &targets, cfg)?;
     let sum = mean.mul(&count.to_dtype(mean.dtype())?)?;
     Ok((sum, count))
 }
@@ -558,7 +512,7 @@ pub fn ce_bleu_from_logits(
     let vocab = vocab_of(logits)?;
     let count_dtype = reduce_dtype(logits.device());
     let (filled, count) = count_and_fillable_targets(targets, vocab, &cfg.ce, count_dtype)?;
-    let local = super::ce_bleu_from_logits(logits, hyp_lengths, refs, &filled, cfg)?;
+    let local = super::training::ce_bleu_from_logits(logits, hyp_lengths, refs, &filled, cfg)?;
     let out_dtype = local.cross_entropy.dtype();
     let ce_sum = local.cross_entropy.to_dtype(count_dtype)?.mul(&count)?;
     let mut parts = vec![ce_sum.reshape(1)?, count.reshape(1)?];

@@ -15,9 +15,9 @@
 //! half and the Jacobian of its backward. f32 uses a vectorisable `exp` (Cephes' polynomial,
 //! about 1 ulp); f64 the standard library's.
 
-use super::super::cross_entropy::CrossEntropyConfig;
-use super::super::gemm::{matmul, MatMut, MatRef};
-use candle_core::{bail, Result, WithDType};
+pub(crate) use super::float::KernelFloat;
+use super::gemm::{matmul, MatMut, MatRef};
+use candle_core::{bail, Result};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -55,81 +55,6 @@ fn advise_huge_pages<T>(buffer: &[T]) {
                 libc::MADV_HUGEPAGE,
             );
         }
-    }
-}
-
-/// The float types of the CPU kernels, f32 and f64: candle's element type plus what the loops
-/// need.
-pub(crate) trait KernelFloat: WithDType {
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    /// `exp(x)` for `x <= 0` (logits minus their row maximum).
-    fn exp_nonpositive(x: Self) -> Self;
-    /// The larger of the two; NaN is ignored (the finiteness check reports it).
-    #[inline(always)]
-    fn larger(self, other: Self) -> Self {
-        if other > self {
-            other
-        } else {
-            self
-        }
-    }
-    fn is_finite(self) -> bool;
-}
-
-impl KernelFloat for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f32::NEG_INFINITY;
-
-    /// Cephes `expf`: range reduction by `ln 2`, a degree-5 polynomial, and the exponent written
-    /// into the bits. Branch-free so that loops over rows vectorise; inputs below `-87` (whose
-    /// `exp` is below the smallest normal float) give exactly 0, like the library `exp` rounds to.
-    #[inline(always)]
-    fn exp_nonpositive(x: f32) -> f32 {
-        const LOG2E: f32 = std::f32::consts::LOG2_E;
-        const LN2_HI: f32 = 0.693_359_4;
-        const LN2_LO: f32 = -2.121_944_4e-4;
-        // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
-        const ROUND: f32 = 12_582_912.0;
-        let clamped = if x < -87.0 { -87.0 } else { x };
-        let shifted = clamped * LOG2E + ROUND;
-        // The rounded integer sits in the low mantissa bits of `shifted`: reading it from the
-        // bits keeps the loop free of float-to-int conversions, which would not vectorise.
-        let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-        let n = shifted - ROUND;
-        let r = clamped - n * LN2_HI - n * LN2_LO;
-        let mut p = 1.987_569_1e-4_f32;
-        p = p * r + 1.398_199_9e-3;
-        p = p * r + 8.333_452e-3;
-        p = p * r + 4.166_579_6e-2;
-        p = p * r + 1.666_666_5e-1;
-        p = p * r + 5.0e-1;
-        let y = p * r * r + r + 1.0;
-        let scale = f32::from_bits(((n_int + 127) as u32) << 23);
-        let e = y * scale;
-        if x < -87.0 {
-            0.0
-        } else {
-            e
-        }
-    }
-    fn is_finite(self) -> bool {
-        f32::is_finite(self)
-    }
-}
-
-impl KernelFloat for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f64::NEG_INFINITY;
-    #[inline(always)]
-    fn exp_nonpositive(x: f64) -> f64 {
-        x.exp()
-    }
-    fn is_finite(self) -> bool {
-        f64::is_finite(self)
     }
 }
 
@@ -307,6 +232,14 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
 /// its sum of `exp(logit − max)`, and the row's weight `1/n` (0 at padding or without targets).
 pub(crate) const CE_COLUMNS: usize = 4;
 
+/// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
+/// add nothing) and the label smoothing `ε`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct CrossEntropyTerms {
+    pub pad_id: Option<u32>,
+    pub label_smoothing: f64,
+}
+
 /// What the row pass needs to know about the targets.
 #[derive(Clone, Copy)]
 pub(crate) struct TargetRows<'a> {
@@ -324,11 +257,11 @@ impl<'a> TargetRows<'a> {
         targets: &'a [u32],
         vocab: usize,
         seq: usize,
-        cfg: &CrossEntropyConfig,
+        terms: CrossEntropyTerms,
     ) -> Result<Self> {
         let mut count = 0usize;
         for (row, &target) in targets.iter().enumerate() {
-            if Some(target) == cfg.pad_id {
+            if Some(target) == terms.pad_id {
                 continue;
             }
             if target as usize >= vocab {
@@ -336,7 +269,7 @@ impl<'a> TargetRows<'a> {
                     "`targets[{}, {}]` = {target} is out of the vocabulary (V = {vocab}) and is not `pad_id` ({:?})",
                     row / seq.max(1),
                     row % seq.max(1),
-                    cfg.pad_id
+                    terms.pad_id
                 );
             }
             count += 1;
@@ -345,13 +278,13 @@ impl<'a> TargetRows<'a> {
             bail!(
                 "every one of the {} `targets` is `pad_id` ({:?}): the mean cross-entropy over no positions is undefined",
                 targets.len(),
-                cfg.pad_id
+                terms.pad_id
             );
         }
         Ok(Self {
             targets: Some(targets),
-            pad_id: cfg.pad_id,
-            label_smoothing: cfg.label_smoothing,
+            pad_id: terms.pad_id,
+            label_smoothing: terms.label_smoothing,
             inv_count: 1.0 / count as f64,
         })
     }
@@ -819,12 +752,12 @@ mod tests {
         // A padding row (no cross-entropy gradient) and gathered gradients g = (1, -1): the
         // gradient of p_1 - p_2 is p_1 (e_1 - p) - p_2 (e_2 - p) = (0, 1/4, -1/4, 0).
         let padded = [0u32];
-        let cfg = CrossEntropyConfig {
+        let terms = CrossEntropyTerms {
             pad_id: Some(0),
             label_smoothing: 0.0,
         };
         let non_pad = [3u32];
-        let rows = TargetRows::new(&non_pad, 4, 1, &cfg).unwrap();
+        let rows = TargetRows::new(&non_pad, 4, 1, terms).unwrap();
         let pad_rows = TargetRows {
             targets: Some(&padded),
             ..rows

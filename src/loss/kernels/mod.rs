@@ -15,14 +15,17 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub(crate) mod float;
+pub(crate) mod gemm;
 
-use super::cross_entropy::CrossEntropyConfig;
 use super::host::CpuView;
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape,
     Tensor,
 };
-use cpu::{Gathered, KernelFloat, TargetRows, CE_COLUMNS};
+pub(crate) use cpu::CrossEntropyTerms;
+use cpu::{Gathered, TargetRows, CE_COLUMNS};
+use float::KernelFloat;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static CUDA_KERNELS: AtomicBool = AtomicBool::new(false);
@@ -163,20 +166,23 @@ pub(crate) struct RowOp {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     links: Option<Tensor>,
     targets: Option<Tensor>,
-    ce: CrossEntropyConfig,
-    /// `1 / n` (non-pad targets), counted on the host for the CUDA kernels; the CPU kernel counts
-    /// the targets in place.
+    ce: CrossEntropyTerms,
+    /// `1 / n` (non-pad targets), counted by the caller for the CUDA kernels; the CPU kernel
+    /// counts the targets in place.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     inv_count: Option<f64>,
 }
 
 impl RowOp {
     /// The row pass or the self-match pass (`self_match`), gathering at `ids` when given and
-    /// computing the cross-entropy against `targets` when given.
+    /// computing the cross-entropy against `targets` when given. `inv_count` is `1 / n` for the
+    /// `n` non-pad targets, which the caller counts off the CPU (the CPU kernel counts them in
+    /// place).
     pub(crate) fn rows(
         self_match: bool,
         gather: Option<&GatherIds>,
-        targets: Option<(&Tensor, &CrossEntropyConfig)>,
+        targets: Option<(&Tensor, CrossEntropyTerms)>,
+        inv_count: Option<f64>,
     ) -> Result<Self> {
         Ok(Self {
             pass: if self_match {
@@ -187,8 +193,8 @@ impl RowOp {
             ids: gather.map(|g| g.ids.contiguous()).transpose()?,
             links: gather.map(|g| g.links.contiguous()).transpose()?,
             targets: targets.map(|(t, _)| t.contiguous()).transpose()?,
-            ce: targets.map(|(_, cfg)| *cfg).unwrap_or_default(),
-            inv_count: None,
+            ce: targets.map(|(_, terms)| terms).unwrap_or_default(),
+            inv_count,
         })
     }
 
@@ -199,7 +205,7 @@ impl RowOp {
             ids: None,
             links: None,
             targets: None,
-            ce: CrossEntropyConfig::default(),
+            ce: CrossEntropyTerms::default(),
             inv_count: None,
         }
     }
@@ -217,15 +223,7 @@ impl RowOp {
     }
 
     /// The op on `logits`, differentiable with respect to them.
-    pub(crate) fn apply(mut self, logits: &Tensor) -> Result<Tensor> {
-        if !logits.device().is_cpu() {
-            if let Some(targets) = &self.targets {
-                // The CUDA kernels take the count; the check is the composed path's (one copy).
-                let vocab = logits.dims().last().copied().unwrap_or(0);
-                let (_, _, count) = super::pipeline::device_targets(targets, vocab, &self.ce)?;
-                self.inv_count = Some(1.0 / f64::from(count));
-            }
-        }
+    pub(crate) fn apply(self, logits: &Tensor) -> Result<Tensor> {
         logits.contiguous()?.apply_op1(self)
     }
 
@@ -288,7 +286,7 @@ impl RowOp {
             },
         };
         let rows = match &targets {
-            Some(view) => TargetRows::new(view.slice::<u32>()?, vocab, seq, &self.ce)?,
+            Some(view) => TargetRows::new(view.slice::<u32>()?, vocab, seq, self.ce)?,
             None => TargetRows::none(),
         };
         f(vocab, gathered, &rows)

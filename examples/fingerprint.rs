@@ -1,0 +1,308 @@
+//! Bit-level fingerprints of the loss: the values and gradients of every entry point over a grid
+//! of configurations, hashed, one line per case. Run it before and after a change that must not
+//! move a bit (a restructuring, a moved module), on the same machine and thread count, and
+//! compare the outputs (`diff`): equal lines mean equal bits.
+//!
+//! ```text
+//! cargo run --release --example fingerprint > before.txt      # on the old commit
+//! cargo run --release --example fingerprint > after.txt       # on the new one
+//! diff before.txt after.txt && echo bit-identical
+//! ```
+//!
+//! The grid: f32 and f64; the CPU kernels and the composed candle-op path
+//! (`with_composed_path`); `bleu_loss` on probabilities and `bleu_loss_from_logits` for every form
+//! × length model × reduction × smoothing, with id references (one and two per element) and
+//! with matrix references; `cross_entropy_from_logits` and `ce_bleu_from_logits` with padding and
+//! label smoothing; `cross_entropy_from_hidden`, `bleu_loss_from_hidden` and
+//! `ce_bleu_from_hidden` in one block and in several, with the gradients of the hidden states, the
+//! weight and the bias; `loss_from_stats`. Each line hashes the exact bits (FNV-1a over
+//! `to_bits`) of the loss and every gradient.
+
+use candle_bleu::loss::{
+    bleu_loss, bleu_loss_from_hidden, bleu_loss_from_logits, ce_bleu_from_hidden,
+    ce_bleu_from_logits, cross_entropy_from_hidden, cross_entropy_from_logits, loss_from_stats,
+    with_composed_path, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, LengthModel,
+    LossSmoothing, Reduction, References, TrainingLossConfig,
+};
+use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_nn::Linear;
+
+const PAD: u32 = 0;
+const EOS: u32 = 2;
+const BATCH: usize = 3;
+const SEQ: usize = 7;
+const VOCAB: usize = 11;
+const DIM: usize = 6;
+
+/// FNV-1a over the bits of every value of `tensors`, in order.
+fn fingerprint(tensors: &[&Tensor]) -> Result<u64> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bits: u64| {
+        for byte in bits.to_le_bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for t in tensors {
+        let flat = t.flatten_all()?;
+        match t.dtype() {
+            DType::F64 => flat.to_vec1::<f64>()?.iter().for_each(|v| eat(v.to_bits())),
+            _ => flat
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?
+                .iter()
+                .for_each(|v| eat(u64::from(v.to_bits()))),
+        }
+    }
+    Ok(hash)
+}
+
+/// Deterministic values in `[-scale, scale)` (a low-discrepancy sequence).
+fn values(count: usize, scale: f64, phase: f64) -> Vec<f64> {
+    (0..count)
+        .map(|i| scale * (((i as f64 + phase) * 0.618_033_988_749).fract() * 2.0 - 1.0))
+        .collect()
+}
+
+fn tensor(count_shape: &[usize], scale: f64, phase: f64, dtype: DType) -> Result<Tensor> {
+    let count = count_shape.iter().product();
+    Tensor::from_vec(values(count, scale, phase), count_shape, &Device::Cpu)?.to_dtype(dtype)
+}
+
+/// Every BLEU loss configuration the grid covers.
+fn configs() -> Vec<(String, BleuLossConfig)> {
+    let mut out = Vec::new();
+    for form in [Form::Expected, Form::Paired, Form::LowerBound] {
+        for length in [
+            LengthModel::Given,
+            LengthModel::NotEos { eos_id: EOS },
+            LengthModel::SoftEos { eos_id: EOS },
+        ] {
+            for reduction in [Reduction::Corpus, Reduction::SentenceMean] {
+                for smoothing in [LossSmoothing::None, LossSmoothing::AddK(1.0)] {
+                    let cfg = BleuLossConfig {
+                        form,
+                        length,
+                        reduction,
+                        smoothing,
+                        ..Default::default()
+                    };
+                    let name = format!("{form:?}/{length:?}/{reduction:?}/{smoothing:?}");
+                    out.push((name, cfg));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Prints `name hash` for the loss of `f(x)` and its gradient with respect to `x`.
+fn case(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<()> {
+    let var = Var::from_tensor(x)?;
+    let line = match f(var.as_tensor()) {
+        Ok(loss) => {
+            let grads = loss.backward()?;
+            let grad = grads.get(var.as_tensor()).cloned();
+            let mut parts = vec![&loss];
+            if let Some(g) = &grad {
+                parts.push(g);
+            }
+            format!("{:016x}", fingerprint(&parts)?)
+        }
+        Err(e) => format!(
+            "error: {}",
+            e.to_string().lines().next().unwrap_or_default()
+        ),
+    };
+    println!("{name} {line}");
+    Ok(())
+}
+
+fn run_grid(path: &str, dtype: DType) -> Result<()> {
+    let tag = format!("{path}/{dtype:?}");
+    let logits = tensor(&[BATCH, SEQ, VOCAB], 2.5, 0.3, dtype)?;
+    let one_ref = Tensor::new(
+        &[
+            [3u32, 4, 5, 3, 4, 2, 0],
+            [6, 7, 6, 7, 8, 9, 2],
+            [10, 3, 2, 0, 0, 0, 0],
+        ],
+        &Device::Cpu,
+    )?;
+    let two_refs = Tensor::new(
+        &[
+            [[3u32, 4, 5, 3, 2, 0], [4, 5, 3, 4, 2, 0]],
+            [[6, 7, 8, 9, 2, 0], [7, 6, 9, 8, 7, 2]],
+            [[10, 3, 2, 0, 0, 0], [3, 10, 10, 2, 0, 0]],
+        ],
+        &Device::Cpu,
+    )?;
+    let matrices =
+        candle_nn::ops::softmax(&tensor(&[BATCH, 5, VOCAB], 4.0, 0.7, dtype)?, D::Minus1)?;
+    let matrix_lengths = Tensor::new(&[5u32, 4, 3], &Device::Cpu)?;
+    let hyp_lengths = Tensor::new(&[7u32, 5, 3], &Device::Cpu)?;
+    let references = [
+        ("ids1", References::from_ids(&one_ref, PAD)?),
+        ("ids2", References::from_ids(&two_refs, PAD)?),
+        (
+            "matrices",
+            References::from_matrices(&matrices, &matrix_lengths)?,
+        ),
+    ];
+    for (refs_name, refs) in &references {
+        for (cfg_name, cfg) in configs() {
+            let lengths = match cfg.length {
+                LengthModel::SoftEos { .. } => None,
+                _ => Some(&hyp_lengths),
+            };
+            case(
+                &format!("{tag}/bleu_loss/{refs_name}/{cfg_name}"),
+                &logits,
+                |x| {
+                    Ok(
+                        bleu_loss(&candle_nn::ops::softmax(x, D::Minus1)?, lengths, refs, &cfg)?
+                            .loss,
+                    )
+                },
+            )?;
+            case(
+                &format!("{tag}/bleu_loss_from_logits/{refs_name}/{cfg_name}"),
+                &logits,
+                |x| Ok(bleu_loss_from_logits(x, lengths, refs, &cfg)?.loss),
+            )?;
+        }
+    }
+    // The cross-entropy and the training loss, with padding and label smoothing.
+    let targets = one_ref.clone();
+    for (ce_name, ce) in [
+        ("plain", CrossEntropyConfig::default()),
+        (
+            "pad+ls",
+            CrossEntropyConfig {
+                pad_id: Some(PAD),
+                label_smoothing: 0.1,
+            },
+        ),
+    ] {
+        case(&format!("{tag}/cross_entropy/{ce_name}"), &logits, |x| {
+            cross_entropy_from_logits(x, &targets, &ce)
+        })?;
+        for (refs_name, refs) in &references[..2] {
+            for form in [Form::Expected, Form::Paired, Form::LowerBound] {
+                let cfg = TrainingLossConfig {
+                    bleu_weight: 0.3,
+                    ce,
+                    bleu: BleuLossConfig {
+                        form,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                case(
+                    &format!("{tag}/ce_bleu/{ce_name}/{refs_name}/{form:?}"),
+                    &logits,
+                    |x| Ok(ce_bleu_from_logits(x, Some(&hyp_lengths), refs, &targets, &cfg)?.loss),
+                )?;
+            }
+        }
+    }
+    // The hidden-state entry points: gradients of the hidden states, the weight and the bias.
+    let hidden = tensor(&[BATCH, SEQ, DIM], 1.5, 0.1, dtype)?;
+    let weight = tensor(&[VOCAB, DIM], 1.0, 0.5, dtype)?;
+    let bias = tensor(&[VOCAB], 0.5, 0.9, dtype)?;
+    for (block_name, block_elements) in [
+        ("one-block", HiddenConfig::DEFAULT_BLOCK_ELEMENTS),
+        ("blocks", 2 * VOCAB),
+    ] {
+        let hidden_cfg = HiddenConfig {
+            block_elements,
+            ..Default::default()
+        };
+        for form in [Form::Expected, Form::Paired, Form::LowerBound] {
+            let h = Var::from_tensor(&hidden)?;
+            let w = Var::from_tensor(&weight)?;
+            let b = Var::from_tensor(&bias)?;
+            let proj = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+            let bleu = BleuLossConfig {
+                form,
+                ..Default::default()
+            };
+            let cfg = TrainingLossConfig {
+                bleu_weight: 0.3,
+                ce: CrossEntropyConfig {
+                    pad_id: Some(PAD),
+                    label_smoothing: 0.1,
+                },
+                bleu: bleu.clone(),
+                hidden: hidden_cfg,
+            };
+            let refs = &references[0].1;
+            let results = [
+                (
+                    "ce_bleu_from_hidden",
+                    ce_bleu_from_hidden(
+                        h.as_tensor(),
+                        &proj,
+                        Some(&hyp_lengths),
+                        refs,
+                        &targets,
+                        &cfg,
+                    )
+                    .map(|o| o.loss),
+                ),
+                (
+                    "bleu_loss_from_hidden",
+                    bleu_loss_from_hidden(
+                        h.as_tensor(),
+                        &proj,
+                        Some(&hyp_lengths),
+                        refs,
+                        &bleu,
+                        &hidden_cfg,
+                    )
+                    .map(|o| o.loss),
+                ),
+                (
+                    "cross_entropy_from_hidden",
+                    cross_entropy_from_hidden(h.as_tensor(), &proj, &targets, &cfg.ce, &hidden_cfg),
+                ),
+            ];
+            for (name, loss) in results {
+                let line = match loss {
+                    Ok(loss) => {
+                        let grads = loss.backward()?;
+                        let mut parts = vec![loss.clone()];
+                        for v in [&h, &w, &b] {
+                            if let Some(g) = grads.get(v.as_tensor()) {
+                                parts.push(g.clone());
+                            }
+                        }
+                        let refs: Vec<&Tensor> = parts.iter().collect();
+                        format!("{:016x}", fingerprint(&refs)?)
+                    }
+                    Err(e) => format!(
+                        "error: {}",
+                        e.to_string().lines().next().unwrap_or_default()
+                    ),
+                };
+                println!("{tag}/{name}/{block_name}/{form:?} {line}");
+            }
+        }
+    }
+    // The score of given statistics.
+    let stats =
+        bleu_loss_from_logits(&logits, None, &references[1].1, &BleuLossConfig::default())?.stats;
+    for (cfg_name, cfg) in configs() {
+        let line = format!("{:016x}", fingerprint(&[&loss_from_stats(&stats, &cfg)?])?);
+        println!("{tag}/loss_from_stats/{cfg_name} {line}");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    for dtype in [DType::F32, DType::F64] {
+        run_grid("kernels", dtype)?;
+        with_composed_path(|| run_grid("composed", dtype))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! The loss's vocabulary, at the bottom of its layers: every configuration and output type, and
+//! the one helper that makes constants. Nothing here computes a loss; every other file of
+//! `loss` may import from here, and this file imports from none of them.
+
+use candle_core::{bail, DType, Result, Tensor};
+
+/// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
+/// one-hot inputs with `Given` lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Form {
+    /// `m_n = Σ_j min(κ_j, ν_j Σ_i M[j,i] u_i)`: clip the expected count of each reference
+    /// n-gram. No `V`-sized hypothesis self-match; the fused kernel applies.
+    #[default]
+    Expected,
+    /// The derivation's form: hypothesis and reference first-occurrence masks, clipped and
+    /// unclipped counts over pairs, their minimum. Needs `Z = P Pᵀ` (a `V`-sized matmul).
+    Paired,
+    /// Zhukov, Golikov & Kretov (2017): `Σ_{j,i} a_{ji} min(1, κ_j / (1 + E_j - a_{ji}))`.
+    LowerBound,
+}
+
+/// Which hypothesis positions count as output (docs/loss.md, §5 Length models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LengthModel {
+    /// Hard lengths from `hyp_lengths` (or `S`): exact BLEU at one-hot inputs.
+    #[default]
+    Given,
+    /// Hard lengths, and each position's length weight is `1 - P[i, eos]` (the derivation's
+    /// `len_B = (1 - B_eᵀ) ⊗ E`).
+    NotEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
+    /// Differentiable stopping: position `i` is output with probability
+    /// `s_i = Π_{k<=i} (1 - P[k, eos])`. Takes no hard lengths.
+    SoftEos {
+        /// The end-of-sequence token id (`< V`).
+        eos_id: u32,
+    },
+}
+
+impl LengthModel {
+    pub(crate) fn eos_id(self) -> Option<u32> {
+        match self {
+            LengthModel::Given => None,
+            LengthModel::NotEos { eos_id } | LengthModel::SoftEos { eos_id } => Some(eos_id),
+        }
+    }
+}
+
+/// How a batch becomes one loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// Sum `m_n`, `t_n`, `c`, `L` over the batch, then one BLEU (corpus BLEU).
+    #[default]
+    Corpus,
+    /// One BLEU per element; the loss is the mean of the per-element losses.
+    SentenceMean,
+}
+
+/// Smoothing of the n-gram precisions inside the loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossSmoothing {
+    /// `m_n / t_n` for every order.
+    None,
+    /// BLEU+1 (Lin & Och 2004): `(m_n + k) / (t_n + k)` for orders `n >= 2`, `m_1 / t_1`.
+    AddK(f64),
+}
+
+impl Default for LossSmoothing {
+    fn default() -> Self {
+        LossSmoothing::AddK(1.0)
+    }
+}
+
+/// Configuration of [`bleu_loss`](super::bleu_loss). Default: 4-grams, uniform weights, `Expected`, `Given`,
+/// `Corpus`, `AddK(1.0)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BleuLossConfig {
+    /// Maximum n-gram order `N` (>= 1).
+    pub max_order: usize,
+    /// Order weights `w_1..w_N` (finite, >= 0); `None` = `1/N` each.
+    pub weights: Option<Vec<f64>>,
+    /// How the clipped matches are made differentiable.
+    pub form: Form,
+    /// Which hypothesis positions count as output.
+    pub length: LengthModel,
+    /// Corpus BLEU of the batch, or the mean of per-element losses.
+    pub reduction: Reduction,
+    /// Smoothing of the n-gram precisions.
+    pub smoothing: LossSmoothing,
+    /// Off the CPU, also run the value checks that need the data on the host: NaN/Inf in the
+    /// hypotheses (and in [`loss_from_stats`](super::loss_from_stats)'s statistics), `hyp_lengths <= S`. Each is one
+    /// device-to-host copy, which stalls a GPU stream, so the default is `false`: then NaN or
+    /// infinite inputs give a NaN loss and a length above `S` counts as `S`. On the CPU these
+    /// checks always run, on the data in place (the fused kernels find non-finite logits in the
+    /// pass they make anyway). Turn it on while debugging a GPU run.
+    pub check_values: bool,
+    /// Compute the score ([`loss_from_stats`](super::loss_from_stats)) in f32 even where the device has f64. The score
+    /// runs in f64 where the device supports it and in f32 on Metal, which has no f64; this
+    /// switch runs the f32 path anywhere, to test it (the suite compares both on the CPU).
+    /// Default `false`.
+    pub force_f32_score: bool,
+}
+
+impl Default for BleuLossConfig {
+    fn default() -> Self {
+        Self {
+            max_order: 4,
+            weights: None,
+            form: Form::Expected,
+            length: LengthModel::Given,
+            reduction: Reduction::Corpus,
+            smoothing: LossSmoothing::AddK(1.0),
+            check_values: false,
+            force_f32_score: false,
+        }
+    }
+}
+
+/// The differentiable statistics of a batch, one row per element: everything the loss
+/// depends on (docs/loss.md, §Score and loss).
+///
+/// All four are float tensors in the compute dtype of the call (f32 for f16/bf16 inputs) on the
+/// hypotheses' device. `matches`, `totals` and `hyp_len` carry gradients back to the
+/// hypotheses; `ref_len` is a constant.
+#[derive(Debug, Clone)]
+pub struct BleuStats {
+    /// `[B, N]`: clipped matches `m_n` of each element.
+    pub matches: Tensor,
+    /// `[B, N]`: n-gram totals `t_n` of each element.
+    pub totals: Tensor,
+    /// `[B]`: hypothesis length `c` of each element.
+    pub hyp_len: Tensor,
+    /// `[B]`: effective reference length of each element (a constant).
+    pub ref_len: Tensor,
+}
+
+/// The loss and the differentiable statistics it was computed from.
+///
+/// The statistics let a caller log them, or all-reduce them across data-parallel workers and
+/// call [`loss_from_stats`](super::loss_from_stats) on the sums.
+#[derive(Debug, Clone)]
+pub struct BleuLossOutput {
+    /// Scalar: `-log BLEU` (Corpus) or the mean of per-element `-log BLEU` (SentenceMean).
+    pub loss: Tensor,
+    /// The per-element statistics `loss` was computed from.
+    pub stats: BleuStats,
+}
+
+/// A float tensor of `values` in `dtype`, converted on the host: no f64 tensor is made on the
+/// device unless `dtype` is f64 (Metal has no f64).
+pub(crate) fn constant(
+    values: Vec<f64>,
+    shape: impl Into<candle_core::Shape>,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_vec(values, shape, device),
+        _ => Tensor::from_vec(
+            values.into_iter().map(|v| v as f32).collect::<Vec<f32>>(),
+            shape,
+            device,
+        )?
+        .to_dtype(dtype),
+    }
+}
+
+/// Configuration of [`cross_entropy_from_logits`](super::cross_entropy_from_logits). Default: no padding, no label smoothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CrossEntropyConfig {
+    /// Target id of padding positions: they add nothing to the loss, its gradient or the count
+    /// the mean divides by (PyTorch's `ignore_index`). It may lie outside the vocabulary.
+    pub pad_id: Option<u32>,
+    /// Label smoothing `ε ∈ [0, 1)`: the target distribution is `(1 − ε)·onehot + ε/V`
+    /// (PyTorch's `label_smoothing`).
+    pub label_smoothing: f64,
+}
+
+/// The loss of a training step and its two parts.
+#[derive(Debug, Clone)]
+pub struct TrainingLoss {
+    /// Scalar: `cross_entropy + bleu_weight · bleu.loss`; call `backward` on this one.
+    pub loss: Tensor,
+    /// Scalar: the mean token cross-entropy (as [`cross_entropy_from_logits`](super::cross_entropy_from_logits)(super::cross_entropy_from_logits)).
+    pub cross_entropy: Tensor,
+    /// The BLEU loss and its statistics (as [`bleu_loss_from_logits`](super::bleu_loss_from_logits)).
+    pub bleu: BleuLossOutput,
+}
+
+/// Configuration of a training step's loss: `cross_entropy + bleu_weight · bleu_loss`
+/// ([`ce_bleu_from_logits`](super::ce_bleu_from_logits)).
+///
+/// `Default`: `bleu_weight` 1, no padding and no label smoothing in the cross-entropy, the
+/// default BLEU loss ([`BleuLossConfig::default`]), default blocks for the hidden-state path.
+/// Set the fields you need and take the rest from `Default`:
+///
+/// ```
+/// use candle_bleu::loss::{CrossEntropyConfig, TrainingLossConfig};
+/// let cfg = TrainingLossConfig {
+///     bleu_weight: 0.3,
+///     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 },
+///     ..Default::default()
+/// };
+/// assert_eq!(cfg.bleu.max_order, 4);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingLossConfig {
+    /// `λ`, the weight of the BLEU loss: finite, `>= 0`. Default 1.
+    pub bleu_weight: f64,
+    /// The cross-entropy's padding id and label smoothing.
+    pub ce: CrossEntropyConfig,
+    /// The BLEU loss: form, length model, reduction, smoothing, orders.
+    pub bleu: BleuLossConfig,
+    /// Block sizes and gradient filtering of the hidden-state entry points; the logits entry
+    /// points ignore it.
+    pub hidden: HiddenConfig,
+}
+
+impl Default for TrainingLossConfig {
+    fn default() -> Self {
+        Self {
+            bleu_weight: 1.0,
+            ce: CrossEntropyConfig::default(),
+            bleu: BleuLossConfig::default(),
+            hidden: HiddenConfig::default(),
+        }
+    }
+}
+
+/// Block sizes and gradient filtering of the hidden-state entry points.
+///
+/// The logits of a block of rows (`rows × V`) are computed from the hidden states and the
+/// output projection, used and dropped, forward and backward (the backward recomputes them), so
+/// the loss's memory does not grow with `B · S · V`.
+///
+/// `Default`: blocks of at most [`HiddenConfig::DEFAULT_BLOCK_ELEMENTS`] logits, no filtering
+/// (exact: the same values and gradients as the logits path, to rounding).
+///
+/// **Gradient filtering** (`filter_below: Some(τ)`, Cut Cross-Entropy's): in the backward,
+/// a tile of `rows of a block × vocab_tile` columns whose softmax probabilities all lie below
+/// `τ` skips the dense part of its logits gradient. A row's logits gradient is
+/// `G[r,v] = p[r,v]·c_r + o_r + (sparse terms at the target and the gathered reference ids)`
+/// with `c_r = h·w − Σ_k g_k x_k` and the label-smoothing offset `o_r = −h·w·ε/V`; the offset
+/// (a rank-one term) and the sparse terms are kept exactly, only `p[r,v]·c_r` is dropped in
+/// skipped tiles. So the error of the hidden states' gradient is, row by row,
+///
+/// `‖ΔdH_r‖ ≤ |c_r| · Σ_{v skipped} p[r,v] · max_v ‖W_v‖ ≤ |c_r| · (skipped columns) · τ · max_v ‖W_v‖`
+///
+/// and that of the weight and bias gradients, column by column,
+/// `‖ΔdW_v‖ ≤ Σ_r |c_r| p[r,v] ‖H_r‖ ≤ τ Σ_r |c_r| ‖H_r‖`, `|Δdb_v| ≤ τ Σ_r |c_r|`. The forward
+/// (the loss value) is exact. The paired form is not filtered: its dense gradient also carries
+/// `((dZ + dZᵀ) P)[r,v]`, which the bound above does not cover. The CPU kernels filter; the
+/// composed path (other devices) ignores `filter_below` and is exact.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HiddenConfig {
+    /// The most logits one block holds (`rows × V` elements, `>= 1`): a block has
+    /// `max(1, block_elements / V)` rows, rounded to whole sequences where the loss needs whole
+    /// sequences at once (the paired form). The forward holds one block of logits, the backward
+    /// one block of logits and one of their gradient.
+    pub block_elements: usize,
+    /// Vocabulary columns per tile in the backward (`>= 1`): the unit that gradient filtering
+    /// skips. Used only with `filter_below`.
+    pub vocab_tile: usize,
+    /// Gradient filtering: in the backward, skip the dense part of a tile whose softmax
+    /// probabilities all lie below this threshold (`0 < τ < 1`). `None` (default): no
+    /// filtering, exact gradients.
+    pub filter_below: Option<f64>,
+}
+
+impl HiddenConfig {
+    /// The default block size: 16 Mi logits (64 MiB in f32). Each block of rows reads the whole
+    /// weight (and reads and writes its gradient) once, so fewer, larger blocks are faster at
+    /// large vocabularies; measured at `[B·S, D] = [2048, 512]`, the step's heap peak is the
+    /// same as with 4 Mi-logit blocks at `V = 128 000` (769 MiB) and 16 % higher at
+    /// `V = 32 000` (238 against 206 MiB) (BENCHMARKS.md, "The loss from hidden states").
+    pub const DEFAULT_BLOCK_ELEMENTS: usize = 16 << 20;
+
+    /// Checks the fields; errors name the field and its value.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.block_elements == 0 {
+            bail!("HiddenConfig: `block_elements` must be >= 1, got 0");
+        }
+        if self.vocab_tile == 0 {
+            bail!("HiddenConfig: `vocab_tile` must be >= 1, got 0");
+        }
+        if let Some(tau) = self.filter_below {
+            if !(tau.is_finite() && tau > 0.0 && tau < 1.0) {
+                bail!("HiddenConfig: `filter_below` must be in (0, 1), got {tau}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows per block: a multiple of `group` rows (1, or `S` for whole sequences), at least one
+    /// group, and at most `block_elements` logits when one group fits.
+    pub(crate) fn block_rows(&self, vocab: usize, group: usize) -> usize {
+        group * (self.block_elements / (group * vocab)).max(1)
+    }
+}
+
+impl Default for HiddenConfig {
+    fn default() -> Self {
+        Self {
+            block_elements: Self::DEFAULT_BLOCK_ELEMENTS,
+            vocab_tile: 2048,
+            filter_below: None,
+        }
+    }
+}

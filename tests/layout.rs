@@ -1,0 +1,317 @@
+//! The source layout of docs/design.md ("The layers and what each may import"), read from the
+//! code: the files of `src/loss/` and `src/exact/` import each other without a cycle, the
+//! kernels never import a loss configuration or the dispatch, and a face (`mod.rs`) only
+//! declares and re-exports.
+//!
+//! Edges are read as text, the way a reader follows them: every `use` path and every
+//! `crate::`/`super::`/`self::` path outside comments and unit-test modules, resolved to the
+//! file of the longest module prefix it names (a name taken through a face is an edge to that
+//! `mod.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `crate::a::b` for `src/a/b.rs` or `src/a/b/mod.rs`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = vec!["crate".into()];
+    parts.extend(rel.iter().map(|p| p.to_string_lossy().into_owned()));
+    if parts.last().map(String::as_str) == Some("mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of a file without comments and without its `#[cfg(test)] mod tests` block.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The paths a `use` tree names: `a::{b, c::{d, e}}` → `a::b`, `a::c::d`, `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    // `x as y` keeps `x`; then whitespace goes.
+    let tree: String = tree.replace(" as ", "@").split_whitespace().collect();
+    let Some(open) = tree.find('{') else {
+        return vec![tree.split('@').next().unwrap_or_default().to_string()];
+    };
+    let head = tree[..open].trim_end_matches("::");
+    let inner = &tree[open + 1..tree.len() - 1];
+    let (mut parts, mut depth, mut current) = (Vec::new(), 0, String::new());
+    for ch in inner.chars() {
+        match ch {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(ch);
+    }
+    parts.push(current);
+    parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| expand(p))
+        .map(|p| {
+            if p == "self" {
+                head.to_string()
+            } else {
+                format!("{head}::{p}")
+            }
+        })
+        .collect()
+}
+
+/// The module files each file of `src/folder` imports from, within `folder`.
+fn import_graph(folder: &str) -> BTreeMap<String, BTreeSet<String>> {
+    import_graph_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), folder)
+}
+
+/// [`import_graph`] of the source tree at `src`.
+fn import_graph_in(src: &Path, folder: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let src = src.to_path_buf();
+    let mut files = Vec::new();
+    rust_files(&src.join(folder), &mut files);
+    let modules: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|f| {
+            let name = f.strip_prefix(src.join(folder)).unwrap();
+            (module_of(&src, f), name.to_string_lossy().into_owned())
+        })
+        .collect();
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let here = module_of(&src, file);
+        let text = code(&std::fs::read_to_string(file).unwrap());
+        let declared: BTreeSet<&str> = text
+            .split("mod ")
+            .skip(1)
+            .filter_map(|rest| rest.split(';').next())
+            .filter(|name| name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+            .collect();
+        let mut paths = Vec::new();
+        for statement in text.split(';') {
+            // The statement without its attributes: `use …`, `pub use …`, `pub(crate) use …`.
+            let statement = statement
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.starts_with('#'))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let tree = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .find_map(|prefix| statement.trim().strip_prefix(prefix));
+            for path in tree.map(expand).unwrap_or_default() {
+                let first = path.split("::").next().unwrap_or_default();
+                paths.push(if declared.contains(first) {
+                    format!("self::{path}")
+                } else {
+                    path
+                });
+            }
+        }
+        for word in text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+            let word = word.trim_end_matches(':');
+            if ["crate::", "super::", "self::"]
+                .iter()
+                .any(|p| word.starts_with(p))
+            {
+                paths.push(word.to_string());
+            }
+        }
+        let mut edges = BTreeSet::new();
+        for path in paths {
+            let parts: Vec<&str> = path.split("::").collect();
+            let mut full: Vec<String> = match parts[0] {
+                "crate" => vec!["crate".into()],
+                "super" | "self" => {
+                    let mut base = here.clone();
+                    let mut rest = &parts[..];
+                    while rest.first() == Some(&"super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                    if rest.first() == Some(&"self") {
+                        rest = &rest[1..];
+                    }
+                    base.extend(rest.iter().map(|s| s.to_string()));
+                    edges_target(&modules, &base, &here, &mut edges);
+                    continue;
+                }
+                _ => continue,
+            };
+            full.extend(parts[1..].iter().map(|s| s.to_string()));
+            edges_target(&modules, &full, &here, &mut edges);
+        }
+        graph.insert(modules[&here].clone(), edges);
+    }
+    graph
+}
+
+/// Adds the file of the longest module prefix of `path` (other than `here`) to `edges`.
+fn edges_target(
+    modules: &BTreeMap<Vec<String>, String>,
+    path: &[String],
+    here: &[String],
+    edges: &mut BTreeSet<String>,
+) {
+    for k in (1..=path.len()).rev() {
+        if let Some(file) = modules.get(&path[..k]) {
+            if path[..k] != *here {
+                edges.insert(file.clone());
+            }
+            return;
+        }
+    }
+}
+
+/// The files on a cycle of `graph`, if any (depth-first search for a back edge).
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            return Some(stack[at..].to_vec());
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, stack, done) {
+                return Some(found);
+            }
+        }
+        stack.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_loss_and_exact_modules_have_no_import_cycle() {
+    for folder in ["loss", "exact"] {
+        let graph = import_graph(folder);
+        assert!(
+            graph.len() > 5,
+            "src/{folder}: read only {} files",
+            graph.len()
+        );
+        if let Some(files) = cycle(&graph) {
+            panic!("src/{folder}: import cycle through {files:?}\n{graph:#?}");
+        }
+    }
+}
+
+/// The reader finds what it must: a face that defines a name its child imports through it (the
+/// old `loss/mod.rs` pattern) is a cycle, a child importing from a sibling's file is not.
+#[test]
+fn the_reader_finds_a_cycle_through_a_face() {
+    let root = std::env::temp_dir().join(format!("candle-bleu-layout-{}", std::process::id()));
+    let src = root.join("src");
+    std::fs::create_dir_all(src.join("m")).unwrap();
+    let write = |path: &str, text: &str| std::fs::write(src.join(path), text).unwrap();
+    write(
+        "m/mod.rs",
+        "mod a;\nmod b;\npub use a::run;\npub struct Config;\n",
+    );
+    write("m/a.rs", "use super::Config;\npub fn run(_: Config) {}\n");
+    write("m/b.rs", "use super::a::run; // a comment: super::Config\n");
+    let graph = import_graph_in(&src, "m");
+    assert_eq!(
+        graph["b.rs"],
+        BTreeSet::from(["a.rs".to_string()]),
+        "{graph:?}"
+    );
+    let found = cycle(&graph).expect("the face and a.rs import each other");
+    assert_eq!(found.len(), 2, "{found:?}");
+    // With the shared type in a leaf file the cycle is gone.
+    write(
+        "m/mod.rs",
+        "mod a;\nmod b;\nmod config;\npub use a::run;\npub use config::Config;\n",
+    );
+    write("m/config.rs", "pub struct Config;\n");
+    write(
+        "m/a.rs",
+        "use super::config::Config;\npub fn run(_: Config) {}\n",
+    );
+    assert_eq!(cycle(&import_graph_in(&src, "m")), None);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
+    let graph = import_graph("loss");
+    for (file, edges) in &graph {
+        if file.starts_with("kernels/") {
+            for forbidden in [
+                "config.rs",
+                "pipeline.rs",
+                "mod.rs",
+                "bleu.rs",
+                "training.rs",
+                "hidden.rs",
+                "cross_entropy.rs",
+            ] {
+                assert!(
+                    !edges.contains(forbidden),
+                    "{file} imports {forbidden}: {edges:?}"
+                );
+            }
+        }
+    }
+    // Files import a name from the file that defines it: none goes through the face.
+    for (file, edges) in &graph {
+        assert!(
+            !edges.contains("mod.rs"),
+            "{file} imports through loss/mod.rs: {edges:?}"
+        );
+    }
+}
+
+#[test]
+fn the_faces_only_declare_and_reexport() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for face in ["loss/mod.rs", "exact/mod.rs"] {
+        let text = code(&std::fs::read_to_string(src.join(face)).unwrap());
+        for line in text.lines().map(str::trim) {
+            assert!(
+                !(line.starts_with("pub fn")
+                    || line.starts_with("fn ")
+                    || line.starts_with("pub(crate) fn")),
+                "{face} defines a function: {line}"
+            );
+        }
+    }
+}
