@@ -41,7 +41,7 @@ pub struct Config {
     /// Target language: the directory name under --catalogs.
     #[arg(long, default_value = "de")]
     pub lang: String,
-    /// Directory holding <lang>/LC_MESSAGES/*.mo.
+    /// Directory holding `<lang>/LC_MESSAGES/*.mo`.
     #[arg(long, default_value = "/usr/share/locale")]
     pub catalogs: PathBuf,
     /// Seeds on the distilled data (each trains its own NAT baseline and every objective).
@@ -53,11 +53,11 @@ pub struct Config {
     /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets.
     #[arg(long, default_value = "docs/nat_run")]
     pub out: PathBuf,
-    /// Checkpoints (default runs/nat/<lang>).
+    /// Checkpoints (default `runs/nat/<lang>`).
     #[arg(long)]
     pub work: Option<PathBuf>,
     /// A finished translate study whose seed-1 `ce` model is the teacher when its corpus and
-    /// tokenizer match (default runs/translate/<lang>).
+    /// tokenizer match (default `runs/translate/<lang>`).
     #[arg(long)]
     pub translate_run: Option<PathBuf>,
     /// Continue an interrupted study from its checkpoints.
