@@ -104,3 +104,8 @@ pub mod gradcheck;
 pub mod loss;
 pub mod ngram;
 mod orders;
+
+// The README's Rust blocks are compiled and run as doctests, so its snippets cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
