@@ -49,6 +49,9 @@
 //! `--quick`: tiny shapes (a smoke run; `torch_cuda.py --quick` uses the same). `--cpu` runs the
 //! rows on the CPU (no device memory; for checking the bench on a machine without a GPU).
 
+#[path = "common/ids.rs"]
+mod ids;
+
 use anyhow::{anyhow, Context, Result};
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_logits,
@@ -469,26 +472,26 @@ struct HiddenInputs {
     lengths: Tensor,
 }
 
+/// `bytes` in MiB.
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// `, pool in use with the inputs N MiB` of a group's title, when the pool can be read.
+fn pool_note(in_use: Option<u64>) -> String {
+    in_use.map_or(String::new(), |u| {
+        format!(", pool in use with the inputs {:.1} MiB", mib(u as usize))
+    })
+}
+
 fn hidden_inputs(device: &Device, [b, s, d, t, v]: [usize; 5]) -> Result<HiddenInputs> {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let cpu = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
     let hidden = Tensor::randn(0f32, 1.0, (b, s, d), &cpu)?.to_device(device)?;
     let weight =
         Tensor::randn(0f32, (1.0 / (d as f64).sqrt()) as f32, (v, d), &cpu)?.to_device(device)?;
-    let mut ref_ids = vec![0u32; b * t];
-    let mut target_ids = vec![0u32; b * s];
-    let mut lengths = Vec::with_capacity(b);
-    for e in 0..b {
-        let length = rng.gen_range(s / 2..=s).max(1);
-        lengths.push(length as u32);
-        for i in 0..length.min(t) {
-            ref_ids[e * t + i] = rng.gen_range(1..v as u32);
-        }
-        for i in 0..length {
-            target_ids[e * s + i] = rng.gen_range(1..v as u32);
-        }
-    }
+    let (ref_ids, target_ids, lengths) = ids::random_ids(&mut rng, [b, s, t, v]);
     let weight = Var::from_tensor(&weight)?;
     Ok(HiddenInputs {
         hidden: Var::from_tensor(&hidden)?,
@@ -891,11 +894,8 @@ fn main() -> Result<()> {
         let title = format!(
             "logits [B,S,T,V] = {shape:?} {}: logits {:.1} MiB{}",
             dtype_name(dtype),
-            logits_bytes as f64 / (1u64 << 20) as f64,
-            in_use.map_or(String::new(), |u| format!(
-                ", pool in use with the inputs {:.1} MiB",
-                u as f64 / (1u64 << 20) as f64
-            ))
+            mib(logits_bytes),
+            pool_note(in_use)
         );
         report(
             &title,
@@ -931,11 +931,8 @@ fn main() -> Result<()> {
         let outcomes = run_group(&device, &memory, &rows, args.warmup, args.repeats);
         let title = format!(
             "hidden states [B,S,D,T,V] = {shape:?} f32: the logits would be {:.1} MiB{}",
-            logits_bytes as f64 / (1u64 << 20) as f64,
-            in_use.map_or(String::new(), |u| format!(
-                ", pool in use with the inputs {:.1} MiB",
-                u as f64 / (1u64 << 20) as f64
-            ))
+            mib(logits_bytes),
+            pool_note(in_use)
         );
         report(
             &title,

@@ -29,6 +29,9 @@
 //! parameters occupy before the step (VmHWM after a reset through `/proc/self/clear_refs`,
 //! minus VmRSS before), and the peak of live heap bytes (a counting allocator).
 
+#[path = "common/ids.rs"]
+mod ids;
+
 use candle_bleu::loss::{
     ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_hidden, cross_entropy_from_logits,
     BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References, TrainingLossConfig,
@@ -162,7 +165,7 @@ struct Inputs {
 }
 
 fn inputs(args: &Args) -> Result<Inputs> {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let [b, s, d, t, v] = args.shape;
     let dev = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
@@ -178,19 +181,7 @@ fn inputs(args: &Args) -> Result<Inputs> {
             ((Tensor::arange(1f32, v as f32 + 1.0, &dev)?.log()? * -args.zipf)?).reshape((v, 1))?;
         weight = Tensor::cat(&[&prior, &weight.narrow(1, 1, d - 1)?], 1)?;
     }
-    let mut ref_ids = vec![0u32; b * t];
-    let mut target_ids = vec![0u32; b * s];
-    let mut lengths = Vec::with_capacity(b);
-    for e in 0..b {
-        let length = rng.gen_range(s / 2..=s).max(1);
-        lengths.push(length as u32);
-        for i in 0..length.min(t) {
-            ref_ids[e * t + i] = rng.gen_range(1..v as u32);
-        }
-        for i in 0..length {
-            target_ids[e * s + i] = rng.gen_range(1..v as u32);
-        }
-    }
+    let (ref_ids, target_ids, lengths) = ids::random_ids(&mut rng, [b, s, t, v]);
     Ok(Inputs {
         hidden: Var::from_tensor(&hidden)?,
         weight: Var::from_tensor(&weight)?,
