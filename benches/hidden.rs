@@ -34,7 +34,8 @@ mod ids;
 
 use candle_bleu::loss::{
     ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_hidden, cross_entropy_from_logits,
-    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References, TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, HiddenCrossEntropyConfig, References,
+    TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Module, Result, Tensor, Var, D};
 use candle_nn::Linear;
@@ -218,21 +219,58 @@ fn step(variant: &str, x: &Inputs, args: &Args) -> Result<()> {
     let loss = match variant {
         "logits" => {
             let logits = proj.forward(h)?;
-            ce_bleu_from_logits(&logits, lengths, &x.refs, &x.targets, &config(args, None))?.loss
+            ce_bleu_from_logits(
+                &logits,
+                &TrainingTargets {
+                    tokens: &x.targets,
+                    refs: &x.refs,
+                    hyp_lengths: lengths,
+                },
+                &config(args, None),
+            )?
+            .loss
         }
         "hidden" => {
-            ce_bleu_from_hidden(h, &proj, lengths, &x.refs, &x.targets, &config(args, None))?.loss
+            ce_bleu_from_hidden(
+                h,
+                &proj,
+                &TrainingTargets {
+                    tokens: &x.targets,
+                    refs: &x.refs,
+                    hyp_lengths: lengths,
+                },
+                &config(args, None),
+            )?
+            .loss
         }
         "filtered" => {
             let cfg = config(args, Some(args.filter));
-            ce_bleu_from_hidden(h, &proj, lengths, &x.refs, &x.targets, &cfg)?.loss
+            ce_bleu_from_hidden(
+                h,
+                &proj,
+                &TrainingTargets {
+                    tokens: &x.targets,
+                    refs: &x.refs,
+                    hyp_lengths: lengths,
+                },
+                &cfg,
+            )?
+            .loss
         }
         "ce-logits" => {
             cross_entropy_from_logits(&proj.forward(h)?, &x.targets, &config(args, None).ce)?
         }
         "ce-hidden" => {
             let cfg = config(args, None);
-            cross_entropy_from_hidden(h, &proj, &x.targets, &cfg.ce, &cfg.hidden)?
+            cross_entropy_from_hidden(
+                h,
+                &proj,
+                &x.targets,
+                &HiddenCrossEntropyConfig {
+                    ce: cfg.ce,
+                    hidden: cfg.hidden,
+                },
+            )?
         }
         "matmul" => {
             // The three products of the loss's forward and backward, as candle's CPU matmul

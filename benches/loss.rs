@@ -21,7 +21,7 @@
 
 use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits,
-    BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Result, Tensor, Var, D};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -268,7 +268,11 @@ fn main() -> Result<()> {
                     bleu: cfg,
                     ..Default::default()
                 };
-                let out = ce_bleu_from_logits(var.as_tensor(), None, refs, targets_2d, &cfg)?;
+                let out = ce_bleu_from_logits(
+                    var.as_tensor(),
+                    &TrainingTargets::new(targets_2d, refs),
+                    &cfg,
+                )?;
                 let _ = out.loss.backward()?;
                 Ok(())
             }

@@ -30,6 +30,7 @@ use candle_bleu::exact::{corpus_bleu, BleuConfig};
 use candle_bleu::loss::distributed::{self, mpi, AllReduce, MpiAllReduce};
 use candle_bleu::loss::{
     ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, References, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{AdamW, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -397,9 +398,7 @@ fn run<R: AllReduce>(
         let refs = References::from_ids(&shard.targets, PAD)?;
         let out = distributed::ce_bleu_from_logits(
             &logits,
-            Some(&shard.lengths),
-            &refs,
-            &shard.targets,
+            &TrainingTargets::new(&shard.targets, &refs).with_hyp_lengths(&shard.lengths),
             &cfg,
             &reduce,
         )?;
@@ -532,7 +531,11 @@ fn check_step(
 ) -> Result<(f64, f64, f64)> {
     let logits = dp.model.forward(global)?;
     let refs = References::from_ids(&global.targets, PAD)?;
-    let single = ce_bleu_from_logits(&logits, Some(&global.lengths), &refs, &global.targets, cfg)?;
+    let single = ce_bleu_from_logits(
+        &logits,
+        &TrainingTargets::new(&global.targets, &refs).with_hyp_lengths(&global.lengths),
+        cfg,
+    )?;
     let grads = single.loss.backward()?;
     let (mut worst, mut scale) = (0.0f64, 0.0f64);
     for var in &dp.vars {
@@ -560,7 +563,11 @@ fn check_step(
 fn twin_step(twin: &mut Trainer, global: &Batch, cfg: &TrainingLossConfig) -> Result<f64> {
     let logits = twin.model.forward(global)?;
     let refs = References::from_ids(&global.targets, PAD)?;
-    let out = ce_bleu_from_logits(&logits, Some(&global.lengths), &refs, &global.targets, cfg)?;
+    let out = ce_bleu_from_logits(
+        &logits,
+        &TrainingTargets::new(&global.targets, &refs).with_hyp_lengths(&global.lengths),
+        cfg,
+    )?;
     let loss = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     twin.opt.backward_step(&out.loss)?;
     Ok(loss)

@@ -9,20 +9,23 @@
 //! diff before.txt after.txt && echo bit-identical
 //! ```
 //!
-//! The grid: f32 and f64; the CPU kernels and the composed candle-op path
-//! (`with_composed_path`); `bleu_loss` on probabilities and `bleu_loss_from_logits` for every form
+//! The grid: f32 and f64; the CPU kernels and the composed candle-op references
+//! (`*_composed`); `bleu_loss` on probabilities and `bleu_loss_from_logits` for every form
 //! × length model × reduction × smoothing, with id references (one and two per element) and
 //! with matrix references; `cross_entropy_from_logits` and `ce_bleu_from_logits` with padding and
 //! label smoothing; `cross_entropy_from_hidden`, `bleu_loss_from_hidden` and
-//! `ce_bleu_from_hidden` in one block and in several, with the gradients of the hidden states, the
-//! weight and the bias; `loss_from_stats`. Each line hashes the exact bits (FNV-1a over
+//! `ce_bleu_from_hidden` in one block and in several (their kernels only: the composed blocks have
+//! no public entry point and are compared with the kernels by the crate's unit tests), with the
+//! gradients of the hidden states, the weight and the bias; `loss_from_stats`. Each line hashes the exact bits (FNV-1a over
 //! `to_bits`) of the loss and every gradient.
 
 use candle_bleu::loss::{
-    bleu_loss, bleu_loss_from_hidden, bleu_loss_from_logits, ce_bleu_from_hidden,
-    ce_bleu_from_logits, cross_entropy_from_hidden, cross_entropy_from_logits, loss_from_stats,
-    with_composed_path, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, LengthModel,
-    LossSmoothing, Reduction, References, TrainingLossConfig,
+    bleu_loss, bleu_loss_from_hidden, bleu_loss_from_logits, bleu_loss_from_logits_composed,
+    ce_bleu_from_hidden, ce_bleu_from_logits, ce_bleu_from_logits_composed,
+    cross_entropy_from_hidden, cross_entropy_from_logits, cross_entropy_from_logits_composed,
+    loss_from_stats, BleuLossConfig, BleuLossOutput, CrossEntropyConfig, Form, HiddenBleuConfig,
+    HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing, Reduction, References,
+    TrainingLoss, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Linear;
@@ -118,7 +121,17 @@ fn case(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result
     Ok(())
 }
 
-fn run_grid(path: &str, dtype: DType) -> Result<()> {
+/// The entry points of one path: the fused kernels or their composed references.
+struct Entry {
+    name: &'static str,
+    bleu_loss_from_logits:
+        fn(&Tensor, Option<&Tensor>, &References, &BleuLossConfig) -> Result<BleuLossOutput>,
+    cross_entropy_from_logits: fn(&Tensor, &Tensor, &CrossEntropyConfig) -> Result<Tensor>,
+    ce_bleu_from_logits: fn(&Tensor, &TrainingTargets, &TrainingLossConfig) -> Result<TrainingLoss>,
+}
+
+fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
+    let path = entry.name;
     let tag = format!("{path}/{dtype:?}");
     let logits = tensor(&[BATCH, SEQ, VOCAB], 2.5, 0.3, dtype)?;
     let one_ref = Tensor::new(
@@ -168,7 +181,7 @@ fn run_grid(path: &str, dtype: DType) -> Result<()> {
             case(
                 &format!("{tag}/bleu_loss_from_logits/{refs_name}/{cfg_name}"),
                 &logits,
-                |x| Ok(bleu_loss_from_logits(x, lengths, refs, &cfg)?.loss),
+                |x| Ok((entry.bleu_loss_from_logits)(x, lengths, refs, &cfg)?.loss),
             )?;
         }
     }
@@ -185,7 +198,7 @@ fn run_grid(path: &str, dtype: DType) -> Result<()> {
         ),
     ] {
         case(&format!("{tag}/cross_entropy/{ce_name}"), &logits, |x| {
-            cross_entropy_from_logits(x, &targets, &ce)
+            (entry.cross_entropy_from_logits)(x, &targets, &ce)
         })?;
         for (refs_name, refs) in &references[..2] {
             for form in [Form::Expected, Form::Paired, Form::LowerBound] {
@@ -201,12 +214,36 @@ fn run_grid(path: &str, dtype: DType) -> Result<()> {
                 case(
                     &format!("{tag}/ce_bleu/{ce_name}/{refs_name}/{form:?}"),
                     &logits,
-                    |x| Ok(ce_bleu_from_logits(x, Some(&hyp_lengths), refs, &targets, &cfg)?.loss),
+                    |x| {
+                        let step_targets =
+                            TrainingTargets::new(&targets, refs).with_hyp_lengths(&hyp_lengths);
+                        Ok((entry.ce_bleu_from_logits)(x, &step_targets, &cfg)?.loss)
+                    },
                 )?;
             }
         }
     }
     // The hidden-state entry points: gradients of the hidden states, the weight and the bias.
+    if path == "kernels" {
+        hidden_grid(&tag, &references[0].1, &targets, &hyp_lengths, dtype)?;
+    }
+    // The score of given statistics.
+    let stats =
+        bleu_loss_from_logits(&logits, None, &references[1].1, &BleuLossConfig::default())?.stats;
+    for (cfg_name, cfg) in configs() {
+        let line = format!("{:016x}", fingerprint(&[&loss_from_stats(&stats, &cfg)?])?);
+        println!("{tag}/loss_from_stats/{cfg_name} {line}");
+    }
+    Ok(())
+}
+
+fn hidden_grid(
+    tag: &str,
+    refs: &References,
+    targets: &Tensor,
+    hyp_lengths: &Tensor,
+    dtype: DType,
+) -> Result<()> {
     let hidden = tensor(&[BATCH, SEQ, DIM], 1.5, 0.1, dtype)?;
     let weight = tensor(&[VOCAB, DIM], 1.0, 0.5, dtype)?;
     let bias = tensor(&[VOCAB], 0.5, 0.9, dtype)?;
@@ -236,35 +273,28 @@ fn run_grid(path: &str, dtype: DType) -> Result<()> {
                 bleu: bleu.clone(),
                 hidden: hidden_cfg,
             };
-            let refs = &references[0].1;
+            let step_targets = TrainingTargets::new(targets, refs).with_hyp_lengths(hyp_lengths);
+            let bleu_cfg = HiddenBleuConfig {
+                bleu,
+                hidden: hidden_cfg,
+            };
+            let ce_cfg = HiddenCrossEntropyConfig {
+                ce: cfg.ce,
+                hidden: hidden_cfg,
+            };
             let results = [
                 (
                     "ce_bleu_from_hidden",
-                    ce_bleu_from_hidden(
-                        h.as_tensor(),
-                        &proj,
-                        Some(&hyp_lengths),
-                        refs,
-                        &targets,
-                        &cfg,
-                    )
-                    .map(|o| o.loss),
+                    ce_bleu_from_hidden(h.as_tensor(), &proj, &step_targets, &cfg).map(|o| o.loss),
                 ),
                 (
                     "bleu_loss_from_hidden",
-                    bleu_loss_from_hidden(
-                        h.as_tensor(),
-                        &proj,
-                        Some(&hyp_lengths),
-                        refs,
-                        &bleu,
-                        &hidden_cfg,
-                    )
-                    .map(|o| o.loss),
+                    bleu_loss_from_hidden(h.as_tensor(), &proj, Some(hyp_lengths), refs, &bleu_cfg)
+                        .map(|o| o.loss),
                 ),
                 (
                     "cross_entropy_from_hidden",
-                    cross_entropy_from_hidden(h.as_tensor(), &proj, &targets, &cfg.ce, &hidden_cfg),
+                    cross_entropy_from_hidden(h.as_tensor(), &proj, targets, &ce_cfg),
                 ),
             ];
             for (name, loss) in results {
@@ -289,20 +319,25 @@ fn run_grid(path: &str, dtype: DType) -> Result<()> {
             }
         }
     }
-    // The score of given statistics.
-    let stats =
-        bleu_loss_from_logits(&logits, None, &references[1].1, &BleuLossConfig::default())?.stats;
-    for (cfg_name, cfg) in configs() {
-        let line = format!("{:016x}", fingerprint(&[&loss_from_stats(&stats, &cfg)?])?);
-        println!("{tag}/loss_from_stats/{cfg_name} {line}");
-    }
     Ok(())
 }
 
 fn main() -> Result<()> {
+    let kernels = Entry {
+        name: "kernels",
+        bleu_loss_from_logits,
+        cross_entropy_from_logits,
+        ce_bleu_from_logits,
+    };
+    let composed = Entry {
+        name: "composed",
+        bleu_loss_from_logits: bleu_loss_from_logits_composed,
+        cross_entropy_from_logits: cross_entropy_from_logits_composed,
+        ce_bleu_from_logits: ce_bleu_from_logits_composed,
+    };
     for dtype in [DType::F32, DType::F64] {
-        run_grid("kernels", dtype)?;
-        with_composed_path(|| run_grid("composed", dtype))?;
+        run_grid(&kernels, dtype)?;
+        run_grid(&composed, dtype)?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, loss_from_stats, BleuLossConfig, BleuStats,
-    CrossEntropyConfig, References, TrainingLossConfig,
+    CrossEntropyConfig, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -112,7 +112,7 @@ fn main() -> Result<()> {
     for step in 0..=30 {
         let logits = model.forward(&features)?;
         // loss = CE + λ · (-log BLEU): the logits are read once, one gradient is written.
-        let out = ce_bleu_from_logits(&logits, None, &refs, &targets, &step_cfg)?;
+        let out = ce_bleu_from_logits(&logits, &TrainingTargets::new(&targets, &refs), &step_cfg)?;
         opt.backward_step(&out.loss)?;
         if step % 10 == 0 {
             let (ce, bleu) = (scalar(&out.cross_entropy)?, scalar(&out.bleu.loss)?);

@@ -8,7 +8,7 @@ mod distributed_fixture;
 use candle_bleu::loss::distributed::{self, shard_range, AllReduce, SingleWorker, ThreadAllReduce};
 use candle_bleu::loss::{
     bleu_loss_from_logits, cross_entropy_from_logits, loss_from_stats, BleuLossConfig,
-    CrossEntropyConfig, Reduction, References, TrainingLossConfig,
+    CrossEntropyConfig, Reduction, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var};
 use distributed_fixture::*;
@@ -405,18 +405,14 @@ fn the_loss_reads_one_number_to_the_host() -> Result<()> {
     let before = candle_bleu::loss::host_copies();
     let _ = candle_bleu::loss::ce_bleu_from_logits(
         &logits,
-        Some(&fixture.lengths),
-        &refs,
-        &fixture.targets,
+        &TrainingTargets::new(&fixture.targets, &refs).with_hyp_lengths(&fixture.lengths),
         cfg,
     )?;
     assert_eq!(candle_bleu::loss::host_copies() - before, 0);
     let before = candle_bleu::loss::host_copies();
     let _ = distributed::ce_bleu_from_logits(
         &logits,
-        Some(&fixture.lengths),
-        &refs,
-        &fixture.targets,
+        &TrainingTargets::new(&fixture.targets, &refs).with_hyp_lengths(&fixture.lengths),
         cfg,
         &SingleWorker,
     )?;

@@ -277,6 +277,8 @@ fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
         if file.starts_with("kernels/") {
             for forbidden in [
                 "config.rs",
+                "checked.rs",
+                "dispatch.rs",
                 "pipeline.rs",
                 "mod.rs",
                 "bleu.rs",
@@ -297,6 +299,73 @@ fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
             !edges.contains("mod.rs"),
             "{file} imports through loss/mod.rs: {edges:?}"
         );
+    }
+}
+
+/// The layers of `src/loss/`, bottom up (docs/design.md): a file imports only from its own layer
+/// or the layers below it, so nothing points back up.
+const LOSS_LAYERS: [&[&str]; 7] = [
+    // Configs, output types, counted host copies.
+    &["config.rs", "host.rs"],
+    // The kernels: plain parameters, no loss config.
+    &[
+        "kernels/float.rs",
+        "kernels/gemm.rs",
+        "kernels/cpu.rs",
+        "kernels/cuda.rs",
+        "kernels/composed.rs",
+        "kernels/hidden_cpu.rs",
+        "kernels/hidden_composed.rs",
+        "kernels/hidden.rs",
+        "kernels/mod.rs",
+    ],
+    // The statistics.
+    &[
+        "products.rs",
+        "references.rs",
+        "length.rs",
+        "forms.rs",
+        "score.rs",
+    ],
+    // The one choice of path and the one validation.
+    &["dispatch.rs", "checked.rs"],
+    // The passes.
+    &["pipeline.rs"],
+    // The entry points.
+    &[
+        "bleu.rs",
+        "cross_entropy.rs",
+        "training.rs",
+        "hidden.rs",
+    ],
+    // Data-parallel training, on top of the entry points.
+    &[
+        "distributed/mod.rs",
+        "distributed/all_reduce.rs",
+        "distributed/thread.rs",
+        "distributed/mpi_impl.rs",
+        "distributed/nccl_impl.rs",
+    ],
+];
+
+#[test]
+fn nothing_in_the_loss_imports_from_a_layer_above() {
+    let graph = import_graph("loss");
+    let layer_of = |file: &str| LOSS_LAYERS.iter().position(|layer| layer.contains(&file));
+    for (file, edges) in &graph {
+        if file == "mod.rs" {
+            continue;
+        }
+        let Some(here) = layer_of(file) else {
+            panic!("src/loss/{file} is in no layer of LOSS_LAYERS: add it there and to docs/design.md");
+        };
+        for target in edges {
+            let there = layer_of(target).unwrap_or(usize::MAX);
+            assert!(
+                there <= here,
+                "src/loss/{file} (layer {here}) imports {target} (layer {there}), a layer above"
+            );
+        }
     }
 }
 

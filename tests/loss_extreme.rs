@@ -109,28 +109,6 @@ fn assert_finite(
     {
         panic!("{what}, {path:?}, {cfg:?}: gradient[{k}] = {g}");
     }
-    // The f32 score (Metal's path, forced here): the same loss to 1e-5 relative (1e-6
-    // absolute near 0) and finite gradients, on every extreme input.
-    let f32_cfg = BleuLossConfig {
-        force_f32_score: true,
-        ..cfg.clone()
-    };
-    let f32_score = evaluate(x, path, lengths, refs, &f32_cfg)
-        .unwrap_or_else(|e| panic!("{what}, {path:?}, {cfg:?}, f32 score: error {e}"));
-    assert!(
-        (f32_score.loss - outcome.loss).abs() <= 1e-5 * outcome.loss.abs().max(0.1),
-        "{what}, {path:?}, {cfg:?}: f32 score {} vs f64 score {}",
-        f32_score.loss,
-        outcome.loss
-    );
-    if let Some((k, g)) = f32_score
-        .grad
-        .iter()
-        .enumerate()
-        .find(|(_, g)| !g.is_finite())
-    {
-        panic!("{what}, {path:?}, {cfg:?}: f32 score gradient[{k}] = {g}");
-    }
     outcome
 }
 

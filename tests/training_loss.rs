@@ -8,6 +8,7 @@ use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
     CrossEntropyConfig, Form, LengthModel, References, TrainingLoss, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::*;
@@ -81,7 +82,15 @@ fn ce_bleu(
         bleu: bleu.clone(),
         ..Default::default()
     };
-    ce_bleu_from_logits(logits, hyp_lengths, refs, targets, &cfg)
+    ce_bleu_from_logits(
+        logits,
+        &TrainingTargets {
+            tokens: targets,
+            refs,
+            hyp_lengths,
+        },
+        &cfg,
+    )
 }
 
 #[test]

@@ -1,11 +1,11 @@
-//! The BLEU loss's own entry points: [`bleu_loss`] on probabilities and
-//! [`bleu_loss_from_logits`] on logits. Each validates its arguments once (`pipeline`) and runs
-//! the pass and the statistics.
+//! The BLEU loss's own entry points: [`bleu_loss`] on probabilities, [`bleu_loss_from_logits`]
+//! on logits, and its composed reference [`bleu_loss_from_logits_composed`]. Each checks its
+//! arguments once (`checked`) and runs the pass and the statistics (`pipeline`).
 
+use super::checked::bleu_call;
 use super::config::{BleuLossConfig, BleuLossOutput};
-use super::pipeline::{
-    check_finite, check_inputs, finish, hypothesis_inputs_from_probs, hypothesis_pass,
-};
+use super::dispatch::Path;
+use super::pipeline::{finish, hypothesis_inputs_from_probs, hypothesis_pass};
 use super::references::References;
 use candle_core::{Result, Tensor};
 
@@ -29,11 +29,17 @@ pub fn bleu_loss(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let compute_dtype = check_inputs("hyp_probs", hyp_probs, hyp_lengths, refs, cfg)?;
-    let probs = hyp_probs.to_dtype(compute_dtype)?;
-    check_finite("hyp_probs", &probs, cfg)?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
-    let inputs = hypothesis_inputs_from_probs(&probs, &side, cfg)?;
+    // No kernel reads probabilities: composed ops, and the finiteness check they need.
+    let probs = bleu_call(
+        "hyp_probs",
+        hyp_probs,
+        hyp_lengths,
+        refs,
+        cfg,
+        Path::Composed,
+    )?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), probs.tensor.dtype())?;
+    let inputs = hypothesis_inputs_from_probs(&probs.tensor, &side, cfg)?;
     finish(inputs, &side, hyp_lengths, cfg)
 }
 
@@ -44,7 +50,8 @@ pub fn bleu_loss(
 /// softmax probabilities at the reference ids (and EOS) straight from the logits, and its
 /// backward writes the logits gradient in one pass: the `[B, S, V]` softmax is never stored.
 /// The paired form and matrix references need every probability: they use a fused softmax with
-/// a hand-written backward. Off the CPU, composed candle ops give the same numbers.
+/// a hand-written backward. Off the CPU, composed candle ops give the same numbers
+/// ([`bleu_loss_from_logits_composed`]; the CUDA kernels with the `cuda-kernels` feature).
 ///
 /// # Arguments
 /// * `logits` - float `[B, S, V]`; the rest as [`bleu_loss`]. NaN or Inf in `logits` is an error.
@@ -54,9 +61,49 @@ pub fn bleu_loss_from_logits(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    let compute_dtype = check_inputs("logits", logits, hyp_lengths, refs, cfg)?;
-    let logits = logits.to_dtype(compute_dtype)?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), compute_dtype)?;
+    bleu_loss_from_logits_on(
+        logits,
+        hyp_lengths,
+        refs,
+        cfg,
+        Path::for_device(logits.device()),
+    )
+}
+
+/// [`bleu_loss_from_logits`] as composed candle ops (`candle_nn::ops::softmax`, a gather,
+/// matrix products), never the crate's kernels: the reference the kernels are tested against
+/// (as candle-nn's `rms_norm_slow` is for `rms_norm`), and what devices without kernels run.
+/// The same values and gradients to rounding; it stores the `[B, S, V]` softmax.
+///
+/// ```
+/// use candle_bleu::loss::{bleu_loss_from_logits, bleu_loss_from_logits_composed, BleuLossConfig, References};
+/// use candle_core::{Device, Tensor};
+/// let refs = References::from_ids(&Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu)?, 0)?;
+/// let logits = Tensor::randn(0f64, 1.0, (1, 4, 6), &Device::Cpu)?;
+/// let cfg = BleuLossConfig::default();
+/// let fused = bleu_loss_from_logits(&logits, None, &refs, &cfg)?.loss.to_scalar::<f64>()?;
+/// let composed = bleu_loss_from_logits_composed(&logits, None, &refs, &cfg)?.loss.to_scalar::<f64>()?;
+/// assert!((fused - composed).abs() < 1e-12);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn bleu_loss_from_logits_composed(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+) -> Result<BleuLossOutput> {
+    bleu_loss_from_logits_on(logits, hyp_lengths, refs, cfg, Path::Composed)
+}
+
+fn bleu_loss_from_logits_on(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    path: Path,
+) -> Result<BleuLossOutput> {
+    let logits = bleu_call("logits", logits, hyp_lengths, refs, cfg, path)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), logits.tensor.dtype())?;
     let (inputs, _) = hypothesis_pass(&logits, &side, cfg, None)?;
     finish(inputs, &side, hyp_lengths, cfg)
 }

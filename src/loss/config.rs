@@ -96,11 +96,6 @@ pub struct BleuLossConfig {
     /// checks always run, on the data in place (the fused kernels find non-finite logits in the
     /// pass they make anyway). Turn it on while debugging a GPU run.
     pub check_values: bool,
-    /// Compute the score ([`loss_from_stats`](super::loss_from_stats)) in f32 even where the device has f64. The score
-    /// runs in f64 where the device supports it and in f32 on Metal, which has no f64; this
-    /// switch runs the f32 path anywhere, to test it (the suite compares both on the CPU).
-    /// Default `false`.
-    pub force_f32_score: bool,
 }
 
 impl Default for BleuLossConfig {
@@ -113,7 +108,6 @@ impl Default for BleuLossConfig {
             reduction: Reduction::Corpus,
             smoothing: LossSmoothing::AddK(1.0),
             check_values: false,
-            force_f32_score: false,
         }
     }
 }
@@ -308,4 +302,24 @@ impl Default for HiddenConfig {
             filter_below: None,
         }
     }
+}
+
+/// Configuration of [`bleu_loss_from_hidden`](super::bleu_loss_from_hidden): the BLEU loss and
+/// the blocks. `Default`: the default of each.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HiddenBleuConfig {
+    /// The BLEU loss: form, length model, reduction, smoothing, orders.
+    pub bleu: BleuLossConfig,
+    /// Block sizes and gradient filtering.
+    pub hidden: HiddenConfig,
+}
+
+/// Configuration of [`cross_entropy_from_hidden`](super::cross_entropy_from_hidden): the
+/// cross-entropy and the blocks. `Default`: the default of each.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HiddenCrossEntropyConfig {
+    /// Padding id and label smoothing.
+    pub ce: CrossEntropyConfig,
+    /// Block sizes and gradient filtering.
+    pub hidden: HiddenConfig,
 }

@@ -2,13 +2,16 @@
 //! `F.cross_entropy(logits, targets, ignore_index = pad, label_smoothing = ε)` in one read of the
 //! logits forward and one write of their gradient backward.
 //!
-//! The row kernel it runs (`kernels`, through `pipeline::logits_pass`) also serves
+//! [`cross_entropy_from_logits_composed`] is its composed reference. The row kernel it runs
+//! (`kernels`, through `pipeline::logits_pass`) also serves
 //! [`ce_bleu_from_logits`](super::ce_bleu_from_logits): the same row pass gathers the softmax at
 //! the reference ids, so that one custom op carries both the cross-entropy terms and the BLEU
 //! token matches, and its backward receives both gradients in one call.
 
+use super::checked::cross_entropy_call;
 use super::config::CrossEntropyConfig;
-use super::pipeline::{check_cross_entropy_inputs, logits_pass, Gather};
+use super::dispatch::Path;
+use super::pipeline::{logits_pass, Gather};
 use candle_core::{Result, Tensor};
 
 /// Mean cross-entropy of `softmax(logits)` against `targets`: PyTorch's
@@ -21,7 +24,8 @@ use candle_core::{Result, Tensor};
 ///
 /// On the CPU one custom op reads the logits once (online softmax per row: log-sum-exp, target
 /// logit, mean logit) and its hand-written backward writes the logits gradient in one pass; no
-/// `[B, S, V]` intermediate is stored. Elsewhere composed candle ops give the same numbers.
+/// `[B, S, V]` intermediate is stored. Elsewhere composed candle ops give the same numbers
+/// ([`cross_entropy_from_logits_composed`]).
 ///
 /// # Arguments
 /// * `logits` - float `[B, S, V]`; f32 and f64 are computed in their dtype, f16 and bf16 in f32.
@@ -48,9 +52,29 @@ pub fn cross_entropy_from_logits(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
 ) -> Result<Tensor> {
-    let dtype = check_cross_entropy_inputs(logits, targets, cfg)?;
-    let logits = logits.to_dtype(dtype)?;
-    match logits_pass(&logits, Gather::Nothing, Some((targets, cfg)))?.cross_entropy {
+    cross_entropy_on(logits, targets, cfg, Path::for_device(logits.device()))
+}
+
+/// [`cross_entropy_from_logits`] as composed candle ops (`candle_nn::ops::log_softmax`, a
+/// gather, a masked mean), never the crate's kernels: the reference the kernels are tested
+/// against, and what devices without kernels run. The same value and gradient to rounding; it
+/// stores the `[B, S, V]` log-probabilities.
+pub fn cross_entropy_from_logits_composed(
+    logits: &Tensor,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+) -> Result<Tensor> {
+    cross_entropy_on(logits, targets, cfg, Path::Composed)
+}
+
+fn cross_entropy_on(
+    logits: &Tensor,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+    path: Path,
+) -> Result<Tensor> {
+    let (logits, targets) = cross_entropy_call(logits, targets, cfg, path)?;
+    match logits_pass(&logits.tensor, Gather::Nothing, Some(&targets), path)?.cross_entropy {
         Some(loss) => Ok(loss),
         None => candle_core::bail!("internal: the logits pass computed no cross-entropy"),
     }
@@ -59,7 +83,6 @@ pub fn cross_entropy_from_logits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loss::pipeline::cross_entropy_composed;
     use candle_core::Device;
 
     #[test]
@@ -74,7 +97,8 @@ mod tests {
             },
         ] {
             let fused = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
-            let composed = cross_entropy_composed(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
+            let composed =
+                cross_entropy_from_logits_composed(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
             assert!((fused - composed).abs() < 1e-12, "{fused} vs {composed}");
         }
         Ok(())

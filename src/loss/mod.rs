@@ -70,31 +70,39 @@
 //!
 //! f32 and f64 hypotheses are computed in their dtype, f16 and bf16 in f32. The score
 //! ([`loss_from_stats`]) runs in f64 where the device has it and in f32 on Metal, with the same
-//! guards ([`BleuLossConfig::force_f32_score`] runs that path anywhere). The fused kernels are
-//! CPU kernels; elsewhere composed candle ops give the same numbers.
+//! guards (a unit test runs that path on the CPU). The fused kernels are CPU kernels (and CUDA
+//! kernels behind the `cuda-kernels` feature); elsewhere composed candle ops give the same
+//! numbers. Each fused entry point has its composed reference, public and tested against it
+//! (as candle-nn's `rms_norm_slow` is against `rms_norm`): [`bleu_loss_from_logits_composed`],
+//! [`cross_entropy_from_logits_composed`], [`ce_bleu_from_logits_composed`].
 //!
 //! # Modules
 //!
-//! - [`references`]: the references and their side of the statistics (`ν`, `κ`), from ids or
-//!   matrices;
+//! - `references`: the references ([`References`], [`TrainingTargets`]) and their side of the
+//!   statistics (`ν`, `κ`), from ids or matrices;
 //! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
 //! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
-//! - `pipeline`: validation, the one choice between the kernels and composed candle ops, the
-//!   pass over the logits and the statistics from it;
-//! - `kernels`: the row kernels over the logits (CPU, and CUDA behind the `cuda` feature and
-//!   [`set_cuda_kernels`]), each a candle custom op with a hand-written backward op;
+//! - `checked`: the one validation: each entry point checks its arguments once, into checked
+//!   values the passes consume;
+//! - `dispatch`: the one choice between the kernels and composed candle ops;
+//! - `pipeline`: the pass over the logits and the statistics from it;
+//! - `kernels`: the row kernels over the logits (CPU, and CUDA behind the `cuda-kernels`
+//!   feature) and the hidden-state op, each a candle custom op with a hand-written backward,
+//!   and their composed candle-op counterparts; they take plain parameters, never a loss config;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
 //!   `[B, S, V]` logits ([`HiddenConfig`]);
-//! - [`score`]: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
+//! - `score`: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
 //! - [`distributed`]: data-parallel training — the loss of the global batch from each worker's
 //!   shard over a sum all-reduce (MPI, NCCL, threads).
 
 mod bleu;
+mod checked;
 mod config;
 mod cross_entropy;
+mod dispatch;
 pub mod distributed;
 mod forms;
 mod hidden;
@@ -103,24 +111,19 @@ mod kernels;
 mod length;
 mod pipeline;
 mod products;
-pub mod references;
-pub mod score;
-#[doc(hidden)]
-pub mod testing;
+mod references;
+mod score;
 mod training;
 
-pub use bleu::{bleu_loss, bleu_loss_from_logits};
+pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Form, HiddenConfig, LengthModel,
-    LossSmoothing, Reduction, TrainingLoss, TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Form, HiddenBleuConfig,
+    HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing, Reduction, TrainingLoss,
+    TrainingLossConfig,
 };
-pub use cross_entropy::cross_entropy_from_logits;
+pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
 pub use hidden::{bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden};
 pub use host::host_copies;
-pub use kernels::{cuda_kernels_enabled, set_cuda_kernels};
-/// Not part of the API: the composed-path switch, for the crate's tests, examples and benches.
-#[doc(hidden)]
-pub use pipeline::with_composed_path;
-pub use references::References;
+pub use references::{References, TrainingTargets};
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
-pub use training::ce_bleu_from_logits;
+pub use training::{ce_bleu_from_logits, ce_bleu_from_logits_composed};

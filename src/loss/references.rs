@@ -37,6 +37,51 @@ pub struct References {
     sides: Arc<Mutex<HashMap<SideKey, Arc<ReferenceSide>>>>,
 }
 
+/// What a training step's loss is scored against: the cross-entropy's target ids and BLEU's
+/// references, and optionally the hypotheses' lengths
+/// ([`ce_bleu_from_logits`](super::ce_bleu_from_logits),
+/// [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden)).
+///
+/// ```
+/// use candle_bleu::loss::{References, TrainingTargets};
+/// use candle_core::{Device, Tensor};
+/// let tokens = Tensor::new(&[[5u32, 6, 2, 0]], &Device::Cpu)?; // u32 [B, S]; 0 is padding
+/// let refs = References::from_ids(&tokens, 0)?;
+/// let targets = TrainingTargets::new(&tokens, &refs); // hypothesis lengths: S each
+/// assert!(targets.hyp_lengths.is_none());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct TrainingTargets<'a> {
+    /// u32 `[B, S]`: the cross-entropy's target id at every hypothesis position, each `< V` or
+    /// the config's `pad_id`; not all padding.
+    pub tokens: &'a Tensor,
+    /// The references BLEU is computed against, of the same batch.
+    pub refs: &'a References,
+    /// u32 `[B]` hypothesis lengths, each `<= S` (the `hyp_lengths` of
+    /// [`bleu_loss_from_logits`](super::bleu_loss_from_logits)); `None` = `S`.
+    pub hyp_lengths: Option<&'a Tensor>,
+}
+
+impl<'a> TrainingTargets<'a> {
+    /// The targets `tokens` (u32 `[B, S]`) and `refs`, with hypothesis lengths `S`.
+    pub fn new(tokens: &'a Tensor, refs: &'a References) -> Self {
+        Self {
+            tokens,
+            refs,
+            hyp_lengths: None,
+        }
+    }
+
+    /// The same with hypothesis lengths `hyp_lengths` (u32 `[B]`).
+    pub fn with_hyp_lengths(self, hyp_lengths: &'a Tensor) -> Self {
+        Self {
+            hyp_lengths: Some(hyp_lengths),
+            ..self
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum ReferenceKind {
     /// `[b][r]`: the tokens of reference `r` of element `b`, padding removed.

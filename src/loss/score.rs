@@ -116,9 +116,9 @@ fn weighted_log_precisions(
 }
 
 /// The dtype the score is computed in: f64 where the device has it, f32 on Metal (whose
-/// backend has no f64) or when [`BleuLossConfig::force_f32_score`] asks for it.
-pub(crate) fn score_dtype(device: &Device, cfg: &BleuLossConfig) -> DType {
-    if cfg.force_f32_score || device.is_metal() {
+/// backend has no f64).
+pub(crate) fn score_dtype(device: &Device) -> DType {
+    if device.is_metal() {
         DType::F32
     } else {
         DType::F64
@@ -131,8 +131,7 @@ pub(crate) fn score_dtype(device: &Device, cfg: &BleuLossConfig) -> DType {
 /// * `stats` - [`BleuStats`]: `matches` and `totals` float `[B, N]` (`m_n` and `t_n` of each
 ///   element), `hyp_len` and `ref_len` float `[B]` (`c` and the effective reference length),
 ///   all on one device.
-/// * `cfg` - `max_order` (= N), weights, smoothing, reduction, `check_values` and
-///   `force_f32_score` are used.
+/// * `cfg` - `max_order` (= N), weights, smoothing, reduction and `check_values` are used.
 ///
 /// `Corpus` sums the statistics over the batch and scores once; `SentenceMean` scores each
 /// element and averages the losses. Returns a scalar in the dtype of `matches` (f32 for f16
@@ -282,8 +281,12 @@ pub(crate) fn check_stats_values(
 /// [B, N] numbers it costs nothing. PRECISION_FLOOR (1e-30) would be 0 in f16. The loss goes
 /// back to the caller's compute dtype (f32 for f16/bf16), and so does the gradient.
 pub(crate) fn score(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+    score_in(stats, cfg, score_dtype(stats.matches.device()))
+}
+
+/// [`score`] computed in `dtype` (f64, or f32 as on Metal).
+fn score_in(stats: &BleuStats, cfg: &BleuLossConfig, dtype: DType) -> Result<Tensor> {
     let out_dtype = compute_dtype(stats.matches.dtype())?;
-    let dtype = score_dtype(stats.matches.device(), cfg);
     let tiny = match (out_dtype, dtype) {
         (DType::F64, DType::F64) => f64::MIN_POSITIVE,
         _ => f32::MIN_POSITIVE as f64,
@@ -322,14 +325,96 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_score_runs_in_f64_unless_forced_or_on_metal() {
-        let cfg = BleuLossConfig::default();
-        assert_eq!(score_dtype(&Device::Cpu, &cfg), DType::F64);
-        let forced = BleuLossConfig {
-            force_f32_score: true,
-            ..cfg
-        };
-        assert_eq!(score_dtype(&Device::Cpu, &forced), DType::F32);
+    fn the_score_runs_in_f64_except_on_metal() {
+        assert_eq!(score_dtype(&Device::Cpu), DType::F64);
+    }
+
+    /// The f32 score (Metal's path) against the f64 one on extreme statistics: every
+    /// reduction and smoothing, counts from 0 to 1e30 and totals down to 1e-25 (the EOS length
+    /// models' order-4 totals in f32). The same loss to 1e-5 relative (1e-6 absolute near 0)
+    /// and finite gradients.
+    #[test]
+    fn the_f32_score_matches_the_f64_score_on_extreme_statistics() -> Result<()> {
+        let dev = Device::Cpu;
+        // (matches, totals, hyp_len, ref_len) of two elements, N = 2.
+        type Case = ([[f64; 2]; 2], [[f64; 2]; 2], [f64; 2], [f64; 2]);
+        let cases: [Case; 6] = [
+            (
+                [[0.0, 0.0], [0.0, 0.0]],
+                [[0.0, 0.0], [0.0, 0.0]],
+                [0.0, 0.0],
+                [3.0, 4.0],
+            ),
+            (
+                [[1.0, 5e-26], [2.0, 1.0]],
+                [[2.0, 1e-25], [3.0, 2.0]],
+                [2.0, 3.0],
+                [2.0, 4.0],
+            ),
+            (
+                [[3.0, 2.0], [4.0, 3.0]],
+                [[3.0, 2.0], [4.0, 3.0]],
+                [3.0, 4.0],
+                [3.0, 4.0],
+            ),
+            (
+                [[1e30, 1e29], [1e30, 1e29]],
+                [[1e30, 1e30], [1e30, 1e30]],
+                [1e30, 1e30],
+                [2e30, 1e30],
+            ),
+            (
+                [[0.5, 0.0], [0.0, 0.0]],
+                [[0.9, 1e-7], [1e-3, 0.0]],
+                [0.9, 1e-3],
+                [5.0, 1.0],
+            ),
+            (
+                [[7.0, 0.0], [1.0, 0.0]],
+                [[9.0, 8.0], [1.0, 0.0]],
+                [9.0, 1.0],
+                [12.0, 1.0],
+            ),
+        ];
+        for (matches, totals, hyp_len, ref_len) in cases {
+            for reduction in [Reduction::Corpus, Reduction::SentenceMean] {
+                for smoothing in [
+                    LossSmoothing::None,
+                    LossSmoothing::AddK(1.0),
+                    LossSmoothing::AddK(0.1),
+                ] {
+                    let cfg = BleuLossConfig {
+                        max_order: 2,
+                        reduction,
+                        smoothing,
+                        ..Default::default()
+                    };
+                    let totals_var = candle_core::Var::from_tensor(
+                        &Tensor::new(&totals, &dev)?.to_dtype(DType::F32)?,
+                    )?;
+                    let stats = BleuStats {
+                        matches: Tensor::new(&matches, &dev)?.to_dtype(DType::F32)?,
+                        totals: totals_var.as_tensor().clone(),
+                        hyp_len: Tensor::new(&hyp_len, &dev)?.to_dtype(DType::F32)?,
+                        ref_len: Tensor::new(&ref_len, &dev)?.to_dtype(DType::F32)?,
+                    };
+                    let f64_loss = score_in(&stats, &cfg, DType::F64)?.to_scalar::<f32>()?;
+                    let f32_loss = score_in(&stats, &cfg, DType::F32)?;
+                    let what = format!("{matches:?} {totals:?} {reduction:?} {smoothing:?}");
+                    let f32_value = f32_loss.to_scalar::<f32>()?;
+                    assert!(f64_loss.is_finite() && f32_value.is_finite(), "{what}");
+                    assert!(
+                        (f32_value - f64_loss).abs() <= 1e-5 * f64_loss.abs().max(0.1),
+                        "{what}: f32 score {f32_value} vs f64 score {f64_loss}"
+                    );
+                    if let Some(grad) = f32_loss.backward()?.get(&totals_var) {
+                        let grad = grad.flatten_all()?.to_vec1::<f32>()?;
+                        assert!(grad.iter().all(|g| g.is_finite()), "{what}: {grad:?}");
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Totals of 1e-25 (NotEos/SoftEos order-4 totals in f32): the quotient's backward would
@@ -339,7 +424,6 @@ mod tests {
         let cfg = BleuLossConfig {
             max_order: 2,
             smoothing: LossSmoothing::None,
-            force_f32_score: true,
             ..Default::default()
         };
         let totals = candle_core::Var::new(&[[2f32, 1e-25]], &Device::Cpu)?;
@@ -349,7 +433,7 @@ mod tests {
             hyp_len: Tensor::new(&[2f32], &Device::Cpu)?,
             ref_len: Tensor::new(&[2f32], &Device::Cpu)?,
         };
-        let loss = score(&stats, &cfg)?;
+        let loss = score_in(&stats, &cfg, DType::F32)?;
         // -(½ log ½ + ½ log ½) = log 2.
         assert!((loss.to_scalar::<f32>()? - std::f32::consts::LN_2).abs() < 1e-6);
         let grad = loss.backward()?.get(&totals).unwrap().to_vec2::<f32>()?;

@@ -11,6 +11,8 @@ pub const PAD: u32 = 0;
 /// or `metal`. The GPU ones need the crate built with the matching feature (`--features cuda`
 /// / `metal`); without it the first test fails with candle's "not compiled with ... support".
 /// One device for the whole test binary: two `Device::new_cuda(0)` are two devices to candle.
+/// On CUDA the crate's kernels run when it is built with the `cuda-kernels` feature, composed
+/// candle ops otherwise.
 pub fn test_device() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE
@@ -24,14 +26,6 @@ pub fn test_device() -> Device {
                     panic!("CANDLE_BLEU_TEST_DEVICE must be cpu, cuda or metal, got {other:?}")
                 }
             };
-            // The GPU runs of docs/gpu.md choose the crate's CUDA kernels (`1`) or the composed
-            // candle ops (`0`) for a whole test binary with this variable; unset, the crate's
-            // default holds.
-            match std::env::var("CANDLE_BLEU_TEST_CUDA_KERNELS").as_deref() {
-                Ok("1") => candle_bleu::loss::set_cuda_kernels(true),
-                Ok("0") => candle_bleu::loss::set_cuda_kernels(false),
-                _ => {}
-            }
             device.unwrap_or_else(|e| panic!("CANDLE_BLEU_TEST_DEVICE={wanted}: {e}"))
         })
         .clone()

@@ -7,7 +7,7 @@
 use candle_bleu::loss::distributed::{self, shard_range, AllReduce};
 use candle_bleu::loss::{
     ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, Form, LengthModel, LossSmoothing,
-    Reduction, References, TrainingLossConfig,
+    Reduction, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{Device, Result, Tensor, Var};
 
@@ -137,10 +137,25 @@ impl Fixture {
             _ => Some(&lengths),
         };
         let step = match reduce {
-            None => ce_bleu_from_logits(&logits, lengths, &refs, &targets, cfg)?,
-            Some(reduce) => {
-                distributed::ce_bleu_from_logits(&logits, lengths, &refs, &targets, cfg, reduce)?
-            }
+            None => ce_bleu_from_logits(
+                &logits,
+                &TrainingTargets {
+                    tokens: &targets,
+                    refs: &refs,
+                    hyp_lengths: lengths,
+                },
+                cfg,
+            )?,
+            Some(reduce) => distributed::ce_bleu_from_logits(
+                &logits,
+                &TrainingTargets {
+                    tokens: &targets,
+                    refs: &refs,
+                    hyp_lengths: lengths,
+                },
+                cfg,
+                reduce,
+            )?,
         };
         let mut grads = step.loss.backward()?;
         if let Some(reduce) = reduce {

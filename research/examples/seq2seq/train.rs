@@ -5,7 +5,7 @@
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
-    CrossEntropyConfig, LengthModel, References, TrainingLossConfig,
+    CrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_bleu_research::data::tokens::Vocab;
 use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, PAD};
@@ -173,8 +173,15 @@ pub fn run(
                 bleu: cfg.loss.clone(),
                 ..Default::default()
             };
-            let out =
-                ce_bleu_from_logits(&logits, lengths.as_ref(), &refs, &batch.dec_out, &step_cfg)?;
+            let out = ce_bleu_from_logits(
+                &logits,
+                &TrainingTargets {
+                    tokens: &batch.dec_out,
+                    refs: &refs,
+                    hyp_lengths: lengths.as_ref(),
+                },
+                &step_cfg,
+            )?;
             (out.loss, out.cross_entropy, out.bleu.loss)
         } else {
             let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &cross_entropy)?;

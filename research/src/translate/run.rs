@@ -16,7 +16,7 @@
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
     ce_bleu_from_hidden, cross_entropy_from_hidden, BleuLossConfig, CrossEntropyConfig, Form,
-    HiddenConfig, References, TrainingLossConfig,
+    HiddenConfig, HiddenCrossEntropyConfig, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
@@ -445,13 +445,11 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
         let proj = model.output_projection();
         Ok(match spec.objective {
             Objective::Ce => {
-                let ce = cross_entropy_from_hidden(
-                    &states,
-                    proj,
-                    &batch.dec_out,
-                    &setup.cross_entropy,
-                    &setup.hidden,
-                )?;
+                let cfg = HiddenCrossEntropyConfig {
+                    ce: setup.cross_entropy,
+                    hidden: setup.hidden,
+                };
+                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, &cfg)?;
                 (ce.clone(), ce)
             }
             Objective::CeBleu { form, lambda } => {
@@ -465,24 +463,17 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                     hidden: setup.hidden,
                 };
                 let refs = References::from_ids(&batch.refs, setup.ids.pad)?;
-                let out = ce_bleu_from_hidden(
-                    &states,
-                    proj,
-                    Some(&batch.ref_len),
-                    &refs,
-                    &batch.dec_out,
-                    &cfg,
-                )?;
+                let targets =
+                    TrainingTargets::new(&batch.dec_out, &refs).with_hyp_lengths(&batch.ref_len);
+                let out = ce_bleu_from_hidden(&states, proj, &targets, &cfg)?;
                 (out.loss, out.cross_entropy)
             }
             Objective::Mrt { mu } => {
-                let ce = cross_entropy_from_hidden(
-                    &states,
-                    proj,
-                    &batch.dec_out,
-                    &setup.cross_entropy,
-                    &setup.hidden,
-                )?;
+                let cfg = HiddenCrossEntropyConfig {
+                    ce: setup.cross_entropy,
+                    hidden: setup.hidden,
+                };
+                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, &cfg)?;
                 let r = mrt_risk(
                     &model,
                     &batch.indices,

@@ -33,7 +33,7 @@
 //!
 //! ```
 //! use candle_bleu::loss::distributed::{self, AllReduce, SingleWorker};
-//! use candle_bleu::loss::{CrossEntropyConfig, References, TrainingLossConfig};
+//! use candle_bleu::loss::{CrossEntropyConfig, References, TrainingLossConfig, TrainingTargets};
 //! use candle_core::{DType, Device, Tensor};
 //! use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
 //!
@@ -55,7 +55,7 @@
 //! let vars = distributed::vars_by_name(&varmap);
 //! distributed::broadcast_parameters(&vars, &reduce)?;
 //! let mut opt = SGD::new(vars.clone(), 0.1)?;
-//! let step = distributed::ce_bleu_from_logits(&logits, None, &refs, &targets, &cfg, &reduce)?;
+//! let step = distributed::ce_bleu_from_logits(&logits, &TrainingTargets::new(&targets, &refs), &cfg, &reduce)?;
 //! let mut grads = step.loss.backward()?;
 //! distributed::sum_gradients(&mut grads, &vars, &reduce)?; // Σ over workers
 //! opt.step(&grads)?;
@@ -121,7 +121,7 @@ use super::config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Reduction, TrainingLoss,
     TrainingLossConfig,
 };
-use super::references::References;
+use super::references::TrainingTargets;
 use super::score::{self, loss_from_stats};
 use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
@@ -487,8 +487,8 @@ pub fn cross_entropy_from_logits(
 /// # Arguments
 /// * `logits` - float `[B_w, S, V]`, this worker's shard (`B_w >= 1`; the shards may differ in
 ///   size).
-/// * `hyp_lengths`, `refs`, `targets`, `cfg` - as [`crate::loss::ce_bleu_from_logits`], for the
-///   shard (`refs` holds the shard's `B_w` elements, `targets` is u32 `[B_w, S]`).
+/// * `targets`, `cfg` - as [`crate::loss::ce_bleu_from_logits`], for the shard (`targets.refs`
+///   holds the shard's `B_w` elements, `targets.tokens` is u32 `[B_w, S]`).
 /// * `reduce` - the group's [`AllReduce`].
 ///
 /// Returns a [`TrainingLoss`]: `loss` and `cross_entropy` of the global batch (scalars in the
@@ -503,16 +503,18 @@ pub fn cross_entropy_from_logits(
 /// worker when no worker has a non-pad target.
 pub fn ce_bleu_from_logits(
     logits: &Tensor,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    targets: &Tensor,
+    targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
     reduce: &(impl AllReduce + ?Sized),
 ) -> Result<TrainingLoss> {
     let vocab = vocab_of(logits)?;
     let count_dtype = reduce_dtype(logits.device());
-    let (filled, count) = count_and_fillable_targets(targets, vocab, &cfg.ce, count_dtype)?;
-    let local = super::training::ce_bleu_from_logits(logits, hyp_lengths, refs, &filled, cfg)?;
+    let (filled, count) = count_and_fillable_targets(targets.tokens, vocab, &cfg.ce, count_dtype)?;
+    let shard = TrainingTargets {
+        tokens: &filled,
+        ..*targets
+    };
+    let local = super::training::ce_bleu_from_logits(logits, &shard, cfg)?;
     let out_dtype = local.cross_entropy.dtype();
     let ce_sum = local.cross_entropy.to_dtype(count_dtype)?.mul(&count)?;
     let mut parts = vec![ce_sum.reshape(1)?, count.reshape(1)?];

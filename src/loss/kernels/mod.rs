@@ -8,15 +8,21 @@
 //! | [`Pass::Softmax`] | `softmax(row)` (every probability: matrix references) |
 //!
 //! Each op has its `cpu_fwd` (the slice kernels of [`cpu`]) and its `cuda_fwd` (the `cuda`
-//! module, `kernels.cu`, behind the `cuda` feature and [`set_cuda_kernels`]) side by side; the
-//! forward op's `bwd` only applies the backward op. Whether the kernels or composed candle ops
-//! run is decided in one place, [`super::pipeline::use_kernels`].
+//! module, `kernels.cu`, behind the `cuda-kernels` feature) side by side; the forward op's
+//! `bwd` only applies the backward op. Whether the kernels or composed candle ops run is
+//! decided in one place, the loss's `dispatch::Path`. The kernels take plain parameters (ids,
+//! targets, `1/n`) that the loss's validation has checked: they check nothing themselves,
+//! except that the CPU kernels report a non-finite logit they meet in their pass.
 
+pub(crate) mod composed;
 pub(crate) mod cpu;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-kernels")]
 pub(crate) mod cuda;
 pub(crate) mod float;
 pub(crate) mod gemm;
+pub(crate) mod hidden;
+pub(crate) mod hidden_composed;
+pub(crate) mod hidden_cpu;
 
 use super::host::CpuView;
 use candle_core::{
@@ -26,37 +32,20 @@ use candle_core::{
 pub(crate) use cpu::CrossEntropyTerms;
 use cpu::{Gathered, TargetRows, CE_COLUMNS};
 use float::KernelFloat;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-static CUDA_KERNELS: AtomicBool = AtomicBool::new(false);
-
-/// Switches the crate's CUDA kernels on or off for this process (default: **off**).
-///
-/// With the `cuda` feature, tensors on a CUDA device then go through the crate's kernels
-/// (compiled with NVRTC for the device's own architecture on first use) instead of composed
-/// candle ops. They have not run on a GPU yet, so they stay off until a GPU run has checked
-/// them (docs/gpu.md). If they fail to compile or load, the loss falls back to the composed
-/// ops and prints one warning. Without the `cuda` feature this switch has no effect.
-pub fn set_cuda_kernels(enabled: bool) {
-    CUDA_KERNELS.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether [`set_cuda_kernels`] has switched the CUDA kernels on.
-pub fn cuda_kernels_enabled() -> bool {
-    CUDA_KERNELS.load(Ordering::Relaxed)
-}
-
-/// Whether the CUDA kernels can run on `device`: switched on, and loaded (a failure to compile
-/// or load warns once, then the composed ops run).
-#[cfg(feature = "cuda")]
+/// Whether the CUDA kernels run on `device`: built with the `cuda-kernels` feature, a CUDA
+/// device, and the kernels compiled and loaded (a failure to compile or load warns once, then
+/// the composed ops run).
+#[cfg(feature = "cuda-kernels")]
 pub(crate) fn cuda_kernels_loaded(device: &candle_core::Device) -> bool {
     let candle_core::Device::Cuda(cuda_device) = device else {
         return false;
     };
-    cuda_kernels_enabled() && cuda::load(cuda_device)
+    cuda::load(cuda_device)
 }
 
-#[cfg(not(feature = "cuda"))]
+/// Without the `cuda-kernels` feature, CUDA tensors take the composed ops.
+#[cfg(not(feature = "cuda-kernels"))]
 pub(crate) fn cuda_kernels_loaded(_device: &candle_core::Device) -> bool {
     false
 }
@@ -163,26 +152,22 @@ pub(crate) struct RowOp {
     pass: Pass,
     ids: Option<Tensor>,
     /// The first-occurrence links of `ids` ([`GatherIds`]), for the CUDA backward.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(feature = "cuda-kernels"), allow(dead_code))]
     links: Option<Tensor>,
     targets: Option<Tensor>,
     ce: CrossEntropyTerms,
-    /// `1 / n` (non-pad targets), counted by the caller for the CUDA kernels; the CPU kernel
-    /// counts the targets in place.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    inv_count: Option<f64>,
+    /// `1 / n` for the `n` non-pad targets, counted by the caller (0 without targets).
+    inv_count: f64,
 }
 
 impl RowOp {
     /// The row pass or the self-match pass (`self_match`), gathering at `ids` when given and
-    /// computing the cross-entropy against `targets` when given. `inv_count` is `1 / n` for the
-    /// `n` non-pad targets, which the caller counts off the CPU (the CPU kernel counts them in
-    /// place).
+    /// computing the cross-entropy against checked `targets` when given: every target `< V` or
+    /// the padding id, and `inv_count` `1 / n` for the `n` non-pad ones.
     pub(crate) fn rows(
         self_match: bool,
         gather: Option<&GatherIds>,
-        targets: Option<(&Tensor, CrossEntropyTerms)>,
-        inv_count: Option<f64>,
+        targets: Option<(&Tensor, CrossEntropyTerms, f64)>,
     ) -> Result<Self> {
         Ok(Self {
             pass: if self_match {
@@ -192,9 +177,9 @@ impl RowOp {
             },
             ids: gather.map(|g| g.ids.contiguous()).transpose()?,
             links: gather.map(|g| g.links.contiguous()).transpose()?,
-            targets: targets.map(|(t, _)| t.contiguous()).transpose()?,
-            ce: targets.map(|(_, terms)| terms).unwrap_or_default(),
-            inv_count,
+            targets: targets.map(|(t, _, _)| t.contiguous()).transpose()?,
+            ce: targets.map(|(_, terms, _)| terms).unwrap_or_default(),
+            inv_count: targets.map_or(0.0, |(_, _, inv_count)| inv_count),
         })
     }
 
@@ -206,7 +191,7 @@ impl RowOp {
             links: None,
             targets: None,
             ce: CrossEntropyTerms::default(),
-            inv_count: None,
+            inv_count: 0.0,
         }
     }
 
@@ -286,7 +271,7 @@ impl RowOp {
             },
         };
         let rows = match &targets {
-            Some(view) => TargetRows::new(view.slice::<u32>()?, vocab, seq, self.ce)?,
+            Some(view) => TargetRows::new(view.slice::<u32>()?, self.ce, self.inv_count),
             None => TargetRows::none(),
         };
         f(vocab, gathered, &rows)
@@ -351,7 +336,7 @@ impl CustomOp1 for RowOp {
         Ok((out, self.out_shape(layout.shape())?))
     }
 
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-kernels")]
     fn cuda_fwd(
         &self,
         storage: &candle_core::CudaStorage,
@@ -406,7 +391,7 @@ impl CustomOp3 for RowOpBackward {
         Ok((grad, shape.clone()))
     }
 
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-kernels")]
     fn cuda_fwd(
         &self,
         logits: &candle_core::CudaStorage,

@@ -1,0 +1,521 @@
+//! The loss's one validation. Each entry point checks its arguments here, once, into checked
+//! values that the passes consume without checking again: the hypotheses in their compute
+//! dtype ([`CheckedHypotheses`], or [`CheckedHidden`] for hidden states and an output layer)
+//! and the cross-entropy's targets with their count ([`CheckedTargets`]). Every error names the
+//! argument and its shape or value.
+//!
+//! Value checks that need the data run in place on the CPU, always; off the CPU they take a
+//! counted copy to the host only where the config asks for it
+//! ([`BleuLossConfig::check_values`]), except the targets' largest id and count (one small
+//! copy, which the mean needs anyway). The CPU kernels report a non-finite logit from the pass
+//! they make anyway ([`Path::checks_finite`]), so the separate finiteness check is skipped
+//! there.
+
+use super::config::{
+    BleuLossConfig, CrossEntropyConfig, HiddenConfig, LengthModel, TrainingLossConfig,
+};
+use super::dispatch::Path;
+use super::host;
+use super::kernels::cpu::CrossEntropyTerms;
+use super::references::References;
+use super::score;
+use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_nn::Linear;
+
+/// The `[B, S, V]` of the hypotheses, however they are given (probabilities, logits, or hidden
+/// states and an output layer), for validation messages.
+pub(crate) struct HypothesisShape<'a> {
+    /// The argument the batch and positions come from.
+    pub name: &'a str,
+    /// The hypothesis arguments and their shapes, for messages.
+    pub described: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub vocab: usize,
+    pub device: &'a Device,
+}
+
+/// Checked hypothesis probabilities or logits `[B, S, V]` (`B, S, V >= 1`), in their compute
+/// dtype (f32 for f16/bf16), with the path that runs on them.
+pub(crate) struct CheckedHypotheses {
+    pub tensor: Tensor,
+    pub path: Path,
+}
+
+/// Checked cross-entropy targets: u32 `[B, S]` on the hypotheses' device, each `< V` or the
+/// padding id, at least one not padding.
+pub(crate) struct CheckedTargets<'a> {
+    pub targets: &'a Tensor,
+    pub terms: CrossEntropyTerms,
+    /// `n`, the number of non-pad targets (`>= 1`).
+    pub count: usize,
+}
+
+impl CheckedTargets<'_> {
+    /// `1 / n`: each non-pad row's weight in the mean.
+    pub(crate) fn inv_count(&self) -> f64 {
+        1.0 / self.count as f64
+    }
+}
+
+/// Checked hidden states and output layer: `hidden` as `[B·S, D]` rows, the projection's weight
+/// `[V, D]` and bias `[V]`, contiguous, in the compute dtype (f32 for f16/bf16).
+pub(crate) struct CheckedHidden {
+    pub hidden: Tensor,
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub batch: usize,
+    pub seq: usize,
+    pub vocab: usize,
+    pub dtype: DType,
+    pub path: Path,
+    /// `hidden` and `proj`'s shapes, for messages.
+    pub described: String,
+}
+
+impl CheckedHidden {
+    pub(crate) fn shape(&self) -> HypothesisShape<'_> {
+        HypothesisShape {
+            name: "hidden",
+            described: self.described.clone(),
+            batch: self.batch,
+            seq: self.seq,
+            vocab: self.vocab,
+            device: self.hidden.device(),
+        }
+    }
+}
+
+/// Checks a hypothesis tensor of logits or probabilities, `name`: float `[B, S, V]` with
+/// `B, S, V >= 1`. Returns the compute dtype (f32 for f16/bf16) and `(B, S, V)`.
+fn logits_shape(name: &str, t: &Tensor) -> Result<(DType, (usize, usize, usize))> {
+    let dims = match t.dims() {
+        &[b, s, v] => (b, s, v),
+        dims => bail!("`{name}` must be [B, S, V], got shape {dims:?}"),
+    };
+    let compute_dtype = float_compute_dtype(name, t)?;
+    if dims.0 == 0 || dims.1 == 0 || dims.2 == 0 {
+        bail!(
+            "`{name}` has an empty dimension: shape {:?}; B, S and V must be >= 1",
+            t.dims()
+        );
+    }
+    Ok((compute_dtype, dims))
+}
+
+/// The compute dtype of the float tensor `name`, else an error naming it.
+fn float_compute_dtype(name: &str, t: &Tensor) -> Result<DType> {
+    score::compute_dtype(t.dtype()).map_err(|_| {
+        candle_core::Error::Msg(format!(
+            "`{name}` must be a float tensor, got {:?} with shape {:?}",
+            t.dtype(),
+            t.dims()
+        ))
+    })
+}
+
+/// Checks hypotheses `name` (`[B, S, V]`) and converts them to their compute dtype; with
+/// `check_finite`, refuses NaN and Inf unless the path's kernels find them in their own pass
+/// (in place on the CPU; off it a copy, only with `check_off_cpu`).
+fn hypotheses(
+    name: &str,
+    t: &Tensor,
+    path: Path,
+    check_off_cpu: bool,
+) -> Result<CheckedHypotheses> {
+    let (dtype, _) = logits_shape(name, t)?;
+    let tensor = t.to_dtype(dtype)?;
+    if !path.checks_finite(tensor.device()) {
+        finite(name, &tensor, check_off_cpu)?;
+    }
+    Ok(CheckedHypotheses { tensor, path })
+}
+
+/// The arguments of a BLEU loss on probabilities or logits `name`, checked:
+/// [`bleu_loss`](super::bleu_loss) and [`bleu_loss_from_logits`](super::bleu_loss_from_logits).
+pub(crate) fn bleu_call(
+    name: &str,
+    hyp: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    path: Path,
+) -> Result<CheckedHypotheses> {
+    score::validate_config(cfg)?;
+    let (_, (batch, seq, vocab)) = logits_shape(name, hyp)?;
+    let shape = HypothesisShape {
+        name,
+        described: format!("`{name}` shape {:?}", hyp.dims()),
+        batch,
+        seq,
+        vocab,
+        device: hyp.device(),
+    };
+    bleu_arguments(&shape, hyp_lengths, refs, cfg)?;
+    hypotheses(name, hyp, path, cfg.check_values)
+}
+
+/// The arguments of [`cross_entropy_from_logits`](super::cross_entropy_from_logits), checked.
+pub(crate) fn cross_entropy_call<'a>(
+    logits: &Tensor,
+    targets: &'a Tensor,
+    cfg: &CrossEntropyConfig,
+    path: Path,
+) -> Result<(CheckedHypotheses, CheckedTargets<'a>)> {
+    let (_, (batch, seq, vocab)) = logits_shape("logits", logits)?;
+    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
+    let targets = checked_targets(
+        targets,
+        (batch, seq, vocab),
+        "logits",
+        &described,
+        logits.device(),
+        cfg,
+    )?;
+    Ok((hypotheses("logits", logits, path, false)?, targets))
+}
+
+/// The arguments of [`ce_bleu_from_logits`](super::ce_bleu_from_logits), checked: the logits,
+/// the targets, and `bleu_weight` (returned).
+pub(crate) fn training_call<'a>(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    targets: &'a Tensor,
+    cfg: &TrainingLossConfig,
+    path: Path,
+) -> Result<(CheckedHypotheses, CheckedTargets<'a>, f64)> {
+    let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
+    score::validate_config(&cfg.bleu)?;
+    let (_, (batch, seq, vocab)) = logits_shape("logits", logits)?;
+    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
+    let targets = checked_targets(
+        targets,
+        (batch, seq, vocab),
+        "logits",
+        &described,
+        logits.device(),
+        &cfg.ce,
+    )?;
+    let shape = HypothesisShape {
+        name: "logits",
+        described: format!("`logits` shape {:?}", logits.dims()),
+        batch,
+        seq,
+        vocab,
+        device: logits.device(),
+    };
+    bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
+    let logits = hypotheses("logits", logits, path, cfg.bleu.check_values)?;
+    Ok((logits, targets, bleu_weight))
+}
+
+/// Checks the hidden states `[B, S, D]` and the output layer (weight `[V, D]`, optional bias
+/// `[V]`, the dtype and device of `hidden`) and the block settings; converts them to rows in
+/// the compute dtype. With `check_off_cpu`, and on the CPU when the path's kernels do not find
+/// non-finite logits themselves, refuses NaN and Inf in each.
+pub(crate) fn hidden_call(
+    hidden: &Tensor,
+    proj: &Linear,
+    hidden_cfg: &HiddenConfig,
+    path: Path,
+    check_off_cpu: bool,
+) -> Result<CheckedHidden> {
+    hidden_cfg.validate()?;
+    let (batch, seq, dim) = match hidden.dims() {
+        &[b, s, d] => (b, s, d),
+        dims => bail!("`hidden` must be [B, S, D], got shape {dims:?}"),
+    };
+    let dtype = float_compute_dtype("hidden", hidden)?;
+    if batch == 0 || seq == 0 || dim == 0 {
+        bail!(
+            "`hidden` has an empty dimension: shape {:?}; B, S and D must be >= 1",
+            hidden.dims()
+        );
+    }
+    let weight = proj.weight();
+    let vocab = match weight.dims() {
+        &[v, d] if d == dim && v >= 1 => v,
+        dims => bail!(
+            "`proj.weight` must be [V, D] with V >= 1 and D = {dim} (the last dimension of `hidden` {:?}), got shape {dims:?}",
+            hidden.dims()
+        ),
+    };
+    let same_kind = |name: &str, t: &Tensor| -> Result<()> {
+        if t.dtype() != hidden.dtype() {
+            bail!(
+                "`{name}` is {:?} but `hidden` is {:?}: the projection takes one dtype",
+                t.dtype(),
+                hidden.dtype()
+            );
+        }
+        if !t.device().same_device(hidden.device()) {
+            bail!(
+                "`{name}` is on {:?} but `hidden` is on {:?}",
+                t.device(),
+                hidden.device()
+            );
+        }
+        Ok(())
+    };
+    same_kind("proj.weight", weight)?;
+    if let Some(bias) = proj.bias() {
+        if bias.dims() != [vocab] {
+            bail!(
+                "`proj.bias` must be [V] = [{vocab}] (the V of `proj.weight` {:?}), got shape {:?}",
+                weight.dims(),
+                bias.dims()
+            );
+        }
+        same_kind("proj.bias", bias)?;
+    }
+    let prepare = |t: &Tensor| t.to_dtype(dtype)?.contiguous();
+    let checked = CheckedHidden {
+        hidden: prepare(&hidden.reshape((batch * seq, dim))?)?,
+        weight: prepare(weight)?,
+        bias: proj.bias().map(prepare).transpose()?,
+        batch,
+        seq,
+        vocab,
+        dtype,
+        path,
+        described: format!(
+            "`hidden` shape {:?}, `proj.weight` shape {:?}",
+            hidden.dims(),
+            weight.dims()
+        ),
+    };
+    if !path.checks_finite(hidden.device()) {
+        finite("hidden", &checked.hidden, check_off_cpu)?;
+        finite("proj.weight", &checked.weight, check_off_cpu)?;
+        if let Some(bias) = &checked.bias {
+            finite("proj.bias", bias, check_off_cpu)?;
+        }
+    }
+    Ok(checked)
+}
+
+/// The arguments of [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden), checked: the hidden
+/// states and output layer, the targets, and `bleu_weight` (returned).
+pub(crate) fn training_call_on_hidden<'a>(
+    hidden: &Tensor,
+    proj: &Linear,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    targets: &'a Tensor,
+    cfg: &TrainingLossConfig,
+    path: Path,
+) -> Result<(CheckedHidden, CheckedTargets<'a>, f64)> {
+    let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
+    score::validate_config(&cfg.bleu)?;
+    let inputs = hidden_call(hidden, proj, &cfg.hidden, path, cfg.bleu.check_values)?;
+    let targets = hidden_targets(&inputs, targets, &cfg.ce)?;
+    bleu_arguments(&inputs.shape(), hyp_lengths, refs, &cfg.bleu)?;
+    Ok((inputs, targets, bleu_weight))
+}
+
+/// The logits `proj.forward(hidden)` of checked hidden states, materialised (for matrix
+/// references, which are `[B, T, V]` themselves), as checked hypotheses in the compute dtype:
+/// finite inputs can still overflow to infinite logits, so they are checked as logits are.
+pub(crate) fn materialised_logits(
+    inputs: &CheckedHidden,
+    logits: Tensor,
+    check_off_cpu: bool,
+) -> Result<CheckedHypotheses> {
+    let tensor = logits.to_dtype(inputs.dtype)?;
+    if !inputs.path.checks_finite(tensor.device()) {
+        finite("logits", &tensor, check_off_cpu)?;
+    }
+    Ok(CheckedHypotheses {
+        tensor,
+        path: inputs.path,
+    })
+}
+
+/// The cross-entropy's targets against checked hidden states.
+pub(crate) fn hidden_targets<'a>(
+    hidden: &CheckedHidden,
+    targets: &'a Tensor,
+    cfg: &CrossEntropyConfig,
+) -> Result<CheckedTargets<'a>> {
+    checked_targets(
+        targets,
+        (hidden.batch, hidden.seq, hidden.vocab),
+        "hidden",
+        &hidden.described,
+        hidden.hidden.device(),
+        cfg,
+    )
+}
+
+/// Checks the lengths, the references and the config's `eos_id` against the hypotheses'
+/// `[B, S, V]` (the config itself is checked by the caller).
+pub(crate) fn bleu_arguments(
+    hyp: &HypothesisShape,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+) -> Result<()> {
+    let HypothesisShape {
+        name,
+        described,
+        batch,
+        seq,
+        vocab,
+        device,
+    } = hyp;
+    let (batch, seq, vocab) = (*batch, *seq, *vocab);
+    if refs.batch_size() != batch {
+        bail!(
+            "`refs` has {} batch elements but `{name}` has {batch} ({described})",
+            refs.batch_size(),
+        );
+    }
+    if !refs.device().same_device(device) {
+        bail!(
+            "`refs` are on {:?} but `{name}` is on {device:?}",
+            refs.device()
+        );
+    }
+    refs.check_vocab(vocab)?;
+    if let Some(eos) = cfg.length.eos_id() {
+        if eos as usize >= vocab {
+            bail!("`eos_id` {eos} is out of the vocabulary (V = {vocab}, {described})");
+        }
+    }
+    if let Some(lengths) = hyp_lengths {
+        if matches!(cfg.length, LengthModel::SoftEos { .. }) {
+            bail!(
+                "`hyp_lengths` must be None with LengthModel::SoftEos: its lengths come from the EOS probabilities"
+            );
+        }
+        if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+            bail!(
+                "`hyp_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
+                lengths.dtype(),
+                lengths.dims()
+            );
+        }
+        if !lengths.device().same_device(device) {
+            bail!(
+                "`hyp_lengths` are on {:?} but `{name}` is on {device:?}",
+                lengths.device(),
+            );
+        }
+        // In place on the CPU; elsewhere a copy, only with `check_values`.
+        if let Some(values) = host::u32_values(lengths, cfg.check_values)? {
+            if let Some((element, &length)) =
+                values.iter().enumerate().find(|(_, &l)| l as usize > seq)
+            {
+                bail!("`hyp_lengths[{element}]` = {length} exceeds S = {seq} ({described})");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the targets' dtype, shape and device against the hypotheses' `[B, S]` (from the
+/// argument `name`, described in `described`), the label smoothing, and the values: each
+/// `< V` or the padding id, at least one not padding. On the CPU the values are read in place;
+/// elsewhere the largest non-pad target and the count come back in one small counted copy (in
+/// u32: no f64, which Metal lacks).
+fn checked_targets<'a>(
+    targets: &'a Tensor,
+    (batch, seq, vocab): (usize, usize, usize),
+    name: &str,
+    described: &str,
+    device: &Device,
+    cfg: &CrossEntropyConfig,
+) -> Result<CheckedTargets<'a>> {
+    if targets.dtype() != DType::U32 || targets.dims() != [batch, seq] {
+        bail!(
+            "`targets` must be u32 [{batch}, {seq}] ({described}), got {:?} with shape {:?}",
+            targets.dtype(),
+            targets.dims()
+        );
+    }
+    if !targets.device().same_device(device) {
+        bail!(
+            "`targets` are on {:?} but `{name}` are on {device:?}",
+            targets.device(),
+        );
+    }
+    let eps = cfg.label_smoothing;
+    if !(eps.is_finite() && (0.0..1.0).contains(&eps)) {
+        bail!("`label_smoothing` must be in [0, 1), got {eps}");
+    }
+    let pad_id = cfg.pad_id;
+    let count = if targets.device().is_cpu() {
+        host::with_cpu_slice::<u32, _>(targets, |values| {
+            let mut count = 0usize;
+            for (row, &target) in values.iter().enumerate() {
+                if Some(target) == pad_id {
+                    continue;
+                }
+                if target as usize >= vocab {
+                    bail!(
+                        "`targets[{}, {}]` = {target} is out of the vocabulary (V = {vocab}) and is not `pad_id` ({pad_id:?})",
+                        row / seq.max(1),
+                        row % seq.max(1),
+                    );
+                }
+                count += 1;
+            }
+            Ok(count)
+        })?
+    } else {
+        let pad_mask = match pad_id {
+            Some(pad) => targets.ne(pad)?,
+            None => targets.ones_like()?.to_dtype(DType::U8)?,
+        };
+        let safe_targets = pad_mask.where_cond(targets, &targets.zeros_like()?)?;
+        let summary = host::to_vec1::<u32>(&Tensor::stack(
+            &[
+                safe_targets.max_all()?,
+                pad_mask.to_dtype(DType::U32)?.sum_all()?,
+            ],
+            0,
+        )?)?;
+        let (max_target, count) = (summary[0], summary[1]);
+        if max_target as usize >= vocab {
+            bail!(
+                "`targets` holds {max_target} (not `pad_id` {pad_id:?}), out of the vocabulary (V = {vocab})"
+            );
+        }
+        count as usize
+    };
+    if count == 0 {
+        bail!(
+            "every one of the {} `targets` is `pad_id` ({pad_id:?}): the mean cross-entropy over no positions is undefined",
+            targets.elem_count(),
+        );
+    }
+    Ok(CheckedTargets {
+        targets,
+        terms: CrossEntropyTerms {
+            pad_id,
+            label_smoothing: eps,
+        },
+        count,
+    })
+}
+
+/// `bleu_weight` if it is finite and `>= 0`, else an error naming it.
+fn checked_bleu_weight(bleu_weight: f64) -> Result<f64> {
+    if !(bleu_weight.is_finite() && bleu_weight >= 0.0) {
+        bail!("`bleu_weight` must be finite and >= 0, got {bleu_weight}");
+    }
+    Ok(bleu_weight)
+}
+
+/// Errors if `t` holds NaN or Inf: in place on the CPU, with a copy elsewhere only when
+/// `check_off_cpu`.
+fn finite(name: &str, t: &Tensor, check_off_cpu: bool) -> Result<()> {
+    if host::all_finite(t, check_off_cpu)? == Some(false) {
+        bail!(
+            "`{name}` contains NaN or infinite values (shape {:?})",
+            t.dims()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! The one choice between the crate's kernels and composed candle ops, for the logits path and
+//! the hidden-state path alike: [`Path`].
+
+use super::kernels::cuda_kernels_loaded;
+use candle_core::Device;
+
+/// Which implementation of the passes over the logits runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// The crate's custom ops: the CPU kernels, or the CUDA kernels (feature `cuda-kernels`).
+    Kernels,
+    /// Composed candle ops: the reference the kernels are tested against, and what every
+    /// device without kernels runs. The same numbers to rounding.
+    Composed,
+}
+
+impl Path {
+    /// The fast path for tensors on `device`: the CPU kernels on the CPU; the CUDA kernels on
+    /// CUDA when built with the `cuda-kernels` feature and loaded; composed ops otherwise.
+    pub(crate) fn for_device(device: &Device) -> Self {
+        if device.is_cpu() || cuda_kernels_loaded(device) {
+            Path::Kernels
+        } else {
+            Path::Composed
+        }
+    }
+
+    /// Whether the kernels that run find non-finite logits in their own pass: the CPU
+    /// kernels do (so the separate check is skipped); the CUDA kernels and composed ops do not.
+    pub(crate) fn checks_finite(self, device: &Device) -> bool {
+        self == Path::Kernels && device.is_cpu()
+    }
+
+    /// Whether the hidden-state op runs its CPU kernels on `device`: it has CPU kernels only, so
+    /// elsewhere it runs composed candle ops whatever the path.
+    pub(crate) fn runs_hidden_kernels(self, device: &Device) -> bool {
+        self == Path::Kernels && device.is_cpu()
+    }
+}

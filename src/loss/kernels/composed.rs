@@ -1,0 +1,51 @@
+//! The kernels' row computations as composed candle ops: what devices without the crate's
+//! kernels run, and the reference the kernels are tested against. The same numbers to rounding.
+
+use super::cpu::CrossEntropyTerms;
+use candle_core::{DType, Result, Tensor, D};
+
+/// `probs[b, i, ids[b, k]]`: `[B, S, K]` from `[B, S, V]` probabilities and u32 `[B, K]` ids.
+pub(crate) fn gather_columns(probs: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (batch, seq, _) = probs.dims3()?;
+    let width = ids.dim(1)?;
+    let index = ids
+        .unsqueeze(1)?
+        .broadcast_as((batch, seq, width))?
+        .contiguous()?;
+    probs.gather(&index, 2)
+}
+
+/// `(safe_targets, pad_mask)` of checked targets: pad positions replaced by 0 in
+/// `safe_targets`, and `pad_mask` u8, 1 at non-pad positions.
+pub(crate) fn masked_targets(targets: &Tensor, pad_id: Option<u32>) -> Result<(Tensor, Tensor)> {
+    let pad_mask = match pad_id {
+        Some(pad) => targets.ne(pad)?,
+        None => targets.ones_like()?.to_dtype(DType::U8)?,
+    };
+    let safe_targets = pad_mask.where_cond(targets, &targets.zeros_like()?)?;
+    Ok((safe_targets, pad_mask))
+}
+
+/// The mean cross-entropy of `softmax(logits)` (`[B, S, V]`) against checked targets with
+/// `count` non-pad positions, as the row kernel computes it:
+/// `(1/n) Σ_{non-pad} [(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])]`.
+pub(crate) fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    terms: CrossEntropyTerms,
+    count: usize,
+) -> Result<Tensor> {
+    let dtype = logits.dtype();
+    let (safe_targets, pad_mask) = masked_targets(targets, terms.pad_id)?;
+    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let target_log_probs = log_probs
+        .gather(&safe_targets.unsqueeze(2)?, 2)?
+        .squeeze(2)?;
+    let eps = terms.label_smoothing;
+    let mut row_loss = target_log_probs.affine(-(1.0 - eps), 0.0)?;
+    if eps != 0.0 {
+        row_loss = (row_loss - log_probs.mean(2)?.affine(eps, 0.0)?)?;
+    }
+    let weights = pad_mask.to_dtype(dtype)?;
+    (row_loss * &weights)?.sum_all()? / count as f64
+}

@@ -1,0 +1,193 @@
+//! The hidden-state op's rows as composed candle ops, for devices without its CPU kernels:
+//! the outputs are computed detached, block by block, and attached to `hidden`, the weight and
+//! the bias by the op ([`super::hidden::HiddenRowsOp`]), whose backward recomputes each block
+//! as candle ops and back-propagates through that block alone — so this path keeps the
+//! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, Layout, Result, Shape, Storage, Tensor, Var, D};
+
+/// The rows' outputs as candle ops, for devices without the CPU kernels:
+/// `[Z (paired form) | x | ce]` per row, the kernels' layout without their statistics.
+pub(crate) struct ComposedRows {
+    /// u32 `[R, width]`: each row's gathered ids.
+    pub ids: Option<Tensor>,
+    /// u32 `[R]` targets (padding replaced by 0) and float `[R]` weights (`1/n`, 0 at
+    /// padding).
+    pub targets: Option<(Tensor, Tensor)>,
+    pub label_smoothing: f64,
+    pub seq: usize,
+    pub paired: bool,
+}
+
+impl ComposedRows {
+    /// The outputs of rows `start..start + n` from their logits `[n, V]`.
+    pub(crate) fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor> {
+        let n = logits.dim(0)?;
+        let mut columns = Vec::with_capacity(3);
+        if self.paired || self.ids.is_some() {
+            let probs = candle_nn::ops::softmax(logits, D::Minus1)?;
+            if self.paired {
+                let element_probs = probs.reshape((n / self.seq, self.seq, ()))?;
+                let self_match = element_probs.matmul(&element_probs.t()?)?;
+                columns.push(self_match.reshape((n, self.seq))?);
+            }
+            if let Some(ids) = &self.ids {
+                columns.push(probs.gather(&ids.narrow(0, start, n)?.contiguous()?, 1)?);
+            }
+        }
+        columns.push(match &self.targets {
+            Some((targets, weights)) => {
+                let eps = self.label_smoothing;
+                let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+                let target_index = targets.narrow(0, start, n)?.unsqueeze(1)?.contiguous()?;
+                let mut row = log_probs
+                    .gather(&target_index, 1)?
+                    .affine(-(1.0 - eps), 0.0)?;
+                if eps != 0.0 {
+                    row = (row - log_probs.mean_keepdim(1)?.affine(eps, 0.0)?)?;
+                }
+                row.broadcast_mul(&weights.narrow(0, start, n)?.unsqueeze(1)?)?
+            }
+            None => Tensor::zeros((n, 1), logits.dtype(), logits.device())?,
+        });
+        Tensor::cat(&columns, 1)
+    }
+}
+
+/// `hidden · weightᵀ (+ bias)` as candle ops (`candle_nn::Linear` on rows).
+fn linear(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let logits = hidden.matmul(&weight.t()?)?;
+    match bias {
+        Some(bias) => logits.broadcast_add(bias),
+        None => Ok(logits),
+    }
+}
+
+/// The composed path's outputs, computed detached block by block and attached to `hidden`,
+/// the weight and the bias: the forward hands back the stored outputs; the backward
+/// recomputes each block as candle ops and back-propagates through that block alone.
+pub(crate) struct ComposedBlocks {
+    out: Tensor,
+    rows: ComposedRows,
+    block_rows: usize,
+}
+
+impl ComposedBlocks {
+    /// Computes the outputs of every block of `block_rows` rows, detached, as candle ops.
+    pub(crate) fn forward(
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        rows: ComposedRows,
+        block_rows: usize,
+    ) -> Result<Self> {
+        let (hidden, weight) = (hidden.detach(), weight.detach());
+        let bias = bias.map(Tensor::detach);
+        let rows_total = hidden.dim(0)?;
+        let mut blocks = Vec::with_capacity(rows_total.div_ceil(block_rows));
+        for start in (0..rows_total).step_by(block_rows) {
+            let n = block_rows.min(rows_total - start);
+            let logits = linear(&hidden.narrow(0, start, n)?, &weight, bias.as_ref())?;
+            blocks.push(rows.rows(&logits, start)?);
+        }
+        let out = Tensor::cat(&blocks, 0)?.contiguous()?;
+        let out = if out.layout().start_offset() == 0 {
+            out
+        } else {
+            out.copy()?
+        };
+        Ok(Self {
+            out,
+            rows,
+            block_rows,
+        })
+    }
+
+    fn stored(&self) -> (candle_core::StorageRef<'_>, &Layout) {
+        self.out.storage_and_layout()
+    }
+
+    pub(crate) fn cpu_out(&self) -> Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.stored();
+        match &*storage {
+            Storage::Cpu(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => bail!("internal: the loss's stored outputs are not on the CPU"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_out(&self) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (storage, layout) = self.stored();
+        match &*storage {
+            Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => bail!("internal: the loss's stored outputs are not on the CUDA device"),
+        }
+    }
+
+    #[cfg(feature = "metal")]
+    pub(crate) fn metal_out(&self) -> Result<(candle_core::MetalStorage, Shape)> {
+        let (storage, layout) = self.stored();
+        match &*storage {
+            Storage::Metal(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => bail!("internal: the loss's stored outputs are not on the Metal device"),
+        }
+    }
+
+    pub(crate) fn backward(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        grad_out: &Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let rows = hidden.dim(0)?;
+        let grad_out = grad_out.detach();
+        // A variable is used as it is; anything else is copied into one (once per backward).
+        let weight = Var::from_tensor(weight)?;
+        let bias = bias.map(Var::from_tensor).transpose()?;
+        let mut grad_hidden = Vec::with_capacity(rows.div_ceil(self.block_rows));
+        let mut grad_weight: Option<Tensor> = None;
+        let mut grad_bias: Option<Tensor> = None;
+        let add = |total: &mut Option<Tensor>, part: Option<&Tensor>| -> Result<()> {
+            if let Some(part) = part {
+                *total = Some(match total.take() {
+                    Some(total) => (total + part)?,
+                    None => part.clone(),
+                });
+            }
+            Ok(())
+        };
+        for start in (0..rows).step_by(self.block_rows) {
+            let n = self.block_rows.min(rows - start);
+            let hidden_block = Var::from_tensor(&hidden.narrow(0, start, n)?.detach())?;
+            let logits = linear(
+                hidden_block.as_tensor(),
+                weight.as_tensor(),
+                bias.as_ref().map(Var::as_tensor),
+            )?;
+            let out = self.rows.rows(&logits, start)?;
+            let grads = (out * grad_out.narrow(0, start, n)?)?
+                .sum_all()?
+                .backward()?;
+            grad_hidden.push(match grads.get(hidden_block.as_tensor()) {
+                Some(g) => g.clone(),
+                None => hidden_block.zeros_like()?,
+            });
+            add(&mut grad_weight, grads.get(weight.as_tensor()))?;
+            if let Some(bias) = &bias {
+                add(&mut grad_bias, grads.get(bias.as_tensor()))?;
+            }
+        }
+        let grad_weight = match grad_weight {
+            Some(g) => g,
+            None => weight.zeros_like()?,
+        };
+        let grad_bias = match (grad_bias, &bias) {
+            (Some(g), _) => Some(g),
+            (None, Some(bias)) => Some(bias.zeros_like()?),
+            (None, None) => None,
+        };
+        Ok((Tensor::cat(&grad_hidden, 0)?, grad_weight, grad_bias))
+    }
+}
