@@ -6,7 +6,7 @@
 
 use candle_bleu::exact::bootstrap::{
     bootstrap_confidence, paired_approximate_randomization, paired_bootstrap,
-    paired_bootstrap_many, resample_scores,
+    paired_bootstrap_many, resample_scores, BootstrapConfig,
 };
 use candle_bleu::exact::cli_support::InternedStatsCounter;
 use candle_bleu::exact::{
@@ -160,26 +160,34 @@ fn hand_made_nltk_statistics_are_checked() {
 #[test]
 fn bootstrap_on_zero_segments_is_an_error() {
     let cfg = BleuConfig::default();
+    let ten = BootstrapConfig {
+        n_samples: 10,
+        seed: 1,
+    };
+    let zero = BootstrapConfig {
+        n_samples: 0,
+        ..ten
+    };
     let none: [BleuCounts; 0] = [];
-    assert_eq!(argument(bootstrap_confidence(&none, &cfg, 10, 1)), "stats");
-    assert_eq!(argument(resample_scores(&none, &cfg, 10, 1)), "stats");
+    assert_eq!(argument(bootstrap_confidence(&none, &cfg, &ten)), "stats");
+    assert_eq!(argument(resample_scores(&none, &cfg, &ten)), "stats");
     assert_eq!(
-        argument(paired_bootstrap(&none, &none, &cfg, 10, 1)),
+        argument(paired_bootstrap(&none, &none, &cfg, &ten)),
         "stats"
     );
     assert_eq!(
-        argument(paired_bootstrap_many(&none, &[], &cfg, 10, 1)),
+        argument(paired_bootstrap_many(&none, &[], &cfg, &ten)),
         "stats"
     );
     assert_eq!(
-        argument(paired_approximate_randomization(&none, &none, &cfg, 10, 1)),
+        argument(paired_approximate_randomization(&none, &none, &cfg, &ten)),
         "stats"
     );
     // Zero resamples, and counts whose resample sums would overflow.
     let one = [segment_stats(&[1u32, 2], &[vec![1u32, 2]], 4).unwrap()];
     assert_eq!(
-        argument(bootstrap_confidence(&one, &cfg, 0, 1)),
-        "n_samples"
+        argument(bootstrap_confidence(&one, &cfg, &zero)),
+        "bootstrap.n_samples"
     );
     let huge = [BleuCounts {
         matches: vec![u64::MAX; 4],
@@ -187,9 +195,9 @@ fn bootstrap_on_zero_segments_is_an_error() {
         hyp_len: u64::MAX,
         ref_len: 1,
     }];
-    assert_eq!(argument(bootstrap_confidence(&huge, &cfg, 10, 1)), "stats");
+    assert_eq!(argument(bootstrap_confidence(&huge, &cfg, &ten)), "stats");
     assert_eq!(
-        argument(paired_approximate_randomization(&huge, &huge, &cfg, 10, 1)),
+        argument(paired_approximate_randomization(&huge, &huge, &cfg, &ten)),
         "stats"
     );
 }

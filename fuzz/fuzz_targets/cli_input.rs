@@ -15,7 +15,7 @@ mod count;
 #[path = "../../src/bin/candle-bleu/input.rs"]
 mod input;
 
-use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many};
+use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many, BootstrapConfig};
 use count::Counting;
 use input::{file_lines, read_corpus, universal_lines, HypInput, InputError, Source};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
@@ -151,12 +151,12 @@ fuzz_target!(|data: &[u8]| {
 
     // Bootstrap on small corpora (a few resamples).
     if n <= 64 {
-        let c = bootstrap_confidence(&per_system[0], &cfg, 5, 12345).expect("bootstrap");
+        let c = bootstrap_confidence(&per_system[0], &cfg, &BootstrapConfig { n_samples: 5, seed: 12345 }).expect("bootstrap");
         assert!(c.lower <= c.upper && c.ci >= 0.0 && c.mean.is_finite());
         if per_system.len() > 1 {
             let others: Vec<&[BleuCounts]> = per_system[1..].iter().map(Vec::as_slice).collect();
             let (_, results) =
-                paired_bootstrap_many(&per_system[0], &others, &cfg, 5, 1).expect("paired");
+                paired_bootstrap_many(&per_system[0], &others, &cfg, &BootstrapConfig { n_samples: 5, seed: 1 }).expect("paired");
             for r in results {
                 assert!(r.p_value > 0.0 && r.p_value <= 1.0);
             }

@@ -21,8 +21,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use candle_bleu::exact::bootstrap::{
-    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, Metric,
-    SACREBLEU_SEED,
+    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, BootstrapConfig,
+    Metric, SACREBLEU_SEED,
 };
 use candle_bleu::exact::chrf::{
     corpus_chrf, corpus_chrf_stats, score_chrf_stats, ChrfConfig, ChrfCounts,
@@ -576,7 +576,8 @@ fn score_metric<C: CliMetric>(
         let n = n_bootstrap as usize;
         let (seed, seed_text) = seed_from_env()?;
         let stats = metric.segments(0).map_err(metric_error)?;
-        let conf = bootstrap_confidence(&stats, cfg, n, seed).map_err(metric_error)?;
+        let conf = bootstrap_confidence(&stats, cfg, &BootstrapConfig { n_samples: n, seed })
+            .map_err(metric_error)?;
         signature.bs = Some(n);
         signature.seed = Some(seed_text);
         return Ok(Body::Corpus {
@@ -620,8 +621,13 @@ fn score_metric<C: CliMetric>(
             1000
         };
         signature.bs = Some(n);
-        let (baseline, results) =
-            paired_bootstrap_many(&stats[0], &others, cfg, n, seed).map_err(metric_error)?;
+        let (baseline, results) = paired_bootstrap_many(
+            &stats[0],
+            &others,
+            cfg,
+            &BootstrapConfig { n_samples: n, seed },
+        )
+        .map_err(metric_error)?;
         rows.push(Row {
             score: baseline.score,
             p_value: None,
@@ -645,8 +651,13 @@ fn score_metric<C: CliMetric>(
             mean_ci: None,
         });
         for other in &others {
-            let r = paired_approximate_randomization(&stats[0], other, cfg, n, seed)
-                .map_err(metric_error)?;
+            let r = paired_approximate_randomization(
+                &stats[0],
+                other,
+                cfg,
+                &BootstrapConfig { n_samples: n, seed },
+            )
+            .map_err(metric_error)?;
             rows.push(Row {
                 score: r.score,
                 p_value: Some(r.p_value),
