@@ -19,7 +19,9 @@ use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many,
 use count::Counting;
 use input::{file_lines, read_corpus, universal_lines, HypInput, InputError, Source};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
-use candle_bleu::exact::{corpus_stats, score_from_stats, BleuConfig, BleuCounts, SmoothMethod};
+use candle_bleu::exact::{
+    corpus_stats, score_from_stats, BleuConfig, BleuCounts, SmoothMethod, TextStatsConfig,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -104,11 +106,11 @@ fuzz_target!(|data: &[u8]| {
     for (_, lines) in &corpus.systems {
         assert_eq!(lines.len(), n);
     }
-    let counting = Counting {
-        tok,
+    let counting = Counting(TextStatsConfig {
+        tokenizer: tok,
         lowercase,
         max_order,
-    };
+    });
     let cfg = BleuConfig {
         max_order,
         weights: None,

@@ -124,7 +124,7 @@ pub trait Metric: sealed::Resample<Self::Counts> {
 /// The resampling side of a [`Metric`], out of the API: the trait is public (a supertrait of
 /// `Metric` must be) but lives in a private module, so no other crate can name or implement it.
 mod sealed {
-    use super::MetricError;
+    use crate::exact::config::MetricError;
 
     /// What the resampling functions need of a metric whose segments' statistics are `C`.
     pub trait Resample<C> {
