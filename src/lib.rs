@@ -10,8 +10,8 @@
 //!   paired tests with sacrebleu's own random numbers) and NLTK 3.10.4 (`method0`–`method7`) to
 //!   the last digit, and sacrebleu's **chrF and chrF++** ([`exact::chrf`]).
 //! - [`gradcheck`]: finite-difference gradient checks for any scalar candle function.
-//! - [`ngram`]: the one n-gram counter that both of the above use, so the loss and the metric
-//!   always agree on what a match is.
+//! - Inside, one n-gram counter (the private `ngram` module) serves both the loss and the
+//!   metrics, so they always agree on what a match is.
 //!
 //! # Quick start
 //!
@@ -68,15 +68,15 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training; [`loss::ce_bleu_from_logits`] and [`loss::ce_bleu_from_hidden`] for a training step (the row kernels they run are private) |
-//! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::SmoothMethod`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics |
+//! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::SmoothMethod`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics, [`exact::TextStatsCounter`] (statistics of lines of text, as the command line counts them) |
 //! | [`exact::chrf`] | [`exact::chrf::corpus_chrf`], [`exact::chrf::sentence_chrf`], [`exact::chrf::ChrfConfig`]: sacrebleu's chrF and chrF++ |
 //! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |
-//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization of BLEU or chrF, with NumPy's PCG64 |
+//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization of BLEU or chrF ([`exact::bootstrap::BootstrapConfig`]: samples and seed), with NumPy's PCG64 |
 //! | [`gradcheck`] | [`gradcheck::check_gradients`]: autograd against central finite differences in f64 |
-//! | [`ngram`] | clipped n-gram matches ([`ngram::ClippedMatcher`]) and the reference masks of the loss |
+//! | `ngram` (private) | clipped n-gram matches and the reference masks of the loss; the crate's one hash-table probe |
 //!
-//! Dependencies point one way: the command line uses [`exact`], which uses [`ngram`];
-//! [`loss`] uses [`ngram`].
+//! Dependencies point one way: the command line uses [`exact`]'s public API only; [`exact`]
+//! and [`loss`] use the private `ngram`.
 //!
 //! # Feature flags
 //!
@@ -102,7 +102,7 @@
 pub mod exact;
 pub mod gradcheck;
 pub mod loss;
-pub mod ngram;
+mod ngram;
 mod orders;
 
 // The README's Rust blocks are compiled and run as doctests, so its snippets cannot rot.

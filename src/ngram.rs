@@ -1,4 +1,4 @@
-//! The one n-gram counter of the crate.
+//! The one n-gram counter of the crate (crate-internal).
 //!
 //! Both the exact metrics ([`crate::exact`]: BLEU's clipped matches, chrF's character and word
 //! n-gram matches) and the reference side of the differentiable loss ([`crate::loss`]) count
@@ -6,45 +6,17 @@
 //!
 //! - [`ClippedMatcher`]: the clipped matches of one segment against its references, orders
 //!   `1..=N`, with every token hashed once and longer n-grams numbered from their prefix
-//!   (no n-gram is hashed or allocated).
+//!   (no n-gram is hashed or allocated); [`InternedMatcher`] for tokens already interned.
 //! - [`reference_ngram_masks`]: the first-occurrence masks and clip counts of the loss.
+//! - [`Slots`]: the open addressing of every hash table of the crate ([`IdTable`], the token
+//!   table of [`ClippedMatcher`], the line vocabulary of the text counter in `exact`), written
+//!   once.
+//!
+//! Every function here is internal: its callers size `matches` (one entry per order) and make
+//! the ids they pass, so nothing is checked twice in the hot loops.
 
 use rustc_hash::FxHashMap;
-use std::fmt;
 use std::hash::{Hash, Hasher};
-
-/// A malformed argument to an n-gram function: which argument, and what is wrong with it.
-///
-/// [`crate::exact::MetricError`] converts from it (`?` works in functions returning either).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NgramError {
-    /// The argument's name, as in the function's signature (`"matches"`, ...).
-    pub argument: &'static str,
-    /// What is wrong with it, with the offending value or length.
-    pub message: String,
-}
-
-impl fmt::Display for NgramError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.argument, self.message)
-    }
-}
-
-impl std::error::Error for NgramError {}
-
-/// Checks that `matches` has a slot for every order up to `max_order`.
-fn check_matches_len(matches: &[u64], max_order: usize) -> Result<(), NgramError> {
-    if matches.len() < max_order {
-        return Err(NgramError {
-            argument: "matches",
-            message: format!(
-                "needs one entry per order 1..={max_order}, got {} entries",
-                matches.len()
-            ),
-        });
-    }
-    Ok(())
-}
 
 /// The reference-side statistics of one order for references laid end to end (docs/loss.md, the first-occurrence masks).
 ///
@@ -56,7 +28,7 @@ fn check_matches_len(matches: &[u64], max_order: usize) -> Result<(), NgramError
 /// - `clip[j]` (`κ_j`): at first occurrences, the largest count of the n-gram in any one
 ///   reference; 0 elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ReferenceNgramMasks {
+pub(crate) struct ReferenceNgramMasks {
     /// `e_j`: the n-gram starting at `j` lies inside its reference.
     pub inside: Vec<bool>,
     /// `ν_j`: it does, and is the first occurrence of its n-gram over all references.
@@ -69,19 +41,7 @@ pub struct ReferenceNgramMasks {
 ///
 /// Order 0 has no n-gram, as in every counter of this module (orders run from 1): its masks
 /// are all `false` and its clipping counts 0 (one entry per position all the same).
-///
-/// ```
-/// use candle_bleu::ngram::reference_ngram_masks;
-/// let (a, b) = ([5u32, 6, 5, 6], [5u32, 6]);
-/// let masks = reference_ngram_masks(&[&a[..], &b[..]], 2);
-/// // Bigrams start at positions 0, 1, 2 (reference a) and 4 (reference b).
-/// assert_eq!(masks.inside, [true, true, true, false, true, false]);
-/// // (5, 6) first occurs at 0, (6, 5) at 1; the (5, 6) at 2 and 4 are repeats.
-/// assert_eq!(masks.first, [true, true, false, false, false, false]);
-/// // (5, 6) occurs twice in a, once in b: it may be matched twice.
-/// assert_eq!(masks.clip, [2, 1, 0, 0, 0, 0]);
-/// ```
-pub fn reference_ngram_masks<T: Hash + Eq>(
+pub(crate) fn reference_ngram_masks<T: Hash + Eq>(
     references: &[&[T]],
     order: usize,
 ) -> ReferenceNgramMasks {
@@ -122,22 +82,36 @@ pub fn reference_ngram_masks<T: Hash + Eq>(
     masks
 }
 
-/// A map `u64 -> u32` for [`ClippedMatcher`]: open addressing with linear probing, sized
-/// for the whole segment before it is filled (no growth while counting), cleared in O(1) by
-/// bumping a generation stamp. A slot is `(key, id, stamp)`, one 16-byte load per probe.
+/// The open addressing of every hash table of the crate, written once: slots
+/// `(hash, id, stamp)` (one 16-byte load per probe), linear probing from the top bits of the
+/// hash times a Fibonacci constant, a slot occupied when its stamp is the table's. A table is
+/// sized for what it will hold before it is filled (load factor <= 1/2) and cleared in O(1) by
+/// bumping the stamp. The tables keep the keys themselves where a key is more than its hash
+/// ([`TokenTable`], `exact`'s line vocabulary) and compare them in [`Slots::probe`]'s `same`.
 #[derive(Default)]
-pub(crate) struct IdTable {
-    /// Occupied when the stamp equals `stamp`.
+pub(crate) struct Slots {
     slots: Vec<(u64, u32, u32)>,
     stamp: u32,
+    /// `64 - log2(slots.len())`.
     shift: u32,
 }
 
-impl IdTable {
-    /// Empties the table and makes room for `entries` keys at load factor <= 1/2.
-    pub(crate) fn reset(&mut self, entries: usize) {
-        let capacity = (2 * entries).next_power_of_two().max(16);
-        if capacity > self.slots.len() {
+/// Where [`Slots::probe`] stopped.
+pub(crate) enum Probe {
+    /// The key is present, with this id.
+    Found(u32),
+    /// The key is absent; this empty slot is where it belongs ([`Slots::fill`]).
+    Vacant(usize),
+}
+
+impl Slots {
+    /// Empties the table, with room for `entries` keys at load factor <= 1/2 and at least
+    /// `min_slots` slots (a power of two). Returns whether the slots were reallocated (to
+    /// [`Slots::capacity`] slots), for tables that keep a key per slot.
+    pub(crate) fn reset(&mut self, entries: usize, min_slots: usize) -> bool {
+        let capacity = (2 * entries).next_power_of_two().max(min_slots);
+        let reallocated = capacity > self.slots.len();
+        if reallocated {
             self.slots = vec![(0, 0, 0); capacity];
             self.stamp = 0;
             self.shift = 64 - capacity.trailing_zeros();
@@ -147,46 +121,85 @@ impl IdTable {
             self.slots.fill((0, 0, 0));
             self.stamp = 1;
         }
+        reallocated
     }
 
-    #[inline]
-    fn slot(&self, key: u64) -> usize {
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    /// The number of slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Probes for the key of hash `hash`: the first slot of equal hash for which
+    /// `same(id, slot)` holds (the key stored there is the key), else the empty slot that ends
+    /// the run. The table must have been [`Slots::reset`].
+    #[inline(always)]
+    pub(crate) fn probe(&self, hash: u64, mut same: impl FnMut(u32, usize) -> bool) -> Probe {
+        let mask = self.slots.len() - 1;
+        let mut slot = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
+        loop {
+            let (h, id, stamp) = self.slots[slot];
+            if stamp != self.stamp {
+                return Probe::Vacant(slot);
+            }
+            if h == hash && same(id, slot) {
+                return Probe::Found(id);
+            }
+            slot = (slot + 1) & mask;
+        }
+    }
+
+    /// Occupies `slot` (a [`Probe::Vacant`] of the current stamp) with `(hash, id)`.
+    #[inline(always)]
+    pub(crate) fn fill(&mut self, slot: usize, hash: u64, id: u32) {
+        self.slots[slot] = (hash, id, self.stamp);
+    }
+
+    /// Reallocates to `capacity` slots (a power of two) holding `entries` `(hash, id)`, all
+    /// distinct keys: the growth of a table that cannot be sized in advance.
+    pub(crate) fn rebuild(&mut self, capacity: usize, entries: impl Iterator<Item = (u64, u32)>) {
+        self.slots = vec![(0, 0, 0); capacity];
+        self.shift = 64 - capacity.trailing_zeros();
+        self.stamp = 1;
+        for (hash, id) in entries {
+            if let Probe::Vacant(slot) = self.probe(hash, |_, _| false) {
+                self.fill(slot, hash, id);
+            }
+        }
+    }
+}
+
+/// A map `u64 -> u32` (keys are their own hashes) for [`IdMatcher`]'s long segments and
+/// chrF's characters: [`Slots`], sized for the whole segment before it is filled.
+#[derive(Default)]
+pub(crate) struct IdTable {
+    slots: Slots,
+}
+
+impl IdTable {
+    /// Empties the table and makes room for `entries` keys at load factor <= 1/2.
+    pub(crate) fn reset(&mut self, entries: usize) {
+        self.slots.reset(entries, 16);
     }
 
     /// The id of `key`, 0 if absent.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> u32 {
-        let mask = self.slots.len() - 1;
-        let mut slot = self.slot(key);
-        loop {
-            let (k, id, stamp) = self.slots[slot];
-            if stamp != self.stamp {
-                return 0;
-            }
-            if k == key {
-                return id;
-            }
-            slot = (slot + 1) & mask;
+        match self.slots.probe(key, |_, _| true) {
+            Probe::Found(id) => id,
+            Probe::Vacant(_) => 0,
         }
     }
 
     /// The id of `key`, inserting `new_id()` if absent.
     #[inline]
     pub(crate) fn get_or_insert(&mut self, key: u64, new_id: impl FnOnce() -> u32) -> u32 {
-        let mask = self.slots.len() - 1;
-        let mut slot = self.slot(key);
-        loop {
-            let (k, id, stamp) = self.slots[slot];
-            if stamp != self.stamp {
+        match self.slots.probe(key, |_, _| true) {
+            Probe::Found(id) => id,
+            Probe::Vacant(slot) => {
                 let id = new_id();
-                self.slots[slot] = (key, id, self.stamp);
-                return id;
+                self.slots.fill(slot, key, id);
+                id
             }
-            if k == key {
-                return id;
-            }
-            slot = (slot + 1) & mask;
         }
     }
 }
@@ -270,23 +283,19 @@ impl NgramTable for DirectTable {
     }
 }
 
-/// A map `token -> u32` for [`ClippedMatcher`], like [`IdTable`]: each token is hashed once
+/// A map `token -> u32` for [`ClippedMatcher`], on [`Slots`]: each token is hashed once
 /// (FxHash), probed linearly, and compared with `==` only when the full 64-bit hashes agree.
 struct TokenTable<'a, T> {
-    /// (hash, id, stamp) per slot; occupied when its stamp equals `stamp`.
-    slots: Vec<(u64, u32, u32)>,
+    slots: Slots,
+    /// The token of each occupied slot.
     tokens: Vec<Option<&'a T>>,
-    stamp: u32,
-    shift: u32,
 }
 
 impl<T> Default for TokenTable<'_, T> {
     fn default() -> Self {
         Self {
-            slots: Vec::new(),
+            slots: Slots::default(),
             tokens: Vec::new(),
-            stamp: 0,
-            shift: 64,
         }
     }
 }
@@ -300,40 +309,19 @@ impl<'a, T: Hash + Eq> TokenTable<'a, T> {
 
     /// Empties the table and makes room for `entries` tokens at load factor <= 1/2.
     fn reset(&mut self, entries: usize) {
-        let capacity = (2 * entries).next_power_of_two().max(16);
-        if capacity > self.slots.len() {
-            self.slots = vec![(0, 0, 0); capacity];
-            self.tokens = vec![None; capacity];
-            self.stamp = 0;
-            self.shift = 64 - capacity.trailing_zeros();
+        if self.slots.reset(entries, 16) {
+            self.tokens = vec![None; self.slots.capacity()];
         }
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            self.slots.fill((0, 0, 0));
-            self.stamp = 1;
-        }
-    }
-
-    #[inline]
-    fn slot(&self, hash: u64) -> usize {
-        (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
     /// The id of `token`, 0 if absent.
     #[inline]
     fn get(&self, token: &T) -> u32 {
-        let hash = Self::hash(token);
-        let mask = self.slots.len() - 1;
-        let mut slot = self.slot(hash);
-        loop {
-            let (h, id, stamp) = self.slots[slot];
-            if stamp != self.stamp {
-                return 0;
-            }
-            if h == hash && self.tokens[slot] == Some(token) {
-                return id;
-            }
-            slot = (slot + 1) & mask;
+        match self.slots.probe(Self::hash(token), |_, slot| {
+            self.tokens[slot] == Some(token)
+        }) {
+            Probe::Found(id) => id,
+            Probe::Vacant(_) => 0,
         }
     }
 
@@ -341,20 +329,17 @@ impl<'a, T: Hash + Eq> TokenTable<'a, T> {
     #[inline]
     fn get_or_insert(&mut self, token: &'a T, new_id: impl FnOnce() -> u32) -> u32 {
         let hash = Self::hash(token);
-        let mask = self.slots.len() - 1;
-        let mut slot = self.slot(hash);
-        loop {
-            let (h, id, stamp) = self.slots[slot];
-            if stamp != self.stamp {
+        match self
+            .slots
+            .probe(hash, |_, slot| self.tokens[slot] == Some(token))
+        {
+            Probe::Found(id) => id,
+            Probe::Vacant(slot) => {
                 let id = new_id();
-                self.slots[slot] = (hash, id, self.stamp);
+                self.slots.fill(slot, hash, id);
                 self.tokens[slot] = Some(token);
-                return id;
+                id
             }
-            if h == hash && self.tokens[slot] == Some(token) {
-                return id;
-            }
-            slot = (slot + 1) & mask;
         }
     }
 }
@@ -563,7 +548,7 @@ fn clipped_sum(
 ///
 /// The maps are cleared, never reallocated, between segments. They borrow the tokens, so every
 /// segment given to one matcher must outlive it.
-pub struct ClippedMatcher<'a, T> {
+pub(crate) struct ClippedMatcher<'a, T> {
     /// Hypothesis token -> unigram id (ids start at 1; 0 means "not in the hypothesis").
     unigram_ids: TokenTable<'a, T>,
     /// Per position of the hypothesis: the unigram id of its token.
@@ -583,41 +568,14 @@ impl<T> Default for ClippedMatcher<'_, T> {
 
 impl<'a, T: Hash + Eq> ClippedMatcher<'a, T> {
     /// An empty matcher; its maps grow to the largest segment it is given.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Adds the clipped matches of `hyp` against `refs` to `matches[n-1]`, orders
-    /// `1..=max_order`: `Σ_g min(count_hyp(g), max_r count_{refs[r]}(g))` per order.
-    ///
-    /// Errors: `matches.len() < max_order` (nothing is added then).
-    ///
-    /// ```
-    /// use candle_bleu::ngram::ClippedMatcher;
-    /// let hyp = [1u32, 1, 1, 2];
-    /// let refs = [vec![1u32, 2], vec![1, 1, 3]];
-    /// let mut matcher = ClippedMatcher::new();
-    /// let mut matches = [0u64; 2];
-    /// matcher.add_clipped_matches(&hyp, &refs, 2, &mut matches)?;
-    /// // 1: min(3, max(1, 2)) = 2, 2: 1; (1, 1): 1, (1, 2): 1.
-    /// assert_eq!(matches, [3, 2]);
-    /// # Ok::<(), candle_bleu::ngram::NgramError>(())
-    /// ```
-    pub fn add_clipped_matches<R: AsRef<[T]>>(
-        &mut self,
-        hyp: &'a [T],
-        refs: &'a [R],
-        max_order: usize,
-        matches: &mut [u64],
-    ) -> Result<(), NgramError> {
-        check_matches_len(matches, max_order)?;
-        self.add_clipped_matches_unchecked(hyp, refs, max_order, matches);
-        Ok(())
-    }
-
-    /// [`ClippedMatcher::add_clipped_matches`] for callers that sized `matches` themselves
-    /// (`matches.len() >= max_order`, else it panics on the index).
-    pub(crate) fn add_clipped_matches_unchecked<R: AsRef<[T]>>(
+    /// `1..=max_order`: `Σ_g min(count_hyp(g), max_r count_{refs[r]}(g))` per order. The
+    /// caller sizes `matches` (`matches.len() >= max_order`, else it panics on the index).
+    pub(crate) fn add_clipped_matches<R: AsRef<[T]>>(
         &mut self,
         hyp: &'a [T],
         refs: &'a [R],
@@ -649,7 +607,7 @@ impl<'a, T: Hash + Eq> ClippedMatcher<'a, T> {
 /// segment-local ids: the hypothesis tokens are `1..=vocab` (equal ids for equal tokens), and
 /// each reference token is the id of the equal hypothesis token, or 0 when the hypothesis has
 /// no such token. This is [`ClippedMatcher`] without its token map, for callers that hash
-/// their tokens once themselves (the `candle-bleu` binary interns each line's `&str` tokens
+/// their tokens once themselves (`exact`'s text counter interns each line's `&str` tokens
 /// while it tokenizes them; chrF interns characters and words).
 ///
 /// Its tables are cleared, never reallocated, between segments; it borrows nothing.
@@ -666,63 +624,10 @@ impl InternedMatcher {
 
     /// Adds the clipped matches of `hyp` against `refs` to `matches[n-1]`, orders
     /// `1..=max_order` (the numbers [`ClippedMatcher::add_clipped_matches`] gives on the
-    /// tokens the ids stand for).
-    ///
-    /// Errors (nothing is added then): `matches.len() < max_order`, `vocab > hyp.len()`, a
-    /// hypothesis id outside `1..=vocab`, a reference id above `vocab`.
-    ///
+    /// tokens the ids stand for). The caller makes the ids and sizes `matches`
+    /// (`matches.len() >= max_order`, hypothesis ids in `1..=vocab`, reference ids in
+    /// `0..=vocab`; else it panics on an index).
     pub(crate) fn add_clipped_matches<R: AsRef<[u32]>>(
-        &mut self,
-        hyp: &[u32],
-        refs: &[R],
-        vocab: u32,
-        max_order: usize,
-        matches: &mut [u64],
-    ) -> Result<(), NgramError> {
-        check_matches_len(matches, max_order)?;
-        if vocab as usize > hyp.len() {
-            return Err(NgramError {
-                argument: "vocab",
-                message: format!(
-                    "segment-local ids number at most one per hypothesis token: vocab must be \
-                     <= hyp.len() = {}, got {vocab}",
-                    hyp.len()
-                ),
-            });
-        }
-        if let Some((i, id)) = hyp
-            .iter()
-            .enumerate()
-            .find(|&(_, &id)| id == 0 || id > vocab)
-        {
-            return Err(NgramError {
-                argument: "hyp",
-                message: format!("ids must be in 1..=vocab = 1..={vocab}, got hyp[{i}] = {id}"),
-            });
-        }
-        for (r, reference) in refs.iter().enumerate() {
-            if let Some((i, id)) = reference
-                .as_ref()
-                .iter()
-                .enumerate()
-                .find(|&(_, &id)| id > vocab)
-            {
-                return Err(NgramError {
-                    argument: "refs",
-                    message: format!(
-                        "ids must be in 0..=vocab = 0..={vocab}, got refs[{r}][{i}] = {id}"
-                    ),
-                });
-            }
-        }
-        self.add_clipped_matches_unchecked(hyp, refs, vocab, max_order, matches);
-        Ok(())
-    }
-
-    /// [`InternedMatcher::add_clipped_matches`] for callers whose ids are valid by
-    /// construction (`matches.len() >= max_order`, hypothesis ids in `1..=vocab`, reference ids
-    /// in `0..=vocab`; else it panics on an index).
-    pub(crate) fn add_clipped_matches_unchecked<R: AsRef<[u32]>>(
         &mut self,
         hyp: &[u32],
         refs: &[R],
@@ -792,15 +697,12 @@ mod tests {
         hyp_counts: &NgramCounts<'_, T>,
         max_ref_counts: &NgramCounts<'_, T>,
         matches: &mut [u64],
-    ) -> Result<(), NgramError> {
-        let largest = hyp_counts.keys().map(|g| g.len()).max().unwrap_or(0);
-        check_matches_len(matches, largest)?;
+    ) {
         for (ngram, &count) in hyp_counts.iter() {
             if let Some(&limit) = max_ref_counts.get(ngram) {
                 matches[ngram.len() - 1] += u64::from(count.min(limit));
             }
         }
-        Ok(())
     }
 
     #[test]
@@ -826,9 +728,72 @@ mod tests {
         merge_max_counts(&ref_a, 2, &mut scratch, &mut max_counts);
         merge_max_counts(&ref_b, 2, &mut scratch, &mut max_counts);
         let mut matches = [0u64; 2];
-        add_clipped_matches(&hyp_counts, &max_counts, &mut matches).unwrap();
+        add_clipped_matches(&hyp_counts, &max_counts, &mut matches);
         // "the": min(3, max(1, 2)) = 2, "cat": 1; bigrams "the the" 1, "the cat" 1.
         assert_eq!(matches, [3, 2]);
+    }
+
+    /// The example of the old public documentation of `reference_ngram_masks`.
+    #[test]
+    fn reference_masks_of_two_references() {
+        let (a, b) = ([5u32, 6, 5, 6], [5u32, 6]);
+        let masks = reference_ngram_masks(&[&a[..], &b[..]], 2);
+        // Bigrams start at positions 0, 1, 2 (reference a) and 4 (reference b).
+        assert_eq!(masks.inside, [true, true, true, false, true, false]);
+        // (5, 6) first occurs at 0, (6, 5) at 1; the (5, 6) at 2 and 4 are repeats.
+        assert_eq!(masks.first, [true, true, false, false, false, false]);
+        // (5, 6) occurs twice in a, once in b: it may be matched twice.
+        assert_eq!(masks.clip, [2, 1, 0, 0, 0, 0]);
+    }
+
+    /// Order 0 has no n-gram: all-false masks, no panic (was in tests/exact_errors.rs).
+    #[test]
+    fn reference_masks_of_order_zero_are_empty() {
+        let masks = reference_ngram_masks(&[&[1u32, 2][..], &[3u32][..]], 0);
+        assert_eq!(masks.inside, [false; 3]);
+        assert_eq!(masks.first, [false; 3]);
+        assert_eq!(masks.clip, [0; 3]);
+    }
+
+    /// The example of the old public documentation of `ClippedMatcher::add_clipped_matches`.
+    #[test]
+    fn clipped_matcher_example() {
+        let hyp = [1u32, 1, 1, 2];
+        let refs = [vec![1u32, 2], vec![1, 1, 3]];
+        let mut matcher = ClippedMatcher::new();
+        let mut matches = [0u64; 2];
+        matcher.add_clipped_matches(&hyp, &refs, 2, &mut matches);
+        // 1: min(3, max(1, 2)) = 2, 2: 1; (1, 1): 1, (1, 2): 1.
+        assert_eq!(matches, [3, 2]);
+    }
+
+    /// [`Slots::rebuild`] keeps every entry findable, and `reset` forgets them.
+    #[test]
+    fn slots_rebuild_and_reset() {
+        let mut slots = Slots::default();
+        slots.reset(4, 16);
+        let hashes: Vec<u64> = (0..7u64)
+            .map(|k| k.wrapping_mul(0x1234_5678_9abc_def1))
+            .collect();
+        for (id, &h) in hashes.iter().enumerate() {
+            match slots.probe(h, |_, _| true) {
+                Probe::Vacant(slot) => slots.fill(slot, h, id as u32 + 1),
+                Probe::Found(_) => panic!("a new key was found"),
+            }
+        }
+        slots.rebuild(
+            64,
+            hashes.iter().enumerate().map(|(id, &h)| (h, id as u32 + 1)),
+        );
+        assert_eq!(slots.capacity(), 64);
+        for (id, &h) in hashes.iter().enumerate() {
+            assert!(matches!(slots.probe(h, |_, _| true), Probe::Found(x) if x == id as u32 + 1));
+        }
+        assert!(!slots.reset(4, 16), "no reallocation below the capacity");
+        assert!(matches!(
+            slots.probe(hashes[0], |_, _| true),
+            Probe::Vacant(_)
+        ));
     }
 
     #[test]
@@ -888,10 +853,10 @@ mod tests {
                 merge_max_counts(r, 6, &mut scratch, &mut max_counts);
             }
             let mut want = vec![0u64; 6];
-            add_clipped_matches(&count_ngrams(hyp, 6), &max_counts, &mut want).unwrap();
+            add_clipped_matches(&count_ngrams(hyp, 6), &max_counts, &mut want);
             assert!(want[5] > 0, "the test must reach order 6: {want:?}");
             let mut got = vec![0u64; 6];
-            matcher.add_clipped_matches(hyp, refs, 6, &mut got).unwrap();
+            matcher.add_clipped_matches(hyp, refs, 6, &mut got);
             assert_eq!(got, want);
         }
     }
@@ -924,11 +889,9 @@ mod tests {
                 merge_max_counts(r, *max_order, &mut scratch, &mut max_counts);
             }
             let mut want = vec![0u64; *max_order];
-            add_clipped_matches(&count_ngrams(hyp, *max_order), &max_counts, &mut want).unwrap();
+            add_clipped_matches(&count_ngrams(hyp, *max_order), &max_counts, &mut want);
             let mut got = vec![0u64; *max_order];
-            matcher
-                .add_clipped_matches(hyp, refs, *max_order, &mut got)
-                .unwrap();
+            matcher.add_clipped_matches(hyp, refs, *max_order, &mut got);
             assert_eq!(got, want, "hyp {hyp:?} refs {refs:?} order {max_order}");
             // The same segment interned by hand: first-occurrence ids, 0 for other tokens.
             let mut local: Vec<u64> = Vec::new();
@@ -956,15 +919,13 @@ mod tests {
                 })
                 .collect();
             let mut interned_got = vec![0u64; *max_order];
-            interned
-                .add_clipped_matches(
-                    &hyp_ids,
-                    &ref_ids,
-                    local.len() as u32,
-                    *max_order,
-                    &mut interned_got,
-                )
-                .unwrap();
+            interned.add_clipped_matches(
+                &hyp_ids,
+                &ref_ids,
+                local.len() as u32,
+                *max_order,
+                &mut interned_got,
+            );
             assert_eq!(interned_got, want, "interned: hyp {hyp:?} refs {refs:?}");
         }
     }

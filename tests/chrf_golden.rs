@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use candle_bleu::exact::bootstrap::{
     bootstrap_confidence, paired_approximate_randomization, paired_bootstrap, resample_scores,
+    BootstrapConfig,
 };
 use candle_bleu::exact::chrf::{
     corpus_chrf, corpus_chrf_stats, sentence_chrf, ChrfConfig, ChrfCounts,
@@ -186,19 +187,20 @@ fn bootstrap_matches_sacrebleu_resampling() {
         };
         let (base, sys) = (stats("baseline"), stats("system"));
         let what = format!("{cfg:?} seed {seed}");
+        let samples = |n_samples| BootstrapConfig { n_samples, seed };
         // sacrebleu's resample scores are float32 values.
         assert_eq!(case["resample_types"], serde_json::json!(["float32"]));
         assert_eq!(
-            resample_scores(&base, &cfg, 200, seed).unwrap(),
+            resample_scores(&base, &cfg, &samples(200)).unwrap(),
             floats(&case["resample_200"]),
             "{what}"
         );
-        let ci = bootstrap_confidence(&base, &cfg, 200, seed).unwrap();
+        let ci = bootstrap_confidence(&base, &cfg, &samples(200)).unwrap();
         assert_eq!(ci.score, case["ci"]["score"].as_f64().unwrap(), "{what}");
         assert_eq!(ci.mean, case["ci"]["mean"].as_f64().unwrap(), "{what}");
         assert_eq!(ci.ci, case["ci"]["ci"].as_f64().unwrap(), "{what}");
         let bs = &case["paired_bs_200"];
-        let (bl, result) = paired_bootstrap(&base, &sys, &cfg, 200, seed).unwrap();
+        let (bl, result) = paired_bootstrap(&base, &sys, &cfg, &samples(200)).unwrap();
         assert_eq!(bl.mean, bs["baseline_mean"].as_f64().unwrap(), "{what}");
         assert_eq!(bl.ci, bs["baseline_ci"].as_f64().unwrap(), "{what}");
         assert_eq!(result.score, bs["score"].as_f64().unwrap(), "{what}");
@@ -207,7 +209,7 @@ fn bootstrap_matches_sacrebleu_resampling() {
         assert_eq!(conf.mean, bs["mean"].as_f64().unwrap(), "{what}");
         assert_eq!(conf.ci, bs["ci"].as_f64().unwrap(), "{what}");
         let ar = &case["paired_ar_300"];
-        let result = paired_approximate_randomization(&base, &sys, &cfg, 300, seed).unwrap();
+        let result = paired_approximate_randomization(&base, &sys, &cfg, &samples(300)).unwrap();
         assert_eq!(result.score, ar["score"].as_f64().unwrap(), "{what}");
         assert_eq!(result.p_value, ar["p_value"].as_f64().unwrap(), "{what}");
     }

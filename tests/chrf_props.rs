@@ -12,7 +12,7 @@
 //!   the default on lowercased text;
 //! - bad input is an error naming the argument.
 
-use candle_bleu::exact::bootstrap::bootstrap_confidence;
+use candle_bleu::exact::bootstrap::{bootstrap_confidence, BootstrapConfig};
 use candle_bleu::exact::chrf::{
     corpus_chrf, corpus_chrf_stats, score_chrf_stats, sentence_chrf, ChrfConfig, ChrfCounts,
 };
@@ -162,7 +162,15 @@ fn parallel_corpus_equals_segment_by_segment() {
         let whole = corpus_chrf(&hyps, &refs, cfg).unwrap();
         assert_eq!(whole.counts, segments.iter().sum::<ChrfCounts>());
         assert!(whole.score > 0.0 && whole.score < 100.0);
-        let ci = bootstrap_confidence(&segments, &cfg, 50, 12345).unwrap();
+        let ci = bootstrap_confidence(
+            &segments,
+            &cfg,
+            &BootstrapConfig {
+                n_samples: 50,
+                seed: 12345,
+            },
+        )
+        .unwrap();
         assert!(ci.lower <= ci.upper && ci.score == whole.score);
     }
 }
@@ -243,21 +251,28 @@ fn bad_input_is_an_error_naming_the_argument() {
         assert_eq!(argument(score_chrf_stats(&impossible, cfg)), "counts");
     }
     let stats = corpus_chrf_stats(&hyps, &refs, cfg).unwrap();
+    let ten = BootstrapConfig {
+        n_samples: 10,
+        seed: 1,
+    };
+    let zero = BootstrapConfig {
+        n_samples: 0,
+        ..ten
+    };
     assert_eq!(
         argument(bootstrap_confidence(
             &stats,
             &ChrfConfig::chrf_plus_plus(),
-            10,
-            1
+            &ten
         )),
         "stats"
     );
     assert_eq!(
-        argument(bootstrap_confidence(&stats, &cfg, 0, 1)),
-        "n_samples"
+        argument(bootstrap_confidence(&stats, &cfg, &zero)),
+        "bootstrap.n_samples"
     );
     assert_eq!(
-        argument(bootstrap_confidence(&stats[..0], &cfg, 10, 1)),
+        argument(bootstrap_confidence(&stats[..0], &cfg, &ten)),
         "stats"
     );
     // The message says what is wrong.

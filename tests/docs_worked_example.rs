@@ -12,7 +12,6 @@ use candle_bleu::loss::{
     bleu_loss, log_brevity_penalty, BleuLossConfig, Form, LengthModel, LossSmoothing, Reduction,
     References,
 };
-use candle_bleu::ngram::reference_ngram_masks;
 use candle_core::{Device, Tensor};
 
 const DOC: &str = include_str!("../docs/loss.md");
@@ -106,19 +105,35 @@ struct OrderTables {
     paired: f64,
 }
 
+/// The first-occurrence mask `ν` and clip counts `κ` of the reference's n-grams of `order`,
+/// by their definitions (docs/loss.md): `ν_j = 1` where the n-gram starting at `j` occurs for
+/// the first time, and there `κ_j` is its count in the reference (one reference: the max over
+/// references is that count); 0 elsewhere.
+fn first_and_clip(order: usize) -> (Vec<f64>, Vec<f64>) {
+    let ngrams: Vec<&[u32]> = REFERENCE.windows(order).collect();
+    let first: Vec<bool> = (0..ngrams.len())
+        .map(|j| !ngrams[..j].contains(&ngrams[j]))
+        .collect();
+    let clip = (0..ngrams.len())
+        .map(|j| {
+            if first[j] {
+                ngrams.iter().filter(|&&g| g == ngrams[j]).count() as f64
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    (
+        first.iter().map(|&f| f64::from(u8::from(f))).collect(),
+        clip,
+    )
+}
+
 /// The document's formulas (§5–§8) in plain loops, with `u_i = 1` (the match weights of every
 /// length model in this example).
 fn order_tables(order: usize) -> OrderTables {
-    let masks = reference_ngram_masks(&[&REFERENCE[..]], order);
+    let (first, clip) = first_and_clip(order);
     let starts_ref = REFERENCE.len() + 1 - order;
-    let first: Vec<f64> = masks.first[..starts_ref]
-        .iter()
-        .map(|&f| f64::from(u8::from(f)))
-        .collect();
-    let clip: Vec<f64> = masks.clip[..starts_ref]
-        .iter()
-        .map(|&c| f64::from(c))
-        .collect();
     let ngram_match = ngram_product(&token_match(), order);
     let starts_hyp = ngram_match[0].len();
     let match_weight = vec![1.0; starts_hyp];

@@ -6,14 +6,12 @@
 
 use candle_bleu::exact::bootstrap::{
     bootstrap_confidence, paired_approximate_randomization, paired_bootstrap,
-    paired_bootstrap_many, resample_scores,
+    paired_bootstrap_many, resample_scores, BootstrapConfig,
 };
-use candle_bleu::exact::cli_support::InternedStatsCounter;
 use candle_bleu::exact::{
     corpus_bleu, corpus_stats, nltk_corpus_stats, score_nltk_stats, segment_stats, sentence_bleu,
-    BleuConfig, BleuCounts, MetricError, NltkStats, MAX_ORDER,
+    BleuConfig, BleuCounts, MetricError, NltkStats, TextStatsConfig, TextStatsCounter, MAX_ORDER,
 };
-use candle_bleu::ngram::{reference_ngram_masks, ClippedMatcher, NgramError};
 
 /// The argument an error names (and checks that its message says something).
 fn argument<T: std::fmt::Debug>(result: Result<T, MetricError>) -> &'static str {
@@ -26,13 +24,11 @@ fn argument<T: std::fmt::Debug>(result: Result<T, MetricError>) -> &'static str 
     }
 }
 
-fn ngram_argument<T: std::fmt::Debug>(result: Result<T, NgramError>) -> &'static str {
-    match result {
-        Err(e) => {
-            assert!(e.to_string().contains(e.argument), "{e}");
-            e.argument
-        }
-        Ok(v) => panic!("expected an error, got {v:?}"),
+/// Text counting of orders `1..=max_order`, sacrebleu's tokenizer.
+fn text(max_order: usize) -> TextStatsConfig {
+    TextStatsConfig {
+        max_order,
+        ..TextStatsConfig::default()
     }
 }
 
@@ -103,14 +99,14 @@ fn nltk_with_many_orders_follows_nltk_and_fails_where_nltk_overflows() {
         );
         assert_eq!(argument(segment_stats(&hyp, &refs, max_order)), "max_order");
         assert_eq!(
-            argument(InternedStatsCounter::new(max_order).map(|_| ())),
-            "max_order"
+            argument(TextStatsCounter::new(text(max_order)).map(|_| ())),
+            "cfg.max_order"
         );
     }
     assert_eq!(argument(segment_stats(&hyp, &refs, 0)), "max_order");
     assert_eq!(
-        argument(InternedStatsCounter::new(0).map(|_| ())),
-        "max_order"
+        argument(TextStatsCounter::new(text(0)).map(|_| ())),
+        "cfg.max_order"
     );
 }
 
@@ -160,26 +156,34 @@ fn hand_made_nltk_statistics_are_checked() {
 #[test]
 fn bootstrap_on_zero_segments_is_an_error() {
     let cfg = BleuConfig::default();
+    let ten = BootstrapConfig {
+        n_samples: 10,
+        seed: 1,
+    };
+    let zero = BootstrapConfig {
+        n_samples: 0,
+        ..ten
+    };
     let none: [BleuCounts; 0] = [];
-    assert_eq!(argument(bootstrap_confidence(&none, &cfg, 10, 1)), "stats");
-    assert_eq!(argument(resample_scores(&none, &cfg, 10, 1)), "stats");
+    assert_eq!(argument(bootstrap_confidence(&none, &cfg, &ten)), "stats");
+    assert_eq!(argument(resample_scores(&none, &cfg, &ten)), "stats");
     assert_eq!(
-        argument(paired_bootstrap(&none, &none, &cfg, 10, 1)),
+        argument(paired_bootstrap(&none, &none, &cfg, &ten)),
         "stats"
     );
     assert_eq!(
-        argument(paired_bootstrap_many(&none, &[], &cfg, 10, 1)),
+        argument(paired_bootstrap_many(&none, &[], &cfg, &ten)),
         "stats"
     );
     assert_eq!(
-        argument(paired_approximate_randomization(&none, &none, &cfg, 10, 1)),
+        argument(paired_approximate_randomization(&none, &none, &cfg, &ten)),
         "stats"
     );
     // Zero resamples, and counts whose resample sums would overflow.
     let one = [segment_stats(&[1u32, 2], &[vec![1u32, 2]], 4).unwrap()];
     assert_eq!(
-        argument(bootstrap_confidence(&one, &cfg, 0, 1)),
-        "n_samples"
+        argument(bootstrap_confidence(&one, &cfg, &zero)),
+        "bootstrap.n_samples"
     );
     let huge = [BleuCounts {
         matches: vec![u64::MAX; 4],
@@ -187,9 +191,9 @@ fn bootstrap_on_zero_segments_is_an_error() {
         hyp_len: u64::MAX,
         ref_len: 1,
     }];
-    assert_eq!(argument(bootstrap_confidence(&huge, &cfg, 10, 1)), "stats");
+    assert_eq!(argument(bootstrap_confidence(&huge, &cfg, &ten)), "stats");
     assert_eq!(
-        argument(paired_approximate_randomization(&huge, &huge, &cfg, 10, 1)),
+        argument(paired_approximate_randomization(&huge, &huge, &cfg, &ten)),
         "stats"
     );
 }
@@ -206,39 +210,4 @@ fn summing_statistics_saturates_instead_of_overflowing() {
     assert_eq!(sum.matches, [u64::MAX, 2]);
     assert_eq!(sum.totals, [u64::MAX, 4]);
     assert_eq!((sum.hyp_len, sum.ref_len), (u64::MAX, 6));
-}
-
-#[test]
-fn ngram_functions_check_their_buffers_and_ids() {
-    let hyp = [1u32, 2, 3];
-    let refs = [vec![1u32, 2, 3]];
-    // `matches` shorter than the orders asked for.
-    let mut short = [0u64; 2];
-    assert_eq!(
-        ngram_argument(ClippedMatcher::new().add_clipped_matches(&hyp, &refs, 3, &mut short)),
-        "matches"
-    );
-    assert_eq!(short, [0, 0], "nothing is added on an error");
-    // Interned ids out of range (the binary's counter), named as a MetricError; nothing is
-    // added on an error.
-    let mut counter = InternedStatsCounter::new(3).unwrap();
-    let mut stats = BleuCounts::zeros(3);
-    let mut interned = |hyp: &[u32], refs: &[Vec<u32>], vocab: u32| -> &'static str {
-        argument(counter.add_segment(hyp, refs, vocab, &mut stats))
-    };
-    assert_eq!(interned(&hyp, &refs, 4), "vocab");
-    assert_eq!(interned(&[1, 0, 2], &refs, 3), "hyp");
-    assert_eq!(interned(&[1, 5, 2], &refs, 3), "hyp");
-    assert_eq!(interned(&hyp, &[vec![1, 4]], 3), "refs");
-    assert_eq!(interned(&hyp, &[vec![9u32]], 3), "refs");
-    assert_eq!(stats, BleuCounts::zeros(3));
-    counter
-        .add_segment(&hyp, &[vec![1u32, 2, 0]], 3, &mut stats)
-        .unwrap();
-    assert_eq!(stats.matches, [2, 1, 0]);
-    // Order 0 has no n-gram: all-false masks, no panic.
-    let masks = reference_ngram_masks(&[&[1u32, 2][..], &[3u32][..]], 0);
-    assert_eq!(masks.inside, [false; 3]);
-    assert_eq!(masks.first, [false; 3]);
-    assert_eq!(masks.clip, [0; 3]);
 }

@@ -3,8 +3,7 @@
 //! tokenizer, with and without lowercasing, through both `tokenize` and a reused
 //! `TokenizeBuffer`.
 
-use candle_bleu::exact::cli_support::tokenize_reference;
-use candle_bleu::exact::tokenize::{tokenize, TokenizeBuffer, Tokenizer};
+use candle_bleu::exact::tokenize::{tokenize, tokenize_reference, TokenizeBuffer, Tokenizer};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 

@@ -15,11 +15,13 @@ mod count;
 #[path = "../../src/bin/candle-bleu/input.rs"]
 mod input;
 
-use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many};
+use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap_many, BootstrapConfig};
 use count::Counting;
 use input::{file_lines, read_corpus, universal_lines, HypInput, InputError, Source};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
-use candle_bleu::exact::{corpus_stats, score_from_stats, BleuConfig, BleuCounts, SmoothMethod};
+use candle_bleu::exact::{
+    corpus_stats, score_from_stats, BleuConfig, BleuCounts, SmoothMethod, TextStatsConfig,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -104,11 +106,11 @@ fuzz_target!(|data: &[u8]| {
     for (_, lines) in &corpus.systems {
         assert_eq!(lines.len(), n);
     }
-    let counting = Counting {
-        tok,
+    let counting = Counting(TextStatsConfig {
+        tokenizer: tok,
         lowercase,
         max_order,
-    };
+    });
     let cfg = BleuConfig {
         max_order,
         weights: None,
@@ -151,12 +153,12 @@ fuzz_target!(|data: &[u8]| {
 
     // Bootstrap on small corpora (a few resamples).
     if n <= 64 {
-        let c = bootstrap_confidence(&per_system[0], &cfg, 5, 12345).expect("bootstrap");
+        let c = bootstrap_confidence(&per_system[0], &cfg, &BootstrapConfig { n_samples: 5, seed: 12345 }).expect("bootstrap");
         assert!(c.lower <= c.upper && c.ci >= 0.0 && c.mean.is_finite());
         if per_system.len() > 1 {
             let others: Vec<&[BleuCounts]> = per_system[1..].iter().map(Vec::as_slice).collect();
             let (_, results) =
-                paired_bootstrap_many(&per_system[0], &others, &cfg, 5, 1).expect("paired");
+                paired_bootstrap_many(&per_system[0], &others, &cfg, &BootstrapConfig { n_samples: 5, seed: 1 }).expect("paired");
             for r in results {
                 assert!(r.p_value > 0.0 && r.p_value <= 1.0);
             }

@@ -11,6 +11,7 @@
 use anyhow::{anyhow, Result};
 use candle_bleu::exact::bootstrap::{
     paired_bootstrap as sacrebleu_paired_bootstrap, paired_bootstrap_many, resample_scores,
+    BootstrapConfig,
 };
 use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
@@ -82,14 +83,18 @@ pub fn paired_bootstrap(
         anyhow::bail!("paired bootstrap: resamples must be at least 1");
     }
     let cfg = BleuConfig::default();
+    let bootstrap = BootstrapConfig {
+        n_samples: resamples,
+        seed,
+    };
     let err = |e: candle_bleu::exact::MetricError| anyhow!("paired bootstrap: {e}");
     let (base, sys) =
-        sacrebleu_paired_bootstrap(baseline, system, &cfg, resamples, seed).map_err(err)?;
+        sacrebleu_paired_bootstrap(baseline, system, &cfg, &bootstrap).map_err(err)?;
     let sys_confidence = sys
         .confidence
         .ok_or_else(|| anyhow!("paired bootstrap: no system estimate"))?;
-    let base_scores = resample_scores(baseline, &cfg, resamples, seed).map_err(err)?;
-    let sys_scores = resample_scores(system, &cfg, resamples, seed).map_err(err)?;
+    let base_scores = resample_scores(baseline, &cfg, &bootstrap).map_err(err)?;
+    let sys_scores = resample_scores(system, &cfg, &bootstrap).map_err(err)?;
     let mut deltas: Vec<f64> = sys_scores
         .iter()
         .zip(&base_scores)
@@ -136,8 +141,10 @@ pub fn compare(
         baseline,
         &refs,
         &cfg,
-        resamples,
-        candle_bleu::exact::bootstrap::SACREBLEU_SEED,
+        &BootstrapConfig {
+            n_samples: resamples,
+            ..BootstrapConfig::default()
+        },
     )
     .map_err(|e| anyhow!("{e}"))?;
     results

@@ -21,23 +21,22 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use candle_bleu::exact::bootstrap::{
-    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, Metric,
-    SACREBLEU_SEED,
+    bootstrap_confidence, paired_approximate_randomization, paired_bootstrap_many, BootstrapConfig,
+    Metric, SACREBLEU_SEED,
 };
 use candle_bleu::exact::chrf::{
     corpus_chrf, corpus_chrf_stats, score_chrf_stats, ChrfConfig, ChrfCounts,
 };
 use candle_bleu::exact::tokenize::Tokenizer;
 use candle_bleu::exact::{
-    score_from_stats, BleuConfig, BleuCounts, MetricError, SmoothMethod, MAX_ORDER,
+    score_from_stats, BleuConfig, BleuCounts, MetricError, SmoothMethod, TextStatsConfig, MAX_ORDER,
 };
 use count::Counting;
 use input::{read_corpus, Corpus, HypInput, Source};
 
 use args::{Args, Format, SmoothArg};
 use format::{
-    bleu_extras, fancy_grid, latex_booktabs, score_format, Align, Ci, Json, MetricSignature,
-    ScoreExtras, ScoreLine, Signature,
+    bleu_extras, render, Body, Ci, MetricOut, MetricSignature, Row, ScoreExtras, Scored, Signature,
 };
 
 /// A failure: the message printed on stderr (exit status 2).
@@ -424,39 +423,6 @@ fn parse_corpus<'a>(
     Ok((corpus, names))
 }
 
-/// A score with what it prints besides its number.
-struct Scored {
-    score: f64,
-    extras: ScoreExtras,
-}
-
-/// What was computed for one metric, ready to render.
-enum Body {
-    /// `--sentence-level`: one score per segment.
-    Sentences(Vec<Scored>),
-    /// One system: its corpus score, and the bootstrap estimate with `-ci`.
-    Corpus { scored: Scored, ci: Option<Ci> },
-    /// Several systems: one table cell each, in order (the baseline first in a paired test).
-    Rows(Vec<Row>),
-}
-
-/// One metric's results.
-struct MetricOut {
-    /// sacrebleu's score name: `BLEU`, `chrF2`, `chrF2++`, ...
-    name: String,
-    signature: Signature,
-    body: Body,
-}
-
-/// One system's cell of the several-systems table.
-struct Row {
-    score: f64,
-    /// Paired tests, systems after the baseline.
-    p_value: Option<f64>,
-    /// Paired bootstrap: the bootstrap mean and the 95% half-width.
-    mean_ci: Option<(f64, f64)>,
-}
-
 fn metric_error(e: MetricError) -> Failure {
     e.to_string()
 }
@@ -576,7 +542,8 @@ fn score_metric<C: CliMetric>(
         let n = n_bootstrap as usize;
         let (seed, seed_text) = seed_from_env()?;
         let stats = metric.segments(0).map_err(metric_error)?;
-        let conf = bootstrap_confidence(&stats, cfg, n, seed).map_err(metric_error)?;
+        let conf = bootstrap_confidence(&stats, cfg, &BootstrapConfig { n_samples: n, seed })
+            .map_err(metric_error)?;
         signature.bs = Some(n);
         signature.seed = Some(seed_text);
         return Ok(Body::Corpus {
@@ -620,8 +587,13 @@ fn score_metric<C: CliMetric>(
             1000
         };
         signature.bs = Some(n);
-        let (baseline, results) =
-            paired_bootstrap_many(&stats[0], &others, cfg, n, seed).map_err(metric_error)?;
+        let (baseline, results) = paired_bootstrap_many(
+            &stats[0],
+            &others,
+            cfg,
+            &BootstrapConfig { n_samples: n, seed },
+        )
+        .map_err(metric_error)?;
         rows.push(Row {
             score: baseline.score,
             p_value: None,
@@ -645,8 +617,13 @@ fn score_metric<C: CliMetric>(
             mean_ci: None,
         });
         for other in &others {
-            let r = paired_approximate_randomization(&stats[0], other, cfg, n, seed)
-                .map_err(metric_error)?;
+            let r = paired_approximate_randomization(
+                &stats[0],
+                other,
+                cfg,
+                &BootstrapConfig { n_samples: n, seed },
+            )
+            .map_err(metric_error)?;
             rows.push(Row {
                 score: r.score,
                 p_value: Some(r.p_value),
@@ -685,11 +662,11 @@ fn score_all(args: &Args, opts: &Options, corpus: &Corpus<'_>) -> Result<Vec<Met
                 };
                 let metric = BleuCli {
                     corpus,
-                    counting: Counting {
-                        tok: opts.tok,
+                    counting: Counting(TextStatsConfig {
+                        tokenizer: opts.tok,
                         lowercase: args.lowercase,
                         max_order: opts.cfg.max_order,
-                    },
+                    }),
                     cfg: opts.cfg.clone(),
                 };
                 let body = score_metric(args, opts, num_sys, &metric, &mut signature)?;
@@ -731,186 +708,6 @@ fn score_all(args: &Args, opts: &Options, corpus: &Corpus<'_>) -> Result<Vec<Met
     Ok(outs)
 }
 
-/// Prints the scores as sacrebleu does: one line per sentence, one score per metric (JSON or
-/// text, several metrics as a JSON list or aligned lines), or the several-systems table (JSON
-/// list, `fancy_grid` text or LaTeX) with its notes.
-fn render(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
-    if outs.iter().any(|o| matches!(o.body, Body::Rows(_))) {
-        return render_table(args, opts, names, outs);
-    }
-    let is_json = opts.format == Format::Json;
-    let mut results = Vec::with_capacity(outs.len());
-    let mut out = String::new();
-    for metric in outs {
-        match &metric.body {
-            Body::Sentences(sentences) => {
-                let sig = metric.signature.format(args.short);
-                for s in sentences {
-                    let line = ScoreLine {
-                        name: &metric.name,
-                        score: s.score,
-                        extras: &s.extras,
-                        ci: None,
-                    };
-                    out.push_str(&score_format(
-                        &line,
-                        opts.width,
-                        args.score_only,
-                        &sig,
-                        false,
-                    ));
-                    out.push('\n');
-                }
-            }
-            Body::Corpus { scored, ci } => {
-                let sig = metric.signature.format(args.short && !is_json);
-                let line = ScoreLine {
-                    name: &metric.name,
-                    score: scored.score,
-                    extras: &scored.extras,
-                    ci: *ci,
-                };
-                results.push(score_format(
-                    &line,
-                    opts.width,
-                    args.score_only,
-                    &sig,
-                    is_json,
-                ));
-            }
-            Body::Rows(_) => {}
-        }
-    }
-    if results.is_empty() {
-        return out;
-    }
-    if is_json {
-        if results.len() > 1 {
-            format!("[\n{}\n]\n", results.join(",\n"))
-        } else {
-            format!("{}\n", results[0])
-        }
-    } else {
-        format::align_single_results(&results)
-    }
-}
-
-/// The several-systems output: a JSON list, or a table with the paired-test notes and the
-/// signatures.
-fn render_table(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
-    let width = opts.width;
-    let columns: Vec<(&MetricOut, &[Row])> = outs
-        .iter()
-        .filter_map(|o| match &o.body {
-            Body::Rows(rows) => Some((o, rows.as_slice())),
-            _ => None,
-        })
-        .collect();
-    if opts.format == Format::Json {
-        let opt = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
-        let list: Vec<Json> = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let mut fields = vec![("system".to_owned(), Json::Str(name.clone()))];
-                for (metric, rows) in &columns {
-                    let row = &rows[i];
-                    let value = if opts.paired {
-                        Json::Object(vec![
-                            ("score".into(), Json::Float(row.score)),
-                            ("p_value".into(), opt(row.p_value)),
-                            ("mean".into(), opt(row.mean_ci.map(|m| m.0))),
-                            ("ci".into(), opt(row.mean_ci.map(|m| m.1))),
-                        ])
-                    } else {
-                        Json::Str(format::fixed(row.score, width))
-                    };
-                    fields.push((metric.name.clone(), value));
-                }
-                Json::Object(fields)
-            })
-            .collect();
-        let mut out = Json::Array(list).dumps(4, true);
-        out.push('\n');
-        return out;
-    }
-    let multiline = opts.format != Format::Latex;
-    let mut headers = vec!["System".to_owned()];
-    let mut table_rows: Vec<Vec<String>> = names.iter().map(|n| vec![n.clone()]).collect();
-    // sacrebleu's `is_bootstrap` is set by the first cell with a mean and never reset.
-    let mut is_bootstrap = false;
-    for (metric, rows) in &columns {
-        for (row, cells) in rows.iter().zip(&mut table_rows) {
-            let mut cell = format::fixed(row.score, width);
-            if let Some((mean, ci)) = row.mean_ci {
-                is_bootstrap = true;
-                cell.push_str(&format!(
-                    " ({} ± {})",
-                    format::fixed(mean, width),
-                    format::fixed(ci, width)
-                ));
-            }
-            if let Some(p) = row.p_value {
-                cell.push(if multiline { '\n' } else { ' ' });
-                cell.push_str(&format!("(p = {p:.4})"));
-                if p <= 0.05 {
-                    cell.push('*');
-                }
-            }
-            cells.push(cell);
-        }
-        headers.push(if is_bootstrap {
-            format!("{} (μ ± 95% CI)", metric.name)
-        } else {
-            metric.name.clone()
-        });
-    }
-    let mut aligns = vec![Align::Right];
-    aligns.resize(headers.len(), Align::Center);
-    let table = match opts.format {
-        Format::Latex => latex_booktabs(&headers, &table_rows, &aligns),
-        _ => fancy_grid(&headers, &table_rows, &aligns),
-    };
-    let mut out = format!("{table}\n\n");
-    if opts.paired {
-        let (kind, n, trials) = if args.paired_bs {
-            (
-                "bootstrap resampling",
-                args.paired_bs_n,
-                "resampling trials",
-            )
-        } else {
-            ("approximate randomization", args.paired_ar_n, "trials")
-        };
-        let msg = format!("Paired {kind} test with {n} {trials}");
-        let rule = "-".repeat(msg.chars().count());
-        let baseline = if names[0].starts_with("Baseline:") {
-            names[0].as_str()
-        } else {
-            ""
-        };
-        out.push_str(&format!("{rule}\n{msg}\n{rule}\n"));
-        out.push_str(&format!(
-            " - Each system is pairwise compared to {baseline}.\n"
-        ));
-        if args.paired_bs {
-            out.push_str("   Actual system score / bootstrap estimated true mean / 95% CI are provided for each metric.\n");
-        } else {
-            out.push_str("   Actual system score is provided for each metric.\n");
-        }
-        out.push_str(PAIRED_EXPLANATION);
-    }
-    out.push_str("-----------------\nMetric signatures\n-----------------\n");
-    for (metric, _) in &columns {
-        out.push_str(&format!(
-            " - {:<10} {}\n",
-            metric.name,
-            metric.signature.format(args.short)
-        ));
-    }
-    out
-}
-
 /// The whole command: options, reading, scoring, rendering.
 fn run(args: &Args) -> Result<String, Failure> {
     let opts = options(args)?;
@@ -919,20 +716,3 @@ fn run(args: &Args) -> Result<String, Failure> {
     let outs = score_all(args, &opts, &corpus)?;
     Ok(render(args, &opts, &names, &outs))
 }
-
-/// sacrebleu's explanation of the paired tests, after the first two lines.
-const PAIRED_EXPLANATION: &str = "
- - Null hypothesis: the system and the baseline translations are essentially
-   generated by the same underlying process. For a given system and the baseline,
-   the p-value is roughly the probability of the absolute score difference (delta)
-   or higher occurring due to chance, under the assumption that the null hypothesis is correct.
-
- - Assuming a significance threshold of 0.05, the null hypothesis can be rejected
-   for p-values < 0.05 (marked with \"*\"). This means that the delta is unlikely to be attributed
-   to chance, hence the system is significantly \"different\" than the baseline.
-   Otherwise, the p-values are highlighted in red.
-
- - NOTE: Significance does not tell whether a system is \"better\" than the baseline but rather
-   emphasizes the \"difference\" of the systems in terms of the replicability of the delta.
-
-";

@@ -69,6 +69,44 @@ use super::sacre::{brevity_penalty, my_log};
 /// sacrebleu's default seed (`SACREBLEU_SEED` unset).
 pub const SACREBLEU_SEED: u64 = 12345;
 
+/// The settings of a resampling test: how many resamples (or trials) to draw, and the seed
+/// they are drawn from. Every function of this module takes one.
+///
+/// [`BootstrapConfig::default()`] is sacrebleu's: 1000 samples (`-cin`, `-pbsn`) and seed
+/// [`SACREBLEU_SEED`]. sacrebleu's approximate randomization runs 10000 trials by default
+/// (`-parn`): `BootstrapConfig { n_samples: 10000, ..Default::default() }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BootstrapConfig {
+    /// How many samples to draw, at least 1: the bootstrap resamples `B` of
+    /// [`resample_scores`], [`bootstrap_confidence`] and the paired bootstrap, or the trials
+    /// `T` of [`paired_approximate_randomization`] (`-cin`, `-pbsn`, `-parn`).
+    pub n_samples: usize,
+    /// The seed of NumPy's `default_rng`: sacrebleu's `SACREBLEU_SEED`.
+    pub seed: u64,
+}
+
+impl Default for BootstrapConfig {
+    fn default() -> Self {
+        Self {
+            n_samples: 1000,
+            seed: SACREBLEU_SEED,
+        }
+    }
+}
+
+impl BootstrapConfig {
+    /// Checks the settings: `n_samples >= 1`. The error names the field and its value.
+    pub fn validate(&self) -> Result<(), MetricError> {
+        if self.n_samples == 0 {
+            return Err(invalid(
+                "bootstrap.n_samples",
+                "must be >= 1 (samples or trials to draw), got 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A metric whose statistics [`bootstrap_confidence`], [`paired_bootstrap_many`] and
 /// [`paired_approximate_randomization`] resample: its corpus score is a function of the sum of
 /// per-segment statistics. Implemented (and only implementable) by
@@ -78,40 +116,37 @@ pub const SACREBLEU_SEED: u64 = 12345;
 ///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
 ///
 /// Each reproduces sacrebleu's arithmetic on a resample (see the module docs).
-pub trait Metric: sealed::Sealed {
+pub trait Metric: sealed::Resample<Self::Counts> {
     /// One segment's statistics.
     type Counts;
-
-    /// Checks the configuration for resampling.
-    #[doc(hidden)]
-    fn check_resample(&self) -> Result<(), MetricError>;
-    /// Length of the flat statistics of a segment.
-    #[doc(hidden)]
-    fn width(&self) -> usize;
-    /// Appends `counts` in sacrebleu's flat layout; `false` (nothing appended) if it does not
-    /// hold this metric's orders.
-    #[doc(hidden)]
-    fn flatten(&self, counts: &Self::Counts, out: &mut Vec<u64>) -> bool;
-    /// What `flatten` expects, for error messages.
-    #[doc(hidden)]
-    fn orders_text(&self) -> String;
-    /// The full-precision score (0..=100) of summed flat statistics.
-    #[doc(hidden)]
-    fn score_flat(&self, sum: &[u64]) -> f64;
-    /// The score of a bootstrap resample as sacrebleu computes it (from a `float32` vector),
-    /// and whether sacrebleu holds it as a NumPy `float32` (else a Python `float`).
-    #[doc(hidden)]
-    fn resample_flat(&self, sum: &[u64]) -> (f64, bool);
-    /// The score of an approximate-randomization trial as sacrebleu computes it (`int64`
-    /// statistics).
-    #[doc(hidden)]
-    fn trial_flat(&self, sum: &[u64]) -> f64;
 }
 
+/// The resampling side of a [`Metric`], out of the API: the trait is public (a supertrait of
+/// `Metric` must be) but lives in a private module, so no other crate can name or implement it.
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::exact::config::BleuConfig {}
-    impl Sealed for crate::exact::chrf::ChrfConfig {}
+    use crate::exact::config::MetricError;
+
+    /// What the resampling functions need of a metric whose segments' statistics are `C`.
+    pub trait Resample<C> {
+        /// Checks the configuration for resampling.
+        fn check_resample(&self) -> Result<(), MetricError>;
+        /// Length of the flat statistics of a segment.
+        fn width(&self) -> usize;
+        /// Appends `counts` in sacrebleu's flat layout; `false` (nothing appended) if it does
+        /// not hold this metric's orders.
+        fn flatten(&self, counts: &C, out: &mut Vec<u64>) -> bool;
+        /// What `flatten` expects, for error messages.
+        fn orders_text(&self) -> String;
+        /// The full-precision score (0..=100) of summed flat statistics.
+        fn score_flat(&self, sum: &[u64]) -> f64;
+        /// The score of a bootstrap resample as sacrebleu computes it (from a `float32`
+        /// vector), and whether sacrebleu holds it as a NumPy `float32` (else a Python
+        /// `float`).
+        fn resample_flat(&self, sum: &[u64]) -> (f64, bool);
+        /// The score of an approximate-randomization trial as sacrebleu computes it (`int64`
+        /// statistics).
+        fn trial_flat(&self, sum: &[u64]) -> f64;
+    }
 }
 
 /// `BleuCounts` from sacrebleu's flat layout `[c, r, m_1..m_N, t_1..t_N]`.
@@ -127,7 +162,9 @@ fn bleu_from_flat(flat: &[u64]) -> BleuCounts {
 
 impl Metric for BleuConfig {
     type Counts = BleuCounts;
+}
 
+impl sealed::Resample<BleuCounts> for BleuConfig {
     fn check_resample(&self) -> Result<(), MetricError> {
         self.validate()?;
         if let SmoothMethod::Nltk(_) = self.smoothing {
@@ -173,7 +210,9 @@ impl Metric for BleuConfig {
 
 impl Metric for ChrfConfig {
     type Counts = ChrfCounts;
+}
 
+impl sealed::Resample<ChrfCounts> for ChrfConfig {
     fn check_resample(&self) -> Result<(), MetricError> {
         self.validate()
     }
@@ -280,13 +319,11 @@ fn score_f32(stats: &BleuCounts, cfg: &BleuConfig) -> f64 {
 /// (`segments × width`, sacrebleu's layout).
 fn check<M: Metric>(
     cfg: &M,
-    n_samples: usize,
+    bootstrap: &BootstrapConfig,
     systems: &[&[M::Counts]],
 ) -> Result<Vec<Vec<u64>>, MetricError> {
     cfg.check_resample()?;
-    if n_samples == 0 {
-        return Err(invalid("n_samples", "must be >= 1, got 0"));
-    }
+    bootstrap.validate()?;
     let n = systems.first().map_or(0, |s| s.len());
     if n == 0 {
         return Err(invalid("stats", "no segment to resample"));
@@ -458,16 +495,16 @@ fn estimate_ci(score: f64, scores: &mut Scores, how: Mean) -> Confidence {
     }
 }
 
-/// Scores `B = n_samples` bootstrap resamples of each system (flat statistics, `width` per
-/// segment), all with the same indices (sacrebleu draws one `(B, S)` index matrix from
-/// `default_rng(seed)` per call, so every call with the same seed resamples the same way).
-/// Returns the scores of each system.
+/// Scores `B = bootstrap.n_samples` bootstrap resamples of each system (flat statistics,
+/// `width` per segment), all with the same indices (sacrebleu draws one `(B, S)` index matrix
+/// from `default_rng(seed)` per call, so every call with the same seed resamples the same
+/// way). Returns the scores of each system.
 fn resample_all<M: Metric>(
     systems: &[Vec<u64>],
     cfg: &M,
-    n_samples: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Vec<Scores> {
+    let BootstrapConfig { n_samples, seed } = *bootstrap;
     let width = cfg.width();
     let n = systems[0].len() / width;
     let mut rng = NumpyPcg64::new(seed);
@@ -504,28 +541,27 @@ fn flat_sum(flat: &[u64], width: usize) -> Vec<u64> {
     sum
 }
 
-/// The scores of `n_samples` bootstrap resamples of a corpus (per-segment `stats`, e.g. from
-/// [`corpus_stats`](super::corpus_stats) or
+/// The scores of `bootstrap.n_samples` bootstrap resamples of a corpus (per-segment `stats`,
+/// e.g. from [`corpus_stats`](super::corpus_stats) or
 /// [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)), drawn and computed exactly as
-/// sacrebleu's `_bootstrap_resample` with `SACREBLEU_SEED = seed`. chrF's scores are `f32`
-/// values, as sacrebleu's are.
+/// sacrebleu's `_bootstrap_resample` with `SACREBLEU_SEED = bootstrap.seed`. chrF's scores
+/// are `f32` values, as sacrebleu's are.
 ///
-/// Errors: invalid `cfg`, NLTK smoothing, `n_samples == 0`, no segment, segments without
-/// the orders of `cfg`.
+/// Errors: invalid `cfg`, NLTK smoothing, `bootstrap.n_samples == 0`, no segment, segments
+/// without the orders of `cfg`.
 pub fn resample_scores<M: Metric>(
     stats: &[M::Counts],
     cfg: &M,
-    n_samples: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Result<Vec<f64>, MetricError> {
-    let flat = check(cfg, n_samples, &[stats])?;
-    Ok(resample_all(&flat, cfg, n_samples, seed).remove(0).values)
+    let flat = check(cfg, bootstrap, &[stats])?;
+    Ok(resample_all(&flat, cfg, bootstrap).remove(0).values)
 }
 
 /// sacrebleu's `corpus_score(..., n_bootstrap=n_samples)` confidence estimate (`sacrebleu -ci
-/// -cin n_samples`): the corpus score, the mean of `n_samples` resample scores and the
-/// half-width of their 95% percentile interval (see the module docs for the formulas).
-/// `seed` is `SACREBLEU_SEED` ([`SACREBLEU_SEED`] = 12345 by default). `cfg` is a
+/// -cin n_samples`): the corpus score, the mean of `bootstrap.n_samples` resample scores and
+/// the half-width of their 95% percentile interval (see the module docs for the formulas).
+/// `bootstrap.seed` is `SACREBLEU_SEED` ([`SACREBLEU_SEED`] = 12345 by default). `cfg` is a
 /// [`BleuConfig`] (statistics from [`corpus_stats`](super::corpus_stats)) or a [`ChrfConfig`]
 /// (from [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
 ///
@@ -533,7 +569,7 @@ pub fn resample_scores<M: Metric>(
 /// is positive. Errors as [`resample_scores`].
 ///
 /// ```
-/// use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap, SACREBLEU_SEED};
+/// use candle_bleu::exact::bootstrap::{bootstrap_confidence, paired_bootstrap, BootstrapConfig};
 /// use candle_bleu::exact::chrf::{corpus_chrf_stats, ChrfConfig};
 /// use candle_bleu::exact::{corpus_stats, BleuConfig};
 /// let refs: Vec<Vec<Vec<u32>>> = (0..50u32).map(|i| vec![(i..i + 12).collect()]).collect();
@@ -543,10 +579,11 @@ pub fn resample_scores<M: Metric>(
 /// let cfg = BleuConfig::default();
 /// let base_stats = corpus_stats(&baseline, &refs, 4)?;
 /// let sys_stats = corpus_stats(&system, &refs, 4)?;
-/// let ci = bootstrap_confidence(&base_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// let bootstrap = BootstrapConfig::default(); // sacrebleu's 1000 resamples, seed 12345
+/// let ci = bootstrap_confidence(&base_stats, &cfg, &bootstrap)?;
 /// // Every segment alike: every resample scores (up to float32 rounding) the corpus score.
 /// assert!((ci.mean - ci.score).abs() < 1e-3 && ci.ci < 1e-3);
-/// let (_, result) = paired_bootstrap(&base_stats, &sys_stats, &cfg, 1000, SACREBLEU_SEED)?;
+/// let (_, result) = paired_bootstrap(&base_stats, &sys_stats, &cfg, &bootstrap)?;
 /// assert!(result.score < ci.score && result.p_value < 0.05);
 ///
 /// // chrF: the same functions on chrF statistics.
@@ -554,19 +591,19 @@ pub fn resample_scores<M: Metric>(
 /// let refs = [vec!["the cat sat down"], vec!["the dog barked"], vec!["birds sing"]];
 /// let chrf = ChrfConfig::default();
 /// let stats = corpus_chrf_stats(&hyps, &refs, chrf)?;
-/// let ci = bootstrap_confidence(&stats, &chrf, 100, SACREBLEU_SEED)?;
+/// let few = BootstrapConfig { n_samples: 100, ..bootstrap };
+/// let ci = bootstrap_confidence(&stats, &chrf, &few)?;
 /// assert!(ci.lower <= ci.upper && ci.ci >= 0.0);
 /// # Ok::<(), candle_bleu::exact::MetricError>(())
 /// ```
 pub fn bootstrap_confidence<M: Metric>(
     stats: &[M::Counts],
     cfg: &M,
-    n_samples: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Result<Confidence, MetricError> {
-    let flat = check(cfg, n_samples, &[stats])?;
+    let flat = check(cfg, bootstrap, &[stats])?;
     let score = cfg.score_flat(&flat_sum(&flat[0], cfg.width()));
-    let mut scores = resample_all(&flat, cfg, n_samples, seed).remove(0);
+    let mut scores = resample_all(&flat, cfg, bootstrap).remove(0);
     Ok(estimate_ci(score, &mut scores, Mean::Exact))
 }
 
@@ -582,7 +619,8 @@ pub struct PairedResult {
 }
 
 /// Paired bootstrap resampling of several systems against a baseline, as sacrebleu's
-/// `PairedTest(test_type='bs')` (`sacrebleu -pbs -pbsn n_samples`): every resample uses the same
+/// `PairedTest(test_type='bs')` (`sacrebleu -pbs -pbsn n_samples`, `bootstrap.n_samples`
+/// resamples from `bootstrap.seed`): every resample uses the same
 /// segment indices for all systems. Returns the baseline's estimate and one result per
 /// system, in order. See the module docs for the formulas.
 ///
@@ -592,17 +630,17 @@ pub fn paired_bootstrap_many<M: Metric>(
     baseline: &[M::Counts],
     systems: &[&[M::Counts]],
     cfg: &M,
-    n_samples: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Result<(Confidence, Vec<PairedResult>), MetricError> {
+    let n_samples = bootstrap.n_samples;
     let mut all: Vec<&[M::Counts]> = vec![baseline];
     all.extend_from_slice(systems);
-    let flat = check(cfg, n_samples, &all)?;
+    let flat = check(cfg, bootstrap, &all)?;
     let actual: Vec<f64> = flat
         .iter()
         .map(|f| cfg.score_flat(&flat_sum(f, cfg.width())))
         .collect();
-    let mut scores = resample_all(&flat, cfg, n_samples, seed);
+    let mut scores = resample_all(&flat, cfg, bootstrap);
     let bl_scores = scores.remove(0);
     let mut bl_sorted = bl_scores.clone();
     let bl_conf = estimate_ci(actual[0], &mut bl_sorted, Mean::Numpy);
@@ -655,10 +693,9 @@ pub fn paired_bootstrap<M: Metric>(
     baseline: &[M::Counts],
     system: &[M::Counts],
     cfg: &M,
-    n_samples: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Result<(Confidence, PairedResult), MetricError> {
-    let (bl, mut results) = paired_bootstrap_many(baseline, &[system], cfg, n_samples, seed)?;
+    let (bl, mut results) = paired_bootstrap_many(baseline, &[system], cfg, bootstrap)?;
     Ok((bl, results.remove(0)))
 }
 
@@ -677,18 +714,23 @@ fn score_ar(stats: &BleuCounts, cfg: &BleuConfig) -> f64 {
 /// Paired approximate randomization of `system` against `baseline`, as sacrebleu's
 /// `PairedTest(test_type='ar')` (`sacrebleu -par -parn n_trials`, without the optional
 /// confidence estimate): `p = (c + 1)/(T + 1)` with `c` the trials whose swapped systems differ
-/// by more than the real difference (see the module docs). `seed` re-seeds the generator for
-/// every system, as sacrebleu does, so all systems see the same swaps.
+/// by more than the real difference (see the module docs). Here `bootstrap.n_samples` is the
+/// number of trials `T` (sacrebleu's default is 10000, not `BootstrapConfig::default()`'s
+/// 1000). `bootstrap.seed` re-seeds the generator for every system, as sacrebleu does, so all
+/// systems see the same swaps.
 ///
 /// Errors: as [`paired_bootstrap_many`].
 pub fn paired_approximate_randomization<M: Metric>(
     baseline: &[M::Counts],
     system: &[M::Counts],
     cfg: &M,
-    n_trials: usize,
-    seed: u64,
+    bootstrap: &BootstrapConfig,
 ) -> Result<PairedResult, MetricError> {
-    let flat = check(cfg, n_trials, &[baseline, system])?;
+    let BootstrapConfig {
+        n_samples: n_trials,
+        seed,
+    } = *bootstrap;
+    let flat = check(cfg, bootstrap, &[baseline, system])?;
     let width = cfg.width();
     let bl_sum = flat_sum(&flat[0], width);
     let sys_sum = flat_sum(&flat[1], width);
@@ -743,6 +785,11 @@ pub fn paired_approximate_randomization<M: Metric>(
 mod tests {
     use super::*;
 
+    /// `n_samples` samples from `seed`.
+    fn bs(n_samples: usize, seed: u64) -> BootstrapConfig {
+        BootstrapConfig { n_samples, seed }
+    }
+
     #[test]
     fn numpy_pairwise_sum_small_and_blocked() {
         let v: Vec<f64> = (0..1000).map(|i| 0.1 * i as f64).collect();
@@ -770,12 +817,12 @@ mod tests {
     fn confidence_interval_contains_score_and_is_deterministic() {
         let stats = toy_stats();
         let cfg = BleuConfig::default();
-        let a = bootstrap_confidence(&stats, &cfg, 1000, SACREBLEU_SEED).unwrap();
-        let b = bootstrap_confidence(&stats, &cfg, 1000, SACREBLEU_SEED).unwrap();
+        let a = bootstrap_confidence(&stats, &cfg, &bs(1000, SACREBLEU_SEED)).unwrap();
+        let b = bootstrap_confidence(&stats, &cfg, &bs(1000, SACREBLEU_SEED)).unwrap();
         assert_eq!(a, b);
         assert!(a.lower <= a.score && a.score <= a.upper, "{a:?}");
         assert!(a.ci > 0.0 && (a.mean - a.score).abs() < a.ci);
-        let c = bootstrap_confidence(&stats, &cfg, 1000, 7).unwrap();
+        let c = bootstrap_confidence(&stats, &cfg, &bs(1000, 7)).unwrap();
         assert_ne!(a.mean, c.mean);
     }
 
@@ -790,17 +837,17 @@ mod tests {
             })
             .collect();
         let cfg = BleuConfig::default();
-        let (blc, res) = paired_bootstrap(&bl, &sys, &cfg, 500, 12345).unwrap();
+        let (blc, res) = paired_bootstrap(&bl, &sys, &cfg, &bs(500, 12345)).unwrap();
         assert!(res.p_value > 0.0 && res.p_value <= 1.0);
         assert!(res.p_value < 0.05, "{res:?}");
         assert!(blc.score > res.score);
         // A system against itself: no resample differs by more than 0, p = 1/(n+1) (sacrebleu's
         // strict `>`).
-        let (_, same) = paired_bootstrap(&bl, &bl, &cfg, 200, 12345).unwrap();
+        let (_, same) = paired_bootstrap(&bl, &bl, &cfg, &bs(200, 12345)).unwrap();
         assert_eq!(same.p_value, 1.0 / 201.0);
-        let ar = paired_approximate_randomization(&bl, &sys, &cfg, 1000, 12345).unwrap();
+        let ar = paired_approximate_randomization(&bl, &sys, &cfg, &bs(1000, 12345)).unwrap();
         assert!(ar.p_value > 0.0 && ar.p_value < 0.05, "{ar:?}");
-        let ar_same = paired_approximate_randomization(&bl, &bl, &cfg, 100, 12345).unwrap();
+        let ar_same = paired_approximate_randomization(&bl, &bl, &cfg, &bs(100, 12345)).unwrap();
         assert_eq!(ar_same.p_value, 1.0 / 101.0);
     }
 
@@ -808,13 +855,13 @@ mod tests {
     fn errors_name_the_argument() {
         let stats = toy_stats();
         let cfg = BleuConfig::default();
-        let e = bootstrap_confidence(&stats, &cfg, 0, 1).unwrap_err();
-        assert!(e.to_string().contains("n_samples"));
-        let e = bootstrap_confidence(&[], &cfg, 10, 1).unwrap_err();
+        let e = bootstrap_confidence(&stats, &cfg, &bs(0, 1)).unwrap_err();
+        assert!(e.to_string().contains("bootstrap.n_samples"), "{e}");
+        let e = bootstrap_confidence(&[], &cfg, &bs(10, 1)).unwrap_err();
         assert!(e.to_string().contains("stats"));
-        let e = paired_bootstrap(&stats, &stats[..3], &cfg, 10, 1).unwrap_err();
+        let e = paired_bootstrap(&stats, &stats[..3], &cfg, &bs(10, 1)).unwrap_err();
         assert!(e.to_string().contains("same number of segments"));
-        let e = bootstrap_confidence(&stats, &BleuConfig::nltk(1), 10, 1).unwrap_err();
+        let e = bootstrap_confidence(&stats, &BleuConfig::nltk(1), &bs(10, 1)).unwrap_err();
         assert!(e.to_string().contains("cfg.smoothing"));
     }
 

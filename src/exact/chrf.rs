@@ -52,7 +52,7 @@
 //! # Speed
 //! Characters and words are interned into segment-local ids (each hashed once), and n-grams
 //! of every order are numbered from their prefix by the crate's n-gram counter
-//! ([`crate::ngram`]): no n-gram is hashed or allocated. Corpora of 128 segments or more are
+//! (`crate::ngram`): no n-gram is hashed or allocated. Corpora of 128 segments or more are
 //! counted on rayon's pool.
 
 use std::borrow::Borrow;
@@ -762,7 +762,7 @@ impl ChrfCounter {
             );
             let ref_char_len = ref_chars.len();
             if char_order > 0 {
-                matcher.add_clipped_matches_unchecked(
+                matcher.add_clipped_matches(
                     hyp_chars,
                     std::slice::from_ref(ref_chars),
                     char_vocab,
@@ -780,7 +780,7 @@ impl ChrfCounter {
                         .unwrap_or(0)
                 }));
                 ref_word_len = ref_words.len();
-                matcher.add_clipped_matches_unchecked(
+                matcher.add_clipped_matches(
                     hyp_words,
                     std::slice::from_ref(ref_words),
                     word_vocab,

@@ -25,15 +25,6 @@ impl std::fmt::Display for MetricError {
 
 impl std::error::Error for MetricError {}
 
-impl From<crate::ngram::NgramError> for MetricError {
-    fn from(e: crate::ngram::NgramError) -> Self {
-        MetricError::InvalidArgument {
-            argument: e.argument,
-            message: e.message,
-        }
-    }
-}
-
 /// The largest n-gram order accepted (`max_order` and [`BleuConfig::max_order`]).
 ///
 /// BLEU uses 4; an order beyond the longest hypothesis only adds zero totals. The bound keeps

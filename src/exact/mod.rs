@@ -1,7 +1,9 @@
 //! Exact (discrete) BLEU that reproduces sacrebleu 2.6.0 and NLTK 3.10.4 to the last digit.
 //!
 //! Tokens are any `T: Eq + Hash` (`u32` ids, `String`s, `&str`s). N-grams are counted by the
-//! crate's one counter ([`crate::ngram`]), so the loss and the metric agree on what a match is.
+//! crate's one counter (its internal `ngram` module), so the loss and the metric agree on what
+//! a match is. Lines of text are counted as sacrebleu's BLEU counts them by
+//! [`TextStatsCounter`].
 //!
 //! # Semantics
 //! Statistics, for a segment with hypothesis `y` (length `c`) and references `ρ^1..ρ^R`:
@@ -56,6 +58,7 @@ mod nltk;
 mod numpy_rng;
 mod sacre;
 mod stats;
+mod text_stats;
 pub mod tokenize;
 
 pub use bleu::{
@@ -64,6 +67,4 @@ pub use bleu::{
 pub use config::{BleuConfig, BleuCounts, BleuScore, MetricError, SmoothMethod, MAX_ORDER};
 pub use nltk::NltkStats;
 pub use stats::segment_stats;
-
-#[doc(hidden)]
-pub mod cli_support;
+pub use text_stats::{TextStatsConfig, TextStatsCounter};

@@ -1,12 +1,12 @@
 //! Sufficient statistics of BLEU: clipped matches and totals per order, hypothesis and
 //! effective reference lengths, counted per segment with the crate's one n-gram counter
-//! ([`crate::ngram`]) and summed over a corpus.
+//! (`crate::ngram`) and summed over a corpus.
 
 use std::hash::Hash;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign};
 
-use crate::ngram::{ClippedMatcher, InternedMatcher};
+use crate::ngram::ClippedMatcher;
 
 use super::config::{check_max_order, BleuCounts, MetricError};
 
@@ -140,7 +140,7 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
         let n = self.max_order;
         grow_orders(stats, n);
         self.matcher
-            .add_clipped_matches_unchecked(hyp, refs, n, &mut stats.matches);
+            .add_clipped_matches(hyp, refs, n, &mut stats.matches);
         add_lengths(stats, n, hyp.len(), refs.iter().map(|r| r.as_ref().len()));
     }
 
@@ -153,7 +153,7 @@ impl<'a, T: Eq + Hash> StatsCounter<'a, T> {
 }
 
 /// Grows `stats` to `n` orders (with zeros) if it holds fewer.
-fn grow_orders(stats: &mut BleuCounts, n: usize) {
+pub(super) fn grow_orders(stats: &mut BleuCounts, n: usize) {
     if stats.matches.len() < n {
         stats.matches.resize(n, 0);
     }
@@ -164,71 +164,17 @@ fn grow_orders(stats: &mut BleuCounts, n: usize) {
 
 /// Adds everything of one segment but its matches: totals `t_n = max(0, c - n + 1)` for orders
 /// `1..=n`, `c` and the closest reference length (0 without a reference).
-fn add_lengths(stats: &mut BleuCounts, n: usize, c: usize, ref_lens: impl Iterator<Item = usize>) {
+pub(super) fn add_lengths(
+    stats: &mut BleuCounts,
+    n: usize,
+    c: usize,
+    ref_lens: impl Iterator<Item = usize>,
+) {
     for (order, total) in stats.totals.iter_mut().take(n).enumerate() {
         *total += c.saturating_sub(order) as u64;
     }
     stats.hyp_len += c as u64;
     stats.ref_len += closest_ref_len(c, ref_lens).unwrap_or(0) as u64;
-}
-
-/// BLEU statistics of segments whose tokens the caller has interned into segment-local ids: hypothesis ids `1..=vocab`, and each reference token the id of
-/// the equal hypothesis token or 0. Borrows nothing, so one counter serves any number of
-/// segments, each tokenized into reused buffers (what the `candle-bleu` binary does).
-///
-/// ```
-/// use candle_bleu::exact::cli_support::InternedStatsCounter;
-/// use candle_bleu::exact::{segment_stats, BleuCounts};
-/// // "the cat sat" against "the cat" and "a cat sat": the = 1, cat = 2, sat = 3, a = 0.
-/// let mut counter = InternedStatsCounter::new(2)?;
-/// let mut stats = BleuCounts::zeros(2);
-/// counter.add_segment(&[1, 2, 3], &[vec![1, 2], vec![0, 2, 3]], 3, &mut stats)?;
-/// let words = segment_stats(
-///     &["the", "cat", "sat"],
-///     &[vec!["the", "cat"], vec!["a", "cat", "sat"]],
-///     2,
-/// )?;
-/// assert_eq!(stats, words);
-/// assert_eq!(stats.matches, [3, 2]);
-/// # Ok::<(), candle_bleu::exact::MetricError>(())
-/// ```
-#[derive(Default)]
-pub struct InternedStatsCounter {
-    max_order: usize,
-    matcher: InternedMatcher,
-}
-
-impl InternedStatsCounter {
-    /// A counter of the orders `1..=max_order`.
-    ///
-    /// Errors: `max_order` outside `1..=`[`MAX_ORDER`](super::MAX_ORDER).
-    pub fn new(max_order: usize) -> Result<Self, MetricError> {
-        check_max_order("max_order", max_order)?;
-        Ok(Self {
-            max_order,
-            matcher: InternedMatcher::new(),
-        })
-    }
-
-    /// Adds the statistics of one segment to `stats` (grown to `max_order` orders if
-    /// shorter), as [`segment_stats`] counts the tokens the ids stand for.
-    ///
-    /// Errors (nothing is added): `vocab > hyp.len()`, a hypothesis id outside `1..=vocab`, a
-    /// reference id above `vocab`.
-    pub fn add_segment<R: AsRef<[u32]>>(
-        &mut self,
-        hyp: &[u32],
-        refs: &[R],
-        vocab: u32,
-        stats: &mut BleuCounts,
-    ) -> Result<(), MetricError> {
-        let n = self.max_order;
-        grow_orders(stats, n);
-        self.matcher
-            .add_clipped_matches(hyp, refs, vocab, n, &mut stats.matches)?;
-        add_lengths(stats, n, hyp.len(), refs.iter().map(|r| r.as_ref().len()));
-        Ok(())
-    }
 }
 
 /// The statistics of one segment, orders `1..=max_order`: clipped matches

@@ -2,7 +2,7 @@
 //!
 //! The references of one batch element are laid end to end; an n-gram never spans two of them.
 //! For token ids the masks and clip counts are exact integers computed on the host by the
-//! crate's one n-gram counter ([`crate::ngram`]), with no `V`-sized work and no gradient. For
+//! crate's one n-gram counter (`crate::ngram`), with no `V`-sized work and no gradient. For
 //! one-hot or soft matrices they follow the derivation: reference self-matches
 //! `Y[j,j'] = Π_k A_{j+k}·A_{j'+k}` and products over the strictly lower triangle.
 

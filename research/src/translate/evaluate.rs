@@ -3,7 +3,7 @@
 //! `candle_bleu::exact`, plus the length ratio and BLEU without its brevity penalty.
 
 use anyhow::{anyhow, Result};
-use candle_bleu::exact::bootstrap::paired_bootstrap;
+use candle_bleu::exact::bootstrap::{paired_bootstrap, BootstrapConfig};
 use candle_bleu::exact::chrf::{corpus_chrf, corpus_chrf_stats, ChrfConfig, ChrfCounts};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
 use candle_bleu::exact::{corpus_bleu, corpus_stats, sentence_bleu, BleuConfig, BleuCounts};
@@ -206,16 +206,20 @@ pub fn bootstrap(
         &baseline.bleu,
         &system.bleu,
         &BleuConfig::default(),
-        resamples,
-        12345,
+        &BootstrapConfig {
+            n_samples: resamples,
+            seed: 12345,
+        },
     )
     .map_err(|e| anyhow!("paired bootstrap (BLEU): {e}"))?;
     let (chrf_base, chrf_sys) = paired_bootstrap(
         &baseline.chrf,
         &system.chrf,
         &ChrfConfig::default(),
-        resamples,
-        12345,
+        &BootstrapConfig {
+            n_samples: resamples,
+            seed: 12345,
+        },
     )
     .map_err(|e| anyhow!("paired bootstrap (chrF): {e}"))?;
     Ok(Bootstrap {

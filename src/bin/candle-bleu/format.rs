@@ -1,8 +1,13 @@
 //! Output exactly as sacrebleu 2.6.0 prints it: Python float formatting, `json.dumps`, the
 //! signature, `BLEUScore.format`, and the two `tabulate` 0.10 table formats sacrebleu uses for
-//! several systems (`fancy_grid` for text, `latex_booktabs` for LaTeX).
+//! several systems (`fancy_grid` for text, `latex_booktabs` for LaTeX); and the rendering of
+//! what the command computed ([`MetricOut`]) in the format the options ask for ([`render`]).
 
+use candle_bleu::exact::tokenize::is_python_whitespace;
 use candle_bleu::exact::BleuScore;
+
+use crate::args::{Args, Format};
+use crate::Options;
 
 /// Python's `f"{x:.{width}f}"` (both round the exact binary value half to even).
 pub fn fixed(x: f64, width: usize) -> String {
@@ -424,7 +429,7 @@ pub enum Align {
 
 /// Python's `str.strip()` (Python whitespace).
 fn py_strip(s: &str) -> &str {
-    candle_bleu::exact::cli_support::python_strip(s)
+    s.trim_matches(is_python_whitespace)
 }
 
 fn width_of(s: &str) -> usize {
@@ -569,6 +574,234 @@ pub fn latex_booktabs(headers: &[String], rows: &[Vec<String>], aligns: &[Align]
     out.push("\\bottomrule\n\\end{tabular}".into());
     out.join("\n")
 }
+
+// ---- What the command computed, and its rendering ----
+
+/// A score with what it prints besides its number.
+pub struct Scored {
+    pub score: f64,
+    pub extras: ScoreExtras,
+}
+
+/// What was computed for one metric, ready to render.
+pub enum Body {
+    /// `--sentence-level`: one score per segment.
+    Sentences(Vec<Scored>),
+    /// One system: its corpus score, and the bootstrap estimate with `-ci`.
+    Corpus { scored: Scored, ci: Option<Ci> },
+    /// Several systems: one table cell each, in order (the baseline first in a paired test).
+    Rows(Vec<Row>),
+}
+
+/// One metric's results.
+pub struct MetricOut {
+    /// sacrebleu's score name: `BLEU`, `chrF2`, `chrF2++`, ...
+    pub name: String,
+    pub signature: Signature,
+    pub body: Body,
+}
+
+/// One system's cell of the several-systems table.
+pub struct Row {
+    pub score: f64,
+    /// Paired tests, systems after the baseline.
+    pub p_value: Option<f64>,
+    /// Paired bootstrap: the bootstrap mean and the 95% half-width.
+    pub mean_ci: Option<(f64, f64)>,
+}
+
+/// Prints the scores as sacrebleu does: one line per sentence, one score per metric (JSON or
+/// text, several metrics as a JSON list or aligned lines), or the several-systems table (JSON
+/// list, `fancy_grid` text or LaTeX) with its notes.
+pub fn render(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
+    if outs.iter().any(|o| matches!(o.body, Body::Rows(_))) {
+        return render_table(args, opts, names, outs);
+    }
+    let is_json = opts.format == Format::Json;
+    let mut results = Vec::with_capacity(outs.len());
+    let mut out = String::new();
+    for metric in outs {
+        match &metric.body {
+            Body::Sentences(sentences) => {
+                let sig = metric.signature.format(args.short);
+                for s in sentences {
+                    let line = ScoreLine {
+                        name: &metric.name,
+                        score: s.score,
+                        extras: &s.extras,
+                        ci: None,
+                    };
+                    out.push_str(&score_format(
+                        &line,
+                        opts.width,
+                        args.score_only,
+                        &sig,
+                        false,
+                    ));
+                    out.push('\n');
+                }
+            }
+            Body::Corpus { scored, ci } => {
+                let sig = metric.signature.format(args.short && !is_json);
+                let line = ScoreLine {
+                    name: &metric.name,
+                    score: scored.score,
+                    extras: &scored.extras,
+                    ci: *ci,
+                };
+                results.push(score_format(
+                    &line,
+                    opts.width,
+                    args.score_only,
+                    &sig,
+                    is_json,
+                ));
+            }
+            Body::Rows(_) => {}
+        }
+    }
+    if results.is_empty() {
+        return out;
+    }
+    if is_json {
+        if results.len() > 1 {
+            format!("[\n{}\n]\n", results.join(",\n"))
+        } else {
+            format!("{}\n", results[0])
+        }
+    } else {
+        align_single_results(&results)
+    }
+}
+
+/// The several-systems output: a JSON list, or a table with the paired-test notes and the
+/// signatures.
+fn render_table(args: &Args, opts: &Options, names: &[String], outs: &[MetricOut]) -> String {
+    let width = opts.width;
+    let columns: Vec<(&MetricOut, &[Row])> = outs
+        .iter()
+        .filter_map(|o| match &o.body {
+            Body::Rows(rows) => Some((o, rows.as_slice())),
+            _ => None,
+        })
+        .collect();
+    if opts.format == Format::Json {
+        let opt = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
+        let list: Vec<Json> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let mut fields = vec![("system".to_owned(), Json::Str(name.clone()))];
+                for (metric, rows) in &columns {
+                    let row = &rows[i];
+                    let value = if opts.paired {
+                        Json::Object(vec![
+                            ("score".into(), Json::Float(row.score)),
+                            ("p_value".into(), opt(row.p_value)),
+                            ("mean".into(), opt(row.mean_ci.map(|m| m.0))),
+                            ("ci".into(), opt(row.mean_ci.map(|m| m.1))),
+                        ])
+                    } else {
+                        Json::Str(fixed(row.score, width))
+                    };
+                    fields.push((metric.name.clone(), value));
+                }
+                Json::Object(fields)
+            })
+            .collect();
+        let mut out = Json::Array(list).dumps(4, true);
+        out.push('\n');
+        return out;
+    }
+    let multiline = opts.format != Format::Latex;
+    let mut headers = vec!["System".to_owned()];
+    let mut table_rows: Vec<Vec<String>> = names.iter().map(|n| vec![n.clone()]).collect();
+    // sacrebleu's `is_bootstrap` is set by the first cell with a mean and never reset.
+    let mut is_bootstrap = false;
+    for (metric, rows) in &columns {
+        for (row, cells) in rows.iter().zip(&mut table_rows) {
+            let mut cell = fixed(row.score, width);
+            if let Some((mean, ci)) = row.mean_ci {
+                is_bootstrap = true;
+                cell.push_str(&format!(" ({} ± {})", fixed(mean, width), fixed(ci, width)));
+            }
+            if let Some(p) = row.p_value {
+                cell.push(if multiline { '\n' } else { ' ' });
+                cell.push_str(&format!("(p = {p:.4})"));
+                if p <= 0.05 {
+                    cell.push('*');
+                }
+            }
+            cells.push(cell);
+        }
+        headers.push(if is_bootstrap {
+            format!("{} (μ ± 95% CI)", metric.name)
+        } else {
+            metric.name.clone()
+        });
+    }
+    let mut aligns = vec![Align::Right];
+    aligns.resize(headers.len(), Align::Center);
+    let table = match opts.format {
+        Format::Latex => latex_booktabs(&headers, &table_rows, &aligns),
+        _ => fancy_grid(&headers, &table_rows, &aligns),
+    };
+    let mut out = format!("{table}\n\n");
+    if opts.paired {
+        let (kind, n, trials) = if args.paired_bs {
+            (
+                "bootstrap resampling",
+                args.paired_bs_n,
+                "resampling trials",
+            )
+        } else {
+            ("approximate randomization", args.paired_ar_n, "trials")
+        };
+        let msg = format!("Paired {kind} test with {n} {trials}");
+        let rule = "-".repeat(msg.chars().count());
+        let baseline = if names[0].starts_with("Baseline:") {
+            names[0].as_str()
+        } else {
+            ""
+        };
+        out.push_str(&format!("{rule}\n{msg}\n{rule}\n"));
+        out.push_str(&format!(
+            " - Each system is pairwise compared to {baseline}.\n"
+        ));
+        if args.paired_bs {
+            out.push_str("   Actual system score / bootstrap estimated true mean / 95% CI are provided for each metric.\n");
+        } else {
+            out.push_str("   Actual system score is provided for each metric.\n");
+        }
+        out.push_str(PAIRED_EXPLANATION);
+    }
+    out.push_str("-----------------\nMetric signatures\n-----------------\n");
+    for (metric, _) in &columns {
+        out.push_str(&format!(
+            " - {:<10} {}\n",
+            metric.name,
+            metric.signature.format(args.short)
+        ));
+    }
+    out
+}
+
+/// sacrebleu's explanation of the paired tests, after the first two lines.
+const PAIRED_EXPLANATION: &str = "
+ - Null hypothesis: the system and the baseline translations are essentially
+   generated by the same underlying process. For a given system and the baseline,
+   the p-value is roughly the probability of the absolute score difference (delta)
+   or higher occurring due to chance, under the assumption that the null hypothesis is correct.
+
+ - Assuming a significance threshold of 0.05, the null hypothesis can be rejected
+   for p-values < 0.05 (marked with \"*\"). This means that the delta is unlikely to be attributed
+   to chance, hence the system is significantly \"different\" than the baseline.
+   Otherwise, the p-values are highlighted in red.
+
+ - NOTE: Significance does not tell whether a system is \"better\" than the baseline but rather
+   emphasizes the \"difference\" of the systems in terms of the replicability of the delta.
+
+";
 
 #[cfg(test)]
 mod tests {

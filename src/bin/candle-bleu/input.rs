@@ -30,7 +30,13 @@
 
 use std::fmt;
 
-use candle_bleu::exact::cli_support::python_rstrip;
+use candle_bleu::exact::tokenize::is_python_whitespace;
+
+/// Python's `str.rstrip()`: drops trailing Python whitespace (sacrebleu strips every line it
+/// reads).
+fn python_rstrip(text: &str) -> &str {
+    text.trim_end_matches(is_python_whitespace)
+}
 
 /// A malformed input. Every variant names the input (a file name, or `<stdin>`) and, where there
 /// is one, the 1-based line.

@@ -46,8 +46,9 @@ mod tables;
 mod v13a;
 mod zh;
 
+pub use python::is_python_whitespace;
 pub(crate) use python::{
-    is_python_whitespace, python_lower, python_lower_into, python_rstrip, python_split, PythonSplit,
+    python_lower, python_lower_into, python_rstrip, python_split, PythonSplit,
 };
 
 /// One of sacrebleu's tokenizers; parsed from and displayed as sacrebleu's `--tokenize` names.
@@ -217,10 +218,18 @@ impl TokenizeBuffer {
     }
 }
 
-/// The tokens of [`tokenize`], computed the slow, literal way: every regular expression of 13a
-/// and zh applied as a whole-line pass, as sacrebleu does. For differential testing of the
-/// one-scan tokenizers (it is the same as [`tokenize`] for none, char and intl).
-pub(crate) fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
+/// The reference implementation of [`tokenize`]: the same tokens, computed the slow, literal
+/// way, every regular expression of 13a and zh applied as a whole-line pass, as sacrebleu
+/// does (for none, char and intl it is [`tokenize`]). [`tokenize`] and
+/// [`TokenizeBuffer::tokenize`] scan a line once instead; the golden tests and the fuzz target
+/// check them against this one. Use [`tokenize`] to score.
+///
+/// ```
+/// use candle_bleu::exact::tokenize::{tokenize, tokenize_reference, Tokenizer};
+/// let line = "Hello, world &amp; \"friends\"! 3.14";
+/// assert_eq!(tokenize_reference(line, Tokenizer::V13a, true), tokenize(line, Tokenizer::V13a, true));
+/// ```
+pub fn tokenize_reference(text: &str, tok: Tokenizer, lowercase: bool) -> Vec<String> {
     let text = if lowercase {
         python_lower(text)
     } else {

@@ -13,6 +13,17 @@ pub(super) fn in_ranges(table: &[(u32, u32)], c: u32) -> bool {
 /// Python's `chr(c).isspace()`: the ASCII whitespace plus U+001C..U+001F (which Rust's
 /// `char::is_whitespace` does not count), U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
 /// U+2029, U+202F, U+205F, U+3000.
+///
+/// The separators of every tokenizer's `str.split()` and of sacrebleu's `rstrip()`: text split
+/// or stripped with it (`line.trim_end_matches(is_python_whitespace)` is Python's
+/// `line.rstrip()`) is split or stripped as sacrebleu does.
+///
+/// ```
+/// use candle_bleu::exact::tokenize::is_python_whitespace;
+/// assert!(is_python_whitespace('\u{1c}') && !'\u{1c}'.is_whitespace());
+/// assert!(!is_python_whitespace('\u{200b}'));
+/// assert_eq!("a b\u{3000}\u{1f}".trim_end_matches(is_python_whitespace), "a b");
+/// ```
 #[inline]
 pub fn is_python_whitespace(c: char) -> bool {
     let c = c as u32;
