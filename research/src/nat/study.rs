@@ -17,10 +17,11 @@ use super::objective::{step_loss, Bon2Form, Mixing, NatObjective, StepSettings};
 use super::report::{bootstraps, render_condition, seed_level_tests, summary, NatRecord};
 use super::teacher::{distill, teacher, Recipe, Teacher, DISTILL, DISTILL_CHUNK, TEACHER};
 use crate::checkpoint::save_json;
+use crate::cli::CatalogueStudyArgs;
 use crate::data::PAD;
 use crate::decode::BeamConfig;
 use crate::model::nat::Nat;
-use crate::model::transformer::{Dropout, TransformerConfig};
+use crate::model::transformer::{Dropout, PositionAdd, TransformerConfig};
 use crate::progress::format_duration;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::{prepare, DataConfig, StudyData};
@@ -38,15 +39,9 @@ use crate::translate::track::Tracker;
     about = "Does the BLEU loss help a non-autoregressive translator? (English→LANG gettext catalogues)"
 )]
 pub struct Config {
-    /// Target language: the directory name under --catalogs.
-    #[arg(long, default_value = "de")]
-    pub lang: String,
-    /// Directory holding `<lang>/LC_MESSAGES/*.mo`.
-    #[arg(long, default_value = "/usr/share/locale")]
-    pub catalogs: PathBuf,
-    /// Seeds on the distilled data (each trains its own NAT baseline and every objective).
-    #[arg(long, default_value_t = 3)]
-    pub seeds: u64,
+    /// The flags NAT shares with the translate study (corpus, model, schedules, seeds).
+    #[command(flatten)]
+    pub common: CatalogueStudyArgs,
     /// Seeds on the raw (human) references: a NAT baseline and `ce`/`bon2` each.
     #[arg(long, default_value_t = 1)]
     pub raw_seeds: u64,
@@ -60,42 +55,9 @@ pub struct Config {
     /// tokenizer match (default `runs/translate/<lang>`).
     #[arg(long)]
     pub translate_run: Option<PathBuf>,
-    /// Continue an interrupted study from its checkpoints.
-    #[arg(long)]
-    pub resume: bool,
-    /// A tiny smoke run (under a minute).
-    #[arg(long)]
-    pub quick: bool,
-    /// Train on the CPU even when built for a GPU.
-    #[arg(long)]
-    pub cpu: bool,
     /// Leave out `bleu4` (the first objective the budget cuts).
     #[arg(long)]
     pub no_bleu4: bool,
-    /// BPE vocabulary (joint; translate's, so that its teacher can be reused).
-    #[arg(long, default_value_t = 8000)]
-    pub bpe_vocab: usize,
-    /// Model width (NAT and teacher).
-    #[arg(long, default_value_t = 128)]
-    pub d_model: usize,
-    /// Encoder and decoder layers, each (NAT and teacher).
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// Dropout.
-    #[arg(long, default_value_t = 0.1)]
-    pub dropout: f32,
-    /// Label smoothing of the cross-entropy.
-    #[arg(long, default_value_t = 0.1)]
-    pub label_smoothing: f64,
-    /// Sentences per NAT batch.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
-    /// NAT baseline: peak learning rate (inverse square root schedule).
-    #[arg(long, default_value_t = 2e-3)]
-    pub lr: f64,
-    /// NAT baseline: warm-up steps.
-    #[arg(long, default_value_t = 400)]
-    pub warmup: usize,
     /// NAT baseline: step cap.
     #[arg(long, default_value_t = 5000)]
     pub base_steps: usize,
@@ -108,67 +70,32 @@ pub struct Config {
     /// scores well on these messages — before cross-entropy training dips and then climbs.
     #[arg(long, default_value_t = 10)]
     pub patience: usize,
-    /// Fine-tuning steps of every objective.
-    #[arg(long, default_value_t = 400)]
-    pub finetune_steps: usize,
-    /// Fine-tuning: dev evaluation every this many steps.
-    #[arg(long, default_value_t = 100)]
-    pub finetune_eval_every: usize,
-    /// Fine-tuning: constant learning rate.
-    #[arg(long, default_value_t = 2e-4)]
-    pub finetune_lr: f64,
     /// λ of the mixed objectives `CE + λ·L` (Shao et al.'s 0.3/0.7 and 0.1/0.9).
     #[arg(long, value_delimiter = ',', default_value = "2.3,9")]
     pub lambdas: Vec<f64>,
     /// Length candidates decoded (the length beams reported are 1, 3 and this).
     #[arg(long, default_value_t = 5)]
     pub length_beam: usize,
-    /// Beam width of the teacher (distillation and its test decode).
-    #[arg(long, default_value_t = 5)]
-    pub beam: usize,
     /// Sentences of the batch-1 speed measurement.
     #[arg(long, default_value_t = 200)]
     pub speed_sentences: usize,
-    /// Resamples of sacrebleu's paired bootstrap.
-    #[arg(long, default_value_t = 1000)]
-    pub bootstrap: usize,
 }
 
 impl Config {
     fn apply_quick(&mut self) {
-        self.seeds = self.seeds.min(2);
-        self.bpe_vocab = 400;
-        self.d_model = 32;
-        self.layers = 1;
-        self.batch_size = 32;
-        self.lr = 3e-3;
-        self.warmup = 10;
+        self.common.apply_quick();
         self.base_steps = 40;
         self.base_eval_every = 20;
-        self.finetune_steps = 10;
-        self.finetune_eval_every = 5;
-        self.beam = 2;
+        self.common.finetune_eval_every = 5;
         self.speed_sentences = self.speed_sentences.min(20);
-        self.bootstrap = 50;
     }
 
     fn check(&self) -> Result<()> {
-        if self.seeds < 2 {
-            bail!(
-                "--seeds must be >= 2 (the seed-level test needs two), got {}",
-                self.seeds
-            );
-        }
+        self.common.check()?;
         if self.length_beam < 3 {
             bail!(
                 "--length-beam must be >= 3 (l = 1, 3 and it are reported), got {}",
                 self.length_beam
-            );
-        }
-        if !self.d_model.is_multiple_of(4) {
-            bail!(
-                "--d-model must be a multiple of the 4 attention heads, got {}",
-                self.d_model
             );
         }
         if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
@@ -178,7 +105,7 @@ impl Config {
     }
 
     fn recipe(&self) -> Recipe {
-        if self.quick {
+        if self.common.quick {
             Recipe::QUICK
         } else {
             Recipe::TRANSLATE
@@ -275,7 +202,7 @@ impl Study {
     ) -> Result<RunState<NatObjective>> {
         let mut varmap = VarMap::new();
         let model = Nat::new(self.nat, &varmap, spec.seed, &self.device)?;
-        let batches = Batches::new(pairs, self.cfg.batch_size, spec.batch_seed)?;
+        let batches = Batches::new(pairs, self.cfg.common.batch_size, spec.batch_seed)?;
         let dev = || self.dev_bleu(&model);
         let mut step = |indices: &[usize], step: usize| {
             let batch = make_nat_batch(pairs, indices, PAD, &self.device)?;
@@ -401,15 +328,18 @@ fn plan(
     train_pairs: usize,
     teacher_reused: bool,
 ) -> (Vec<(String, usize)>, Vec<PartMinutes>) {
-    let seeds = cfg.seeds as usize;
+    let seeds = cfg.common.seeds as usize;
     let raw = cfg.raw_seeds as usize;
     let grid = cfg.grid().len();
     let finetunes_ce = seeds + raw;
     let finetunes_bleu = grid + (seeds - 1) + raw + if cfg.no_bleu4 { 0 } else { seeds };
     let mut kinds = vec![("nat baseline".to_string(), cfg.base_steps * (seeds + raw))];
-    kinds.push(("nat ce".into(), cfg.finetune_steps * finetunes_ce));
+    kinds.push(("nat ce".into(), cfg.common.finetune_steps * finetunes_ce));
     // Seed 1's final bon2 run is its grid run: planned again here, taken back when it loads.
-    kinds.push(("nat bleu".into(), cfg.finetune_steps * (finetunes_bleu + 1)));
+    kinds.push((
+        "nat bleu".into(),
+        cfg.common.finetune_steps * (finetunes_bleu + 1),
+    ));
     let recipe = cfg.recipe();
     if !teacher_reused {
         kinds.push((TEACHER.into(), recipe.steps));
@@ -435,13 +365,13 @@ fn plan(
         ),
         (
             "fine-tunes".into(),
-            (cfg.finetune_steps as f64 * nat_s / 60.0)
+            (cfg.common.finetune_steps as f64 * nat_s / 60.0)
                 * (finetunes_ce as f64 + BLEU_STEP_SHARE * finetunes_bleu as f64),
         ),
         (
             "dev evaluations (~2 s each)".into(),
             ((cfg.base_steps / cfg.base_eval_every) * (seeds + raw)
-                + (cfg.finetune_steps / cfg.finetune_eval_every + 1)
+                + (cfg.common.finetune_steps / cfg.common.finetune_eval_every + 1)
                     * (finetunes_ce + finetunes_bleu)) as f64
                 * 2.0
                 / 60.0,
@@ -469,18 +399,18 @@ fn step_estimates() -> Vec<(String, f64)> {
 
 /// Runs the study `cfg` describes (see `docs/nat.md`).
 pub fn run_study(mut cfg: Config) -> Result<()> {
-    if cfg.quick {
+    if cfg.common.quick {
         cfg.apply_quick();
     }
     cfg.check()?;
     let started = Instant::now();
-    let device = crate::device::device(cfg.cpu);
+    let device = crate::device::device(cfg.common.cpu);
     let out = cfg.out.clone();
     let work = cfg
         .work
         .clone()
-        .unwrap_or_else(|| PathBuf::from("runs/nat").join(&cfg.lang));
-    if work.exists() && !cfg.resume {
+        .unwrap_or_else(|| PathBuf::from("runs/nat").join(&cfg.common.lang));
+    if work.exists() && !cfg.common.resume {
         println!(
             "{} holds an earlier study: starting over (use --resume to continue it)",
             work.display()
@@ -489,17 +419,17 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     }
     std::fs::create_dir_all(&out)?;
     std::fs::create_dir_all(&work)?;
-    if !cfg.resume {
+    if !cfg.common.resume {
         // The log of an earlier study would mix with this one's.
         let _ = std::fs::remove_file(out.join("log.csv"));
     }
     let max_len = 128;
     let data = prepare(
         &DataConfig {
-            catalogs: &cfg.catalogs,
-            lang: &cfg.lang,
-            bpe_vocab: cfg.bpe_vocab,
-            quick: cfg.quick,
+            catalogs: &cfg.common.catalogs,
+            lang: &cfg.common.lang,
+            bpe_vocab: cfg.common.bpe_vocab,
+            quick: cfg.common.quick,
             max_len,
         },
         &out,
@@ -515,15 +445,16 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         encoder_layers: layers,
         decoder_layers: layers,
         max_len,
-        dropout: cfg.dropout,
+        dropout: cfg.common.dropout,
         tie_all: true,
+        positions: PositionAdd::Broadcast,
     };
-    let nat = model_config(cfg.d_model, cfg.layers);
+    let nat = model_config(cfg.common.d_model, cfg.common.layers);
     let teacher_config = nat;
     let translate_run = cfg
         .translate_run
         .clone()
-        .unwrap_or_else(|| PathBuf::from("runs/translate").join(&cfg.lang));
+        .unwrap_or_else(|| PathBuf::from("runs/translate").join(&cfg.common.lang));
 
     // The plan and its estimate.
     let teacher_reused = translate_run.join("runs/seed1/ce/state.json").exists();
@@ -542,7 +473,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         settings: StepSettings {
             cross_entropy: CrossEntropyConfig {
                 pad_id: Some(PAD),
-                label_smoothing: cfg.label_smoothing,
+                label_smoothing: cfg.common.label_smoothing,
             },
             hidden: HiddenConfig::default(),
             pad: PAD,
@@ -572,7 +503,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         teacher.origin, teacher.dev_bleu
     ));
     let beam = BeamConfig {
-        beam: cfg.beam,
+        beam: cfg.common.beam,
         ..BeamConfig::default()
     };
     let distilled = distill(
@@ -597,7 +528,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
 
     // 2. NAT baselines: label-smoothed CE until dev BLEU stops improving.
     let part = Instant::now();
-    let seeds: Vec<u64> = (1..=cfg.seeds).collect();
+    let seeds: Vec<u64> = (1..=cfg.common.seeds).collect();
     let raw_seeds: Vec<u64> = (1..=cfg.raw_seeds).collect();
     let conditions: Vec<(&str, &IdPairs, &[u64])> = vec![
         ("distilled", &distilled, &seeds),
@@ -619,8 +550,8 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
                 eval_every: cfg.base_eval_every,
                 patience: Some(cfg.patience),
                 schedule: Schedule::InverseSqrt {
-                    peak: cfg.lr,
-                    warmup: cfg.warmup,
+                    peak: cfg.common.lr,
+                    warmup: cfg.common.warmup,
                 },
             };
             let state = study.train(
@@ -641,10 +572,10 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         batch_seed: seed.wrapping_mul(1000) + 7,
         objective,
         init: Some(best_weights(&run_dir(condition, seed, "baseline"))),
-        max_steps: cfg.finetune_steps,
-        eval_every: cfg.finetune_eval_every,
+        max_steps: cfg.common.finetune_steps,
+        eval_every: cfg.common.finetune_eval_every,
         patience: None,
-        schedule: Schedule::Constant(cfg.finetune_lr),
+        schedule: Schedule::Constant(cfg.common.finetune_lr),
     };
     let kind = |o: &NatObjective| {
         if *o == NatObjective::Ce {
@@ -745,7 +676,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     let mut records = vec![NatRecord {
         objective: "teacher".into(),
         condition: "ar".into(),
-        variant: format!("beam{}", cfg.beam),
+        variant: format!("beam{}", cfg.common.beam),
         config: teacher.origin.clone(),
         dev_bleu: teacher.dev_bleu,
         ..record_scores(
@@ -782,7 +713,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         }
         for (search, label) in [
             (Search::Greedy, "greedy".to_string()),
-            (Search::Beam(beam), format!("beam {}", cfg.beam)),
+            (Search::Beam(beam), format!("beam {}", cfg.common.beam)),
         ] {
             let (seconds, per_second) = timed(sources.len(), || {
                 decode_ids(&teacher_model, sources, specials(), search, batch, &device).map(|_| ())
@@ -815,8 +746,8 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         json!(null)
     };
     let boot = json!({
-        "distilled": bootstraps(&segments["distilled"], &compared, &seeds, cfg.bootstrap)?,
-        "raw": segments.get("raw").map(|s| bootstraps(s, &["bon2"], &raw_seeds, cfg.bootstrap)).transpose()?,
+        "distilled": bootstraps(&segments["distilled"], &compared, &seeds, cfg.common.bootstrap)?,
+        "raw": segments.get("raw").map(|s| bootstraps(s, &["bon2"], &raw_seeds, cfg.common.bootstrap)).transpose()?,
     });
     let summary = summary(&records);
     let mut table = format!(
@@ -872,7 +803,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         .collect();
     let results = json!({
         "study": "nat",
-        "language": cfg.lang,
+        "language": cfg.common.lang,
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "commit": option_env!("GIT_COMMIT"),
         "corpus": data.summary,
@@ -881,10 +812,10 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
                   "tied_embeddings": true, "max_len": max_len, "length_classes": "T - S in [-20, 20]", "length_loss_weight": super::objective::LENGTH_LOSS_WEIGHT},
         "teacher": teacher,
         "distillation": {"pairs": distilled.len(), "empty_outputs_left_out": empty_distilled, "raw_empty_left_out": empty_raw,
-                         "clipped_offsets_distilled": clipped_share(&distilled), "clipped_offsets_raw": clipped_share(&raw_pairs), "beam": cfg.beam},
-        "protocol": {"seeds": cfg.seeds, "raw_seeds": cfg.raw_seeds, "batch_size": cfg.batch_size, "label_smoothing": cfg.label_smoothing,
-                     "baseline": {"peak_lr": cfg.lr, "warmup": cfg.warmup, "step_cap": cfg.base_steps, "eval_every": cfg.base_eval_every, "patience": cfg.patience},
-                     "finetune": {"steps": cfg.finetune_steps, "eval_every": cfg.finetune_eval_every, "lr": cfg.finetune_lr},
+                         "clipped_offsets_distilled": clipped_share(&distilled), "clipped_offsets_raw": clipped_share(&raw_pairs), "beam": cfg.common.beam},
+        "protocol": {"seeds": cfg.common.seeds, "raw_seeds": cfg.raw_seeds, "batch_size": cfg.common.batch_size, "label_smoothing": cfg.common.label_smoothing,
+                     "baseline": {"peak_lr": cfg.common.lr, "warmup": cfg.common.warmup, "step_cap": cfg.base_steps, "eval_every": cfg.base_eval_every, "patience": cfg.patience},
+                     "finetune": {"steps": cfg.common.finetune_steps, "eval_every": cfg.common.finetune_eval_every, "lr": cfg.common.finetune_lr},
                      "selection": "best dev BLEU at length beam 1, duplicates removed; the starting checkpoint included",
                      "primary_variant": primary, "length_beams": cfg.beams()},
         "baselines": baselines,
