@@ -1,5 +1,4 @@
-//! The NAT study's command line ([`Config`]) and driver ([`run_study`]); `docs/nat.md`
-//! describes the design.
+//! The NAT study's driver ([`run_study`]) and its phases; `docs/nat.md` describes the design.
 
 use anyhow::{bail, Result};
 use candle_bleu::loss::{CrossEntropyConfig, HiddenConfig};
@@ -11,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::batches::{clipped_share, make_nat_batch, non_empty};
+use super::config::Config;
 use super::decode::{decode_nat, length_accuracy, repetition_share, timed, Decoded, Variant};
 use super::files::write_lines_gz;
-use super::objective::{step_loss, Bon2Form, Mixing, NatObjective, StepSettings};
+use super::objective::{step_loss, NatObjective, StepSettings};
+use super::plan::{plan, step_estimates, PartMinutes};
 use super::report::{bootstraps, render_condition, seed_level_tests, summary, NatRecord};
-use super::teacher::{distill, teacher, Recipe, Teacher, DISTILL, DISTILL_CHUNK, TEACHER};
+use super::teacher::{distill, teacher, Teacher};
 use crate::checkpoint::save_json;
-use crate::cli::CatalogueStudyArgs;
 use crate::data::PAD;
 use crate::decode::BeamConfig;
 use crate::model::nat::Nat;
@@ -33,114 +33,6 @@ use crate::translate::run::{
     best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
 };
 use crate::translate::track::Tracker;
-
-/// The NAT study's command line.
-#[derive(clap::Parser, Debug, Clone)]
-#[command(
-    about = "Does the BLEU loss help a non-autoregressive translator? (English→LANG gettext catalogues)"
-)]
-pub struct Config {
-    /// The flags NAT shares with the translate study (corpus, model, schedules, seeds).
-    #[command(flatten)]
-    pub common: CatalogueStudyArgs,
-    /// Seeds on the raw (human) references: a NAT baseline and `ce`/`bon2` each.
-    #[arg(long, default_value_t = 1)]
-    pub raw_seeds: u64,
-    /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets.
-    #[arg(long, default_value = "docs/nat_run")]
-    pub out: PathBuf,
-    /// Checkpoints (default `runs/nat/<lang>`).
-    #[arg(long)]
-    pub work: Option<PathBuf>,
-    /// A finished translate study whose seed-1 `ce` model is the teacher when its corpus and
-    /// tokenizer match (default `runs/translate/<lang>`).
-    #[arg(long)]
-    pub translate_run: Option<PathBuf>,
-    /// Leave out `bleu4` (the first objective the budget cuts).
-    #[arg(long)]
-    pub no_bleu4: bool,
-    /// NAT baseline: step cap.
-    #[arg(long, default_value_t = 5000)]
-    pub base_steps: usize,
-    /// NAT baseline: dev evaluation every this many steps.
-    #[arg(long, default_value_t = 500)]
-    pub base_eval_every: usize,
-    /// NAT baseline: evaluations without a new best dev BLEU before stopping. The default (10
-    /// evaluations of 500 steps) trains to the cap: with 3, seed 1 stopped at step 2000 with its
-    /// best dev BLEU at step 500, where the barely trained model copies its source — which
-    /// scores well on these messages — before cross-entropy training dips and then climbs.
-    #[arg(long, default_value_t = 10)]
-    pub patience: usize,
-    /// λ of the mixed objectives `CE + λ·L` (Shao et al.'s 0.3/0.7 and 0.1/0.9).
-    #[arg(long, value_delimiter = ',', default_value = "2.3,9")]
-    pub lambdas: Vec<f64>,
-    /// Length candidates decoded (the length beams reported are 1, 3 and this).
-    #[arg(long, default_value_t = 5)]
-    pub length_beam: usize,
-    /// Sentences of the batch-1 speed measurement.
-    #[arg(long, default_value_t = 200)]
-    pub speed_sentences: usize,
-}
-
-impl Config {
-    fn apply_quick(&mut self) {
-        self.common.apply_quick();
-        self.base_steps = 40;
-        self.base_eval_every = 20;
-        self.common.finetune_eval_every = 5;
-        self.speed_sentences = self.speed_sentences.min(20);
-    }
-
-    fn check(&self) -> Result<()> {
-        self.common.check()?;
-        if self.length_beam < 3 {
-            bail!(
-                "--length-beam must be >= 3 (l = 1, 3 and it are reported), got {}",
-                self.length_beam
-            );
-        }
-        if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
-            bail!("--lambdas must be finite and > 0, got {l}");
-        }
-        Ok(())
-    }
-
-    fn recipe(&self) -> Recipe {
-        if self.common.quick {
-            Recipe::QUICK
-        } else {
-            Recipe::TRANSLATE
-        }
-    }
-
-    fn beams(&self) -> Vec<usize> {
-        vec![1, 3, self.length_beam]
-    }
-
-    fn grid(&self) -> Vec<NatObjective> {
-        let mixings: Vec<Mixing> = std::iter::once(Mixing::Pure)
-            .chain(self.lambdas.iter().map(|&l| Mixing::WithCe(l)))
-            .collect();
-        [Bon2Form::NegLog, Bon2Form::Shao]
-            .into_iter()
-            .flat_map(|form| {
-                mixings
-                    .iter()
-                    .map(move |&mixing| NatObjective::Bon2 { form, mixing })
-            })
-            .collect()
-    }
-}
-
-/// Translate's measured cost on this machine's 2 cores (docs/translate.md): ms per training
-/// step of the d = 128, 2 + 2 layer model at batch 64, and the beam-5 distillation of 27.7k
-/// sources.
-const AR_MS_PER_STEP: f64 = 185.0;
-/// The planned NAT step relative to an AR step (no BOS/EOS; the length predictor is cheap) and
-/// a BLEU-loss step relative to a CE step: estimates, replaced by measurements as the study runs.
-const NAT_STEP_SHARE: f64 = 0.8;
-const BLEU_STEP_SHARE: f64 = 1.3;
-const DISTILL_SECONDS_PER_SOURCE: f64 = 8.0 * 60.0 / 27_700.0;
 
 /// The longest source or target, in subwords with BOS and EOS (the models' positions).
 const MAX_LEN: usize = 128;
@@ -331,84 +223,6 @@ fn record_scores(
         train_seconds,
         eval_seconds,
     }
-}
-
-/// A part of the study and its estimated minutes.
-type PartMinutes = (String, f64);
-
-/// The plan: `(kind, steps)` per run to come, and the estimated minutes of each part.
-fn plan(
-    cfg: &Config,
-    train_pairs: usize,
-    teacher_reused: bool,
-) -> (Vec<(String, usize)>, Vec<PartMinutes>) {
-    let seeds = cfg.common.seeds as usize;
-    let raw = cfg.raw_seeds as usize;
-    let grid = cfg.grid().len();
-    let finetunes_ce = seeds + raw;
-    let finetunes_bleu = grid + (seeds - 1) + raw + if cfg.no_bleu4 { 0 } else { seeds };
-    let mut kinds = vec![("nat baseline".to_string(), cfg.base_steps * (seeds + raw))];
-    kinds.push(("nat ce".into(), cfg.common.finetune_steps * finetunes_ce));
-    // Seed 1's final bon2 run is its grid run: planned again here, taken back when it loads.
-    kinds.push((
-        "nat bleu".into(),
-        cfg.common.finetune_steps * (finetunes_bleu + 1),
-    ));
-    let recipe = cfg.recipe();
-    if !teacher_reused {
-        kinds.push((TEACHER.into(), recipe.steps));
-    }
-    kinds.push((DISTILL.into(), train_pairs.div_ceil(DISTILL_CHUNK)));
-    let nat_s = AR_MS_PER_STEP * NAT_STEP_SHARE / 1e3;
-    let minutes = vec![
-        (
-            "teacher (translate baseline)".to_string(),
-            if teacher_reused {
-                0.0
-            } else {
-                recipe.steps as f64 * AR_MS_PER_STEP / 6e4
-            },
-        ),
-        (
-            "distillation (beam 5)".into(),
-            train_pairs as f64 * DISTILL_SECONDS_PER_SOURCE / 60.0,
-        ),
-        (
-            "NAT baselines".into(),
-            (cfg.base_steps * (seeds + raw)) as f64 * nat_s / 60.0,
-        ),
-        (
-            "fine-tunes".into(),
-            (cfg.common.finetune_steps as f64 * nat_s / 60.0)
-                * (finetunes_ce as f64 + BLEU_STEP_SHARE * finetunes_bleu as f64),
-        ),
-        (
-            "dev evaluations (~2 s each)".into(),
-            ((cfg.base_steps / cfg.base_eval_every) * (seeds + raw)
-                + (cfg.common.finetune_steps / cfg.common.finetune_eval_every + 1)
-                    * (finetunes_ce + finetunes_bleu)) as f64
-                * 2.0
-                / 60.0,
-        ),
-        ("test decodes and speed".into(), 6.0),
-    ];
-    (kinds, minutes)
-}
-
-/// The plan's estimated seconds per step of each kind of work (a distillation step is a chunk
-/// of sources), for the projection until each kind has measured steps.
-fn step_estimates() -> Vec<(String, f64)> {
-    let nat_s = AR_MS_PER_STEP * NAT_STEP_SHARE / 1e3;
-    vec![
-        (TEACHER.to_string(), AR_MS_PER_STEP / 1e3),
-        (
-            DISTILL.to_string(),
-            DISTILL_SECONDS_PER_SOURCE * DISTILL_CHUNK as f64,
-        ),
-        ("nat baseline".to_string(), nat_s),
-        ("nat ce".to_string(), nat_s),
-        ("nat bleu".to_string(), nat_s * BLEU_STEP_SHARE),
-    ]
 }
 
 /// The teacher and the training pairs it gives: the distilled targets and the raw (human)
