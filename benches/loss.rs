@@ -23,12 +23,10 @@ use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits,
     BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig, TrainingTargets,
 };
-use candle_core::{DType, Result, Tensor, Var, D};
+use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
-
-use candle_bleu_research::device;
 
 struct CountingAllocator;
 
@@ -158,7 +156,12 @@ fn torch_median(results: &Option<serde_json::Value>, shape: [usize; 4], form: &s
 
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let device = device::device(std::env::args().any(|a| a == "--cpu"));
+    let device = if std::env::args().any(|a| a == "--cpu") {
+        Device::Cpu
+    } else {
+        Device::cuda_if_available(0)?
+    };
+    println!("device: {:?}", device.location());
     let large_only = std::env::args().any(|a| a == "--large");
     let no_slow = std::env::args().any(|a| a == "--no-slow");
     let mut raw_rows = Vec::new();

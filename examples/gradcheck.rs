@@ -18,8 +18,8 @@
 //! cargo run --release --example gradcheck -- --seed 3 --max-coordinates 20
 //! ```
 //!
-//! Device: the GPU of a `--features cuda` (or `metal`) build, else the CPU; `--cpu` forces the
-//! CPU. `check_gradients` perturbs an f64 copy on the host and the functions move it to the
+//! Device: CUDA device 0 in a `--features cuda` build when there is one, else the CPU; `--cpu`
+//! forces the CPU. `check_gradients` perturbs an f64 copy on the host and the functions move it to the
 //! device, so the loss runs there in f64 (CUDA has f64; Metal has not: use `--cpu` on a Mac).
 //!
 //! The point is random soft logits (N(0, 1)), away from the loss's kinks: a `min` tie has
@@ -37,8 +37,6 @@ use candle_core::{Device, Tensor, D};
 use clap::Parser;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use candle_bleu_research::device;
-
 #[derive(Parser, Debug)]
 #[command(about = "Finite-difference gradient checks of every BLEU loss configuration")]
 struct Args {
@@ -49,7 +47,7 @@ struct Args {
     /// Check this many random coordinates per function instead of all `B·S·V`.
     #[arg(long)]
     max_coordinates: Option<usize>,
-    /// Run on the CPU even when built with `cuda` or `metal` and a GPU is available.
+    /// Run on the CPU even when built with `cuda` and a GPU is available.
     #[arg(long)]
     cpu: bool,
 }
@@ -183,7 +181,12 @@ fn print_row(name: &str, path: &str, report: &GradCheckReport) {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let device = device::device(args.cpu);
+    let device = if args.cpu {
+        Device::Cpu
+    } else {
+        Device::cuda_if_available(0)?
+    };
+    println!("device: {:?}", device.location());
     // `check_gradients` evaluates the functions on host tensors: each moves its input here.
     let on_device = |x: &Tensor| x.to_device(&device);
     let grad_cfg = GradCheckConfig {

@@ -24,8 +24,6 @@ use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use candle_bleu_research::device;
-
 const PAD: u32 = 0;
 
 /// A seeded tensor of values uniform in `[-2, 2)`, on `device`.
@@ -41,8 +39,14 @@ fn scalar(t: &Tensor) -> Result<f32> {
 }
 
 fn main() -> Result<()> {
-    // `--cpu`: the CPU even in a GPU build (the only flag).
-    let device = device::device(std::env::args().skip(1).any(|a| a == "--cpu"));
+    // `--cpu`: the CPU even in a GPU build (the only flag); otherwise CUDA device 0 when the
+    // binary was built with `cuda` and one is there.
+    let device = if std::env::args().skip(1).any(|a| a == "--cpu") {
+        Device::Cpu
+    } else {
+        Device::cuda_if_available(0)?
+    };
+    println!("device: {:?}", device.location());
     let mut rng = StdRng::seed_from_u64(0);
     let (batch, seq, vocab) = (4, 6, 10);
     // References [B, R, T]: up to two per sentence; trailing PAD is padding, and a row of

@@ -1,4 +1,4 @@
-//! Device selection for every example and bench of the repository, candle-examples'
+//! Device selection for every research example, candle-examples'
 //! convention: the GPU the binary was built for (`--features cuda` or `--features metal`) when
 //! one is available, else the CPU; `--cpu` forces the CPU.
 

@@ -17,8 +17,8 @@ use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::data::{make_batch, Encoded, EOS};
-use crate::model::Seq2Seq;
+use crate::data::{make_batch, Encoded, EOS, PAD};
+use crate::model::transformer::Transformer;
 
 /// sacrebleu's signature of every BLEU the synthetic examples report: one reference,
 /// sacrebleu's defaults, whitespace tokens as written (`tokenize='none'`), so
@@ -209,7 +209,7 @@ pub fn repeated_token_rate(segments: &[Vec<String>]) -> f64 {
 /// The measures of `model` on `test` (teacher-forced part) and of its greedy decodes `hyps`.
 /// Evaluation only: copies the teacher-forced argmax and entropies to the host.
 pub fn measures(
-    model: &Seq2Seq,
+    model: &Transformer,
     test: &[Encoded],
     hyps: &[Vec<String>],
     refs: &[Vec<String>],
@@ -222,7 +222,8 @@ pub fn measures(
     for chunk in test.chunks(250) {
         let examples: Vec<&Encoded> = chunk.iter().collect();
         let batch = make_batch(&examples, device)?;
-        let logits = model.decode(&batch.dec_in, &model.encode(&batch.src)?)?;
+        let memory = model.encode(&batch.src, PAD, None)?;
+        let logits = model.logits(&model.decode(&batch.dec_in, &memory, None)?)?;
         let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let entropy = (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()?;
         let entropy: Vec<Vec<f32>> = entropy.to_vec2()?;

@@ -1,17 +1,19 @@
 //! The library the research examples of [candle-bleu](candle_bleu) share, as candle-examples
 //! holds what its examples share; the examples (`research/examples/`) keep only their own
-//! task, objectives and figures.
+//! objectives, training phases, reports and figures.
 //!
 //! - [`data`]: real human-translated parallel text from gettext `.mo` catalogues, its
 //!   deterministic train/dev/test split and byte-level BPE subwords; token-level pairs and
 //!   vocabularies; batches of ids.
-//! - [`model`]: the Transformer encoder–decoder, greedy decoding, and the soft
-//!   (differentiable) free-running decoder.
+//! - [`model`]: the Transformer encoder–decoder every example trains, its greedy decoding,
+//!   the non-autoregressive model on its layers and the soft (differentiable) free-running
+//!   decoder.
+//! - [`task`]: the synthetic translation tasks of the `seq2seq` and `study` examples.
 //! - [`train`]: learning-rate schedule, optimiser, in-memory checkpoints, step timing.
 //! - [`eval`]: exact BLEU (`candle_bleu::exact`), sacrebleu's paired bootstrap, the
 //!   averaging-effect measures, mean ± sd.
 //! - [`plot`], [`progress`]: figure pieces and progress bars; [`device`]: the GPU the binary
-//!   was built for, else the CPU.
+//!   was built for, else the CPU; [`cli`]: the flags and checks the examples share.
 //!
 //! This crate is not published; it lives in the candle-bleu repository's workspace
 //! (`research/`), and its examples run from the repository root
@@ -20,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod cli;
 pub mod data;
 pub mod decode;
 pub mod device;
@@ -31,5 +34,6 @@ pub mod optim;
 pub mod plot;
 pub mod progress;
 pub mod stats;
+pub mod task;
 pub mod train;
 pub mod translate;

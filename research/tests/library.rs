@@ -277,7 +277,7 @@ fn plot_panels_draw() {
 
 #[test]
 fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
-    use candle_bleu_research::model::transformer::{Transformer, TransformerConfig};
+    use candle_bleu_research::model::transformer::{PositionAdd, Transformer, TransformerConfig};
     use candle_bleu_research::translate::batches::{BatchIds, IdPairs};
     use candle_bleu_research::translate::evaluate::output_distribution;
     let vocab = 40;
@@ -292,6 +292,7 @@ fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
         max_len: 16,
         dropout: 0.0,
         tie_all: true,
+        positions: PositionAdd::Broadcast,
     };
     let model = Transformer::new(config, &VarMap::new(), 7, &Device::Cpu)?;
     let pairs = IdPairs {

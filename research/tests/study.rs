@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 
 use candle_bleu_research::data::{BOS, EOS, PAD};
 use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder, Weights};
-use candle_bleu_research::model::{ModelConfig, Seq2Seq};
+use candle_bleu_research::model::transformer::{PositionAdd, Transformer, TransformerConfig};
 
-fn tiny_config() -> ModelConfig {
-    ModelConfig {
+fn tiny_config() -> TransformerConfig {
+    TransformerConfig {
         src_vocab: 9,
         tgt_vocab: 8,
         d_model: 8,
@@ -26,14 +26,17 @@ fn tiny_config() -> ModelConfig {
         d_ff: 12,
         encoder_layers: 1,
         decoder_layers: 2,
-        max_len: 10,
+        max_len: 11,
+        dropout: 0.0,
+        tie_all: false,
+        positions: PositionAdd::Lookup,
     }
 }
 
 /// A seeded tiny model, its f32 weights, and a source batch with padding.
-fn tiny_model(seed: u64) -> (VarMap, Seq2Seq, Tensor) {
+fn tiny_model(seed: u64) -> (VarMap, Transformer, Tensor) {
     let varmap = VarMap::new();
-    let model = Seq2Seq::new(tiny_config(), &varmap, seed, &Device::Cpu).unwrap();
+    let model = Transformer::new(tiny_config(), &varmap, seed, &Device::Cpu).unwrap();
     let src = Tensor::new(
         &[[4u32, 5, 6, 7], [8, 4, PAD, PAD], [6, 6, 5, PAD]],
         &Device::Cpu,
@@ -57,7 +60,10 @@ fn cached_teacher_forced_decode_equals_the_models_parallel_decode() {
         &Device::Cpu,
     )
     .unwrap();
-    let expected = model.decode(&dec_in, &model.encode(&src).unwrap()).unwrap();
+    let memory = model.encode(&src, PAD, None).unwrap();
+    let expected = model
+        .logits(&model.decode(&dec_in, &memory, None).unwrap())
+        .unwrap();
     let decoder = SoftDecoder::new(&weights_of(&varmap, true), tiny_config()).unwrap();
     let got = decoder
         .teacher_forced(&decoder.encode(&src).unwrap(), &dec_in)
@@ -151,8 +157,8 @@ fn soft_free_running_decode_gradients_match_finite_differences() {
     // The target embedding enters every step through the fed-back expected embedding; the
     // decoder's self-attention queries see every earlier fed-back step.
     for (name, form, from_logits) in [
-        ("tgt_embedding.weight", Form::Expected, true),
-        ("tgt_embedding.weight", Form::Paired, false),
+        ("tgt_embedding", Form::Expected, true),
+        ("tgt_embedding", Form::Paired, false),
         ("decoder.1.self_attention.q.weight", Form::LowerBound, true),
         ("output.weight", Form::Expected, false),
     ] {
@@ -178,9 +184,9 @@ fn the_soft_decode_gradient_flows_through_the_fed_back_embeddings() {
     // their gradient is nonzero with soft feedback, and zero when every step is fed BOS.
     let (varmap, _, src) = tiny_model(11);
     let weights = to_f64(&weights_of(&varmap, true));
-    let embedding = candle_core::Var::from_tensor(&weights["tgt_embedding.weight"]).unwrap();
+    let embedding = candle_core::Var::from_tensor(&weights["tgt_embedding"]).unwrap();
     let mut with_var = weights.clone();
-    with_var.insert("tgt_embedding.weight".into(), embedding.as_tensor().clone());
+    with_var.insert("tgt_embedding".into(), embedding.as_tensor().clone());
     let decoder = SoftDecoder::new(&with_var, tiny_config()).unwrap();
     let refs = References::from_ids(
         &Tensor::new(&[[4u32, 5], [6, 7], [5, 5]], &Device::Cpu).unwrap(),
@@ -252,9 +258,9 @@ fn the_soft_decode_gradient_flows_through_the_fed_back_embeddings() {
 fn gumbel_feedback_is_seeded_hard_forward_and_differentiable() {
     let (varmap, _, src) = tiny_model(13);
     let weights = to_f64(&weights_of(&varmap, true));
-    let embedding = candle_core::Var::from_tensor(&weights["tgt_embedding.weight"]).unwrap();
+    let embedding = candle_core::Var::from_tensor(&weights["tgt_embedding"]).unwrap();
     let mut with_var = weights.clone();
-    with_var.insert("tgt_embedding.weight".into(), embedding.as_tensor().clone());
+    with_var.insert("tgt_embedding".into(), embedding.as_tensor().clone());
     let decoder = SoftDecoder::new(&with_var, tiny_config()).unwrap();
     let memory = decoder.encode(&src).unwrap();
     let gumbel = |seed| {

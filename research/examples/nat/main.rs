@@ -14,7 +14,8 @@
 //! ```
 
 use anyhow::Result;
-use candle_bleu_research::nat::study::{run_study, Config};
+use candle_bleu_research::nat::config::Config;
+use candle_bleu_research::nat::study::run_study;
 use clap::Parser;
 
 fn main() -> Result<()> {

@@ -7,11 +7,10 @@ use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
     CrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
 };
-use candle_bleu_research::data::tokens::Vocab;
-use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, PAD};
+use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, EncodedCorpus, PAD};
 use candle_bleu_research::eval::bleu_100;
-use candle_bleu_research::model::transformer::Dropout;
-use candle_bleu_research::model::{translate, ModelConfig, Seq2Seq};
+use candle_bleu_research::model::transformer::{Dropout, Transformer, TransformerConfig};
+use candle_bleu_research::model::translate;
 use candle_bleu_research::train::{adamw, learning_rate, restore, snapshot, LogRow};
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
@@ -28,6 +27,9 @@ pub enum Objective {
 }
 
 impl Objective {
+    /// Both objectives, in the order every seed trains them.
+    pub const ALL: [Objective; 2] = [Objective::CrossEntropy, Objective::CeThenBleu];
+
     /// The objective's name in tables, logs and `results.json`.
     pub fn name(self) -> &'static str {
         match self {
@@ -48,7 +50,7 @@ impl Objective {
 /// Settings shared by every run.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
-    pub model: ModelConfig,
+    pub model: TransformerConfig,
     pub steps: usize,
     pub batch_size: usize,
     /// Peak learning rate (linear warm-up, then cosine decay to 10%).
@@ -92,16 +94,6 @@ pub struct RunOutput {
     pub step_ms: [Option<f64>; 2],
 }
 
-/// The data of a run.
-pub struct RunData<'a> {
-    pub train: &'a [Encoded],
-    pub dev: &'a [Encoded],
-    pub dev_refs: &'a [Vec<String>],
-    pub test: &'a [Encoded],
-    pub test_refs: &'a [Vec<String>],
-    pub tgt_vocab: &'a Vocab,
-}
-
 /// Token-level cross-entropy over real target positions (words and EOS) with label smoothing
 /// `label_smoothing`: `dec_out` is padded with [`PAD`], which the loss ignores.
 fn cross_entropy_config(label_smoothing: f64) -> CrossEntropyConfig {
@@ -133,13 +125,13 @@ pub fn run(
     objective: Objective,
     seed: u64,
     cfg: &TrainConfig,
-    data: &RunData,
+    data: &EncodedCorpus,
     progress: &ProgressBar,
     device: &Device,
 ) -> Result<RunOutput> {
     let started = Instant::now();
     let varmap = VarMap::new();
-    let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
+    let model = Transformer::new(cfg.model, &varmap, seed, device)?;
     let mut optimizer = adamw(&varmap, cfg.lr)?;
     let mut batches = Batches::new(data.train.len(), cfg.batch_size, seed)?;
     // The same masks for both objectives of a seed (same shapes, same batches).
@@ -159,8 +151,8 @@ pub fn run(
             .map(|i| &data.train[i])
             .collect();
         let batch = make_batch(&examples, device)?;
-        let memory = model.encode_with(&batch.src, Some(&mut dropout))?;
-        let logits = model.decode_with(&batch.dec_in, &memory, Some(&mut dropout))?;
+        let memory = model.encode(&batch.src, PAD, Some(&mut dropout))?;
+        let logits = model.logits(&model.decode(&batch.dec_in, &memory, Some(&mut dropout))?)?;
         let use_bleu = objective == Objective::CeThenBleu && step >= cfg.bleu_start;
         let (refs, lengths) = bleu_inputs(&batch, &cfg.loss)?;
         // With BLEU: one fused op reads the logits once for both losses and writes one logits
@@ -206,8 +198,14 @@ pub fn run(
         window += 1;
         progress.inc(1);
         if (step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps {
-            let dev_hyps = translate(&model, data.dev, data.tgt_vocab, cfg.max_decode_len, device)?;
-            let dev_bleu = bleu_100(&dev_hyps, data.dev_refs)?;
+            let dev_hyps = translate(
+                &model,
+                &data.dev,
+                &data.tgt_vocab,
+                cfg.max_decode_len,
+                device,
+            )?;
+            let dev_bleu = bleu_100(&dev_hyps, &data.dev_refs)?;
             let row = LogRow {
                 step: step + 1,
                 ce_loss: ce_sum / window as f64,
@@ -232,12 +230,12 @@ pub fn run(
     restore(&varmap, &weights)?;
     let test_hyps = translate(
         &model,
-        data.test,
-        data.tgt_vocab,
+        &data.test,
+        &data.tgt_vocab,
         cfg.max_decode_len,
         device,
     )?;
-    let test_bleu = bleu_100(&test_hyps, data.test_refs)?;
+    let test_bleu = bleu_100(&test_hyps, &data.test_refs)?;
     Ok(RunOutput {
         objective,
         seed,

@@ -8,11 +8,12 @@ use candle_bleu::loss::{
     LengthModel, References,
 };
 use candle_bleu_research::data::tokens::Vocab;
-use candle_bleu_research::data::{make_batch, source_tensor, Batch, Batches, Encoded, EOS, PAD};
+use candle_bleu_research::data::{
+    make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD,
+};
 use candle_bleu_research::eval;
 use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder};
-use candle_bleu_research::model::transformer::Dropout;
-use candle_bleu_research::model::{ModelConfig, Seq2Seq};
+use candle_bleu_research::model::transformer::{Dropout, Transformer, TransformerConfig};
 use candle_bleu_research::train::{
     adamw, learning_rate, process_cpu_s, snapshot, LogRow, Snapshot, StepTime,
 };
@@ -161,7 +162,7 @@ pub const DEFAULT_ARMS: usize = 11;
 /// Settings shared by every run.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
-    pub model: ModelConfig,
+    pub model: TransformerConfig,
     /// Cross-entropy warm-up steps, shared by the warm arms of a seed.
     pub warmup_steps: usize,
     /// Steps of each arm after the warm-up (scratch arms: warm-up + these).
@@ -187,16 +188,6 @@ impl TrainConfig {
     pub fn total_steps(&self) -> usize {
         self.warmup_steps + self.arm_steps
     }
-}
-
-/// The data of a run.
-pub struct RunData<'a> {
-    pub train: &'a [Encoded],
-    pub dev: &'a [Encoded],
-    pub dev_refs: &'a [Vec<String>],
-    pub test: &'a [Encoded],
-    pub test_refs: &'a [Vec<String>],
-    pub tgt_vocab: &'a Vocab,
 }
 
 /// Token-level cross-entropy over the real target positions (words and EOS; [`PAD`] is
@@ -237,9 +228,9 @@ fn teacher_forced_bleu(
 }
 
 /// The seed's model at its random initialisation.
-pub fn init_model(cfg: &TrainConfig, seed: u64, device: &Device) -> Result<(VarMap, Seq2Seq)> {
+pub fn init_model(cfg: &TrainConfig, seed: u64, device: &Device) -> Result<(VarMap, Transformer)> {
     let varmap = VarMap::new();
-    let model = Seq2Seq::new(cfg.model, &varmap, seed, device)?;
+    let model = Transformer::new(cfg.model, &varmap, seed, device)?;
     Ok((varmap, model))
 }
 
@@ -293,10 +284,10 @@ pub struct Best {
 /// evaluation (the first among equals; the stretch's end is always evaluated).
 pub fn train(
     varmap: &VarMap,
-    model: &Seq2Seq,
+    model: &Transformer,
     stretch: &Stretch,
     cfg: &TrainConfig,
-    data: &RunData,
+    data: &EncodedCorpus,
     progress: &ProgressBar,
     device: &Device,
 ) -> Result<(Vec<LogRow>, StepTime, Best)> {
@@ -339,8 +330,8 @@ pub fn train(
             .map(|i| &data.train[i])
             .collect();
         let batch = make_batch(&examples, device)?;
-        let memory = model.encode_with(&batch.src, Some(&mut dropout))?;
-        let logits = model.decode_with(&batch.dec_in, &memory, Some(&mut dropout))?;
+        let memory = model.encode(&batch.src, PAD, Some(&mut dropout))?;
+        let logits = model.logits(&model.decode(&batch.dec_in, &memory, Some(&mut dropout))?)?;
         let ce = masked_cross_entropy(&logits, &batch, cfg.label_smoothing)?;
         let monitored = teacher_forced_bleu(&logits.detach(), &batch, &examples, &yardstick)?;
         let mut loss = match stretch.arm {
@@ -361,7 +352,9 @@ pub fn train(
                     Decode::FreeRunning(feedback) => {
                         let decoder = soft.as_ref().expect("built for free-running arms");
                         let longest = examples.iter().map(|e| e.tgt.len()).max().unwrap_or(1);
-                        let steps = (longest + 1 + cfg.free_running_margin).min(cfg.model.max_len);
+                        // BOS takes the first position.
+                        let steps =
+                            (longest + 1 + cfg.free_running_margin).min(cfg.model.max_len - 1);
                         let feedback = match feedback {
                             Feedback::Gumbel { tau, .. } => Feedback::Gumbel {
                                 tau,
@@ -399,8 +392,8 @@ pub fn train(
                     step + 1
                 );
             }
-            let dev_hyps = translate(varmap, cfg, data.dev, data.tgt_vocab, device)?;
-            let dev_bleu = eval::bleu_100(&dev_hyps, data.dev_refs)?;
+            let dev_hyps = translate(varmap, cfg, &data.dev, &data.tgt_vocab, device)?;
+            let dev_bleu = eval::bleu_100(&dev_hyps, &data.dev_refs)?;
             let message = format!("ce {ce_mean:.3} -logBLEU {bleu_mean:.3} dev {dev_bleu:.2}");
             if progress.is_hidden() {
                 // No terminal (output redirected): one line per evaluation instead of a bar.

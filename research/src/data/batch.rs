@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use super::tokens::{TokenPair, Vocab};
+use super::tokens::{TokenCorpus, TokenPair, Vocab};
 use super::{BOS, EOS, PAD};
 
 /// A pair as ids.
@@ -28,6 +28,44 @@ pub fn encode_pairs(pairs: &[TokenPair], src_vocab: &Vocab, tgt_vocab: &Vocab) -
             tgt: tgt_vocab.encode(&p.tgt),
         })
         .collect()
+}
+
+/// A token corpus as the synthetic studies train on it: vocabularies of the training pairs,
+/// every split as ids, and the dev and test targets as references.
+pub struct EncodedCorpus {
+    /// The source vocabulary, built on the training sources.
+    pub src_vocab: Vocab,
+    /// The target vocabulary, built on the training targets.
+    pub tgt_vocab: Vocab,
+    /// Training pairs as ids.
+    pub train: Vec<Encoded>,
+    /// Development pairs as ids.
+    pub dev: Vec<Encoded>,
+    /// Test pairs as ids.
+    pub test: Vec<Encoded>,
+    /// The dev targets as tokens (one reference each).
+    pub dev_refs: Vec<Vec<String>>,
+    /// The test targets as tokens (one reference each).
+    pub test_refs: Vec<Vec<String>>,
+}
+
+impl EncodedCorpus {
+    /// Builds the vocabularies on `corpus`'s training pairs and encodes every split.
+    pub fn new(corpus: &TokenCorpus) -> Self {
+        let src_vocab = Vocab::build(corpus.train.iter().map(|p| &p.src));
+        let tgt_vocab = Vocab::build(corpus.train.iter().map(|p| &p.tgt));
+        let encode = |pairs: &[TokenPair]| encode_pairs(pairs, &src_vocab, &tgt_vocab);
+        let targets = |pairs: &[TokenPair]| pairs.iter().map(|p| p.tgt.clone()).collect();
+        Self {
+            train: encode(&corpus.train),
+            dev: encode(&corpus.dev),
+            test: encode(&corpus.test),
+            dev_refs: targets(&corpus.dev),
+            test_refs: targets(&corpus.test),
+            src_vocab,
+            tgt_vocab,
+        }
+    }
 }
 
 /// A training batch as tensors.

@@ -40,7 +40,7 @@ pub const UNK: u32 = 3;
 /// The special tokens' strings, indexed by id.
 pub const SPECIAL_TOKENS: [&str; 4] = ["<pad>", "<s>", "</s>", "<unk>"];
 
-pub use batch::{encode_pairs, make_batch, source_tensor, Batch, Batches, Encoded};
+pub use batch::{encode_pairs, make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus};
 pub use bpe::{Bpe, BpeConfig};
 pub use corpus::{
     build_corpus, corpus_from_files, Corpus, CorpusConfig, CorpusSummary, Pair, Split,

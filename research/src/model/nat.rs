@@ -20,8 +20,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Linear, VarBuilder, VarMap};
 
-use super::transformer::{drop, Dropout, Memory, Transformer, TransformerConfig};
-use super::Dense;
+use super::transformer::{drop, Dense, Dropout, Memory, Transformer, TransformerConfig};
 
 /// The largest offset `|T − S|` the length predictor has a class for.
 pub const MAX_OFFSET: i64 = 20;
@@ -126,7 +125,7 @@ impl Nat {
     }
 
     /// The output layer (the tied embedding): the `proj` of the hidden-state losses.
-    pub fn output_projection(&self) -> &Linear {
+    pub fn output_projection(&self) -> Result<Linear> {
         self.base.output_projection()
     }
 
@@ -252,6 +251,7 @@ pub fn remove_consecutive_duplicates(ids: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::transformer::PositionAdd;
 
     fn config() -> TransformerConfig {
         TransformerConfig {
@@ -265,6 +265,7 @@ mod tests {
             max_len: 16,
             dropout: 0.0,
             tie_all: true,
+            positions: PositionAdd::Broadcast,
         }
     }
 

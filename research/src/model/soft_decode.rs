@@ -2,9 +2,9 @@
 //! (key/value-cached) view of the seq2seq example's Transformer that feeds back, at every step,
 //! the embedding of its own output distribution instead of a reference token.
 //!
-//! [`SoftDecoder`] reads the weights of a [`crate::model::Seq2Seq`] out of its `VarMap` by
-//! name, so it computes exactly what `Seq2Seq::decode` computes for the same inputs (a test
-//! checks this) while the optimizer keeps updating the same variables. Feedback modes:
+//! [`SoftDecoder`] reads the weights of a [`Transformer`] with separate embeddings out of its
+//! `VarMap` by name, so it computes exactly what [`Transformer::decode`] and
+//! [`Transformer::logits`] compute for the same inputs (a test checks this) while the optimizer keeps updating the same variables. Feedback modes:
 //! - [`Feedback::Expected`]: the next input is the expected embedding `Σ_v p_v E_v` of the
 //!   step's softmax `p` (Casas et al.'s soft decode); every step is differentiable;
 //! - [`Feedback::Gumbel`]: a straight-through Gumbel-softmax sample: the forward feeds the
@@ -25,7 +25,9 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
 use crate::data::{BOS, EOS, PAD};
-use crate::model::ModelConfig;
+#[cfg(doc)]
+use crate::model::transformer::Transformer;
+use crate::model::transformer::{layer_norm, TransformerConfig};
 
 /// What the decoder feeds back after each step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,14 +93,6 @@ struct DecoderLayer {
     ff: FeedForward,
 }
 
-/// Layer normalisation without scale and shift (as the model's).
-fn layer_norm(x: &Tensor) -> Result<Tensor> {
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let centered = x.broadcast_sub(&mean)?;
-    let variance = centered.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(centered.broadcast_div(&(variance + 1e-5)?.sqrt()?)?)
-}
-
 /// The encoder output of a batch, with each decoder layer's cross-attention keys and values
 /// computed once.
 pub struct SoftMemory {
@@ -116,10 +110,10 @@ pub struct SoftDecoder {
     encoder: Vec<EncoderLayer>,
     decoder: Vec<DecoderLayer>,
     output: Dense,
-    config: ModelConfig,
+    config: TransformerConfig,
 }
 
-/// Weights by name, as `Seq2Seq::new` names them in its `VarMap`.
+/// Weights by name, as [`Transformer::new`] names them in its `VarMap`.
 pub type Weights = HashMap<String, Tensor>;
 
 /// The tensors of `varmap` by name: the variables themselves (the optimizer's updates show
@@ -143,8 +137,9 @@ pub fn weights_of(varmap: &VarMap, detached: bool) -> Weights {
 }
 
 impl SoftDecoder {
-    /// The decoder over `weights` (names as in `Seq2Seq::new`), in the weights' dtype.
-    pub fn new(weights: &Weights, config: ModelConfig) -> Result<Self> {
+    /// The decoder over `weights` (names as in [`Transformer::new`] with separate embeddings),
+    /// in the weights' dtype.
+    pub fn new(weights: &Weights, config: TransformerConfig) -> Result<Self> {
         let get = |name: &str| {
             weights
                 .get(name)
@@ -189,9 +184,9 @@ impl SoftDecoder {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            src_embedding: get("src_embedding.weight")?,
-            tgt_embedding: get("tgt_embedding.weight")?,
-            positions: get("positions.weight")?,
+            src_embedding: get("src_embedding")?,
+            tgt_embedding: get("tgt_embedding")?,
+            positions: get("positions")?,
             encoder,
             decoder,
             output: dense("output")?,
@@ -234,7 +229,7 @@ impl SoftDecoder {
     /// Encodes u32 `[B, Ts]` sources (right-padded with `PAD`).
     pub fn encode(&self, src: &Tensor) -> Result<SoftMemory> {
         let (b, ts) = src.dims2()?;
-        if ts > self.config.max_len + 1 {
+        if ts > self.config.max_len {
             bail!(
                 "source of {ts} tokens exceeds the model's max_len {}",
                 self.config.max_len
@@ -283,7 +278,7 @@ impl SoftDecoder {
         memory: &SoftMemory,
         cache: &mut Vec<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        if position > self.config.max_len {
+        if position >= self.config.max_len {
             bail!(
                 "decoder position {position} exceeds the model's max_len {}",
                 self.config.max_len
@@ -386,7 +381,7 @@ impl SoftDecoder {
     }
 
     /// Teacher-forced logits `[B, T, V]` for decoder inputs u32 `[B, T]` (`BOS y_1 ..`),
-    /// step by step through the cache: what `Seq2Seq::decode` computes in one pass (the
+    /// step by step through the cache: what [`Transformer::decode`] computes in one pass (the
     /// check of this decoder in `research/tests/study.rs`).
     #[allow(dead_code)]
     pub fn teacher_forced(&self, memory: &SoftMemory, dec_in: &Tensor) -> Result<Tensor> {
@@ -405,7 +400,7 @@ impl SoftDecoder {
     pub fn greedy(&self, src: &Tensor, max_len: usize) -> Result<Vec<Vec<u32>>> {
         let memory = self.encode(src)?;
         let b = src.dim(0)?;
-        let max_len = max_len.min(self.config.max_len);
+        let max_len = max_len.min(self.config.max_len - 1);
         let mut input = self.embed_ids(&Tensor::full(BOS, b, src.device())?)?;
         let mut cache = Vec::with_capacity(self.decoder.len());
         let mut out = vec![Vec::new(); b];

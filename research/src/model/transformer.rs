@@ -1,5 +1,8 @@
-//! A pre-norm Transformer encoder–decoder (Vaswani et al. 2017) in candle, for training with
-//! the BLEU loss and decoding with greedy, beam or sampled search.
+//! The research examples' pre-norm Transformer encoder–decoder (Vaswani et al. 2017) in candle,
+//! for training with the BLEU loss and decoding with greedy, beam or sampled search. One model
+//! serves every study: translate and NAT with tied embeddings ([`TransformerConfig::tie_all`]),
+//! seq2seq and study with separate ones ([`TransformerConfig::positions`] and
+//! [`Transformer::greedy`] keep their committed results reproducible).
 //!
 //! - **Dropout** on the embeddings and on every residual branch, with masks drawn from the
 //!   caller's seeded generator ([`Dropout`]): candle's CPU random generator cannot be seeded,
@@ -17,12 +20,27 @@
 //! `ops::softmax(x, D::Minus1)` and the layer norm is composed from elementary ops.
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{layer_norm, seeded_init, Dense};
+use crate::data::{BOS, EOS, PAD};
+
+/// How [`Transformer`] adds the learned positions to the token embeddings. Both add the same
+/// values; they differ only in the order in which the backward pass sums the positions'
+/// gradient (over the batch, and over encoder and decoder, which share the table), and the two
+/// orders round differently. Each study keeps the one it was trained with, so its committed
+/// results and checkpoints reproduce bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionAdd {
+    /// The table's rows `offset..offset + T` broadcast over the batch: the gradient is summed
+    /// over the batch, then added up per pass (translate, NAT).
+    Broadcast,
+    /// Looked up by position id for every token: each pass index-adds its tokens' gradients
+    /// into one running sum, not a strided reduction over the batch (seq2seq, study).
+    Lookup,
+}
 
 /// Sizes of the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +66,8 @@ pub struct TransformerConfig {
     /// One embedding matrix for source, target and the output projection (needs
     /// `src_vocab == tgt_vocab`); otherwise separate embeddings and an output layer with bias.
     pub tie_all: bool,
+    /// How the positions join the token embeddings.
+    pub positions: PositionAdd,
 }
 
 impl TransformerConfig {
@@ -122,6 +142,98 @@ pub(crate) fn drop(x: Tensor, dropout: &mut Option<&mut Dropout>) -> Result<Tens
         Some(d) => d.apply(&x),
         None => Ok(x),
     }
+}
+
+/// A linear layer on `[.., D_in]`, computed as one `[rows, D_in]` matmul.
+///
+/// Written out rather than `candle_nn::Linear` for speed on CPU: `Linear` broadcasts its
+/// weight to `[B, D_in, D_out]` for non-contiguous 3-D inputs, and the backward of a broadcast
+/// over leading dimensions is a strided reduction (two integer divisions per element) that cost
+/// more than all the matmuls of this model. The bias, when there is one, is added as
+/// `ones[rows, 1] · bias[1, D_out]`, so its gradient is a matmul too.
+pub(crate) struct Dense {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Dense {
+    pub(crate) fn new(d_in: usize, d_out: usize, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get_with_hints(
+                (d_out, d_in),
+                "weight",
+                candle_nn::init::DEFAULT_KAIMING_NORMAL,
+            )?,
+            bias: Some(vb.get_with_hints((1, d_out), "bias", candle_nn::Init::Const(0.0))?),
+        })
+    }
+
+    /// `x` `[.., D_in]` → `[.., D_out]`, as one 2-D matmul over the flattened rows.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let d_in = *dims.last().expect("rank >= 1");
+        let rows = x.elem_count() / d_in;
+        let flat = x.reshape((rows, d_in))?;
+        let mut y = flat.matmul(&self.weight.t()?)?;
+        if let Some(bias) = &self.bias {
+            let ones = Tensor::ones((rows, 1), x.dtype(), x.device())?;
+            y = (y + ones.matmul(bias)?)?;
+        }
+        let mut out_dims = dims;
+        *out_dims.last_mut().expect("rank >= 1") = y.dim(1)?;
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+/// Layer normalisation without its own scale and shift, from elementary ops.
+///
+/// candle-nn's `LayerNorm` takes the fused `ops::layer_norm` kernel for contiguous inputs,
+/// which has no backward (the gradient stops silently). The scale and shift are left out
+/// because every normalised tensor here feeds a `Dense` layer, which absorbs them (and their
+/// broadcast gradients would be the slow strided reductions `Dense` avoids).
+pub(crate) fn layer_norm(x: &Tensor) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centered = x.broadcast_sub(&mean)?;
+    let variance = centered.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(centered.broadcast_div(&(variance + 1e-5)?.sqrt()?)?)
+}
+
+/// Overwrites every variable of `varmap` with values drawn from `seed`, in name order: linear
+/// weights uniform in `±1/sqrt(fan_in)`, embeddings and positions normal with sd `1/sqrt(D)`,
+/// biases 0. candle's CPU random generator cannot be seeded, so the values are drawn here.
+fn seeded_init(varmap: &VarMap, seed: u64) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = varmap
+        .data()
+        .lock()
+        .expect("the VarMap lock is never poisoned");
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    for name in names {
+        let var: &Var = &data[name];
+        let dims = var.dims().to_vec();
+        let n: usize = dims.iter().product();
+        let values: Vec<f32> = if name.ends_with("bias") {
+            vec![0.0; n]
+        } else if name.contains("embedding") || name.starts_with("positions") {
+            let sd = 1.0 / (dims[1] as f64).sqrt();
+            (0..n).map(|_| (normal(&mut rng) * sd) as f32).collect()
+        } else {
+            let bound = 1.0 / (dims[1] as f64).sqrt();
+            (0..n)
+                .map(|_| rng.gen_range(-bound..bound) as f32)
+                .collect()
+        };
+        var.set(&Tensor::from_vec(values, dims, var.device())?)?;
+    }
+    Ok(())
+}
+
+/// A standard normal draw (Box–Muller).
+fn normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 struct Attention {
@@ -275,7 +387,7 @@ pub struct Transformer {
     positions: Tensor,
     encoder: Vec<EncoderLayer>,
     decoder: Vec<DecoderLayer>,
-    output: Linear,
+    output: Dense,
     config: TransformerConfig,
     device: Device,
 }
@@ -322,14 +434,16 @@ impl Transformer {
         let positions = vb.get_with_hints((config.max_len, d), "positions", init)?;
         let (src_embedding, tgt_embedding, output) = if config.tie_all {
             let shared = vb.get_with_hints((config.tgt_vocab, d), "embedding", init)?;
-            let output = Linear::new(shared.clone(), None);
+            let output = Dense {
+                weight: shared.clone(),
+                bias: None,
+            };
             (shared.clone(), shared, output)
         } else {
             let src = vb.get_with_hints((config.src_vocab, d), "src_embedding", init)?;
             let tgt = vb.get_with_hints((config.tgt_vocab, d), "tgt_embedding", init)?;
-            let weight = vb.get_with_hints((config.tgt_vocab, d), "output.weight", init)?;
-            let bias = vb.get_with_hints(config.tgt_vocab, "output.bias", init)?;
-            (src, tgt, Linear::new(weight, Some(bias)))
+            let output = Dense::new(d, config.tgt_vocab, vb.pp("output"))?;
+            (src, tgt, output)
         };
         let model = Self {
             src_embedding,
@@ -357,9 +471,13 @@ impl Transformer {
 
     /// The output layer: `hidden [.., D] → logits [.., V]`. With tied embeddings its weight is
     /// the embedding matrix and it has no bias. This is the `proj` of the BLEU loss's
-    /// hidden-state entry points.
-    pub fn output_projection(&self) -> &Linear {
-        &self.output
+    /// hidden-state entry points (it shares the model's variables, so gradients reach them).
+    pub fn output_projection(&self) -> Result<Linear> {
+        let bias = match &self.output.bias {
+            Some(bias) => Some(bias.squeeze(0)?),
+            None => None,
+        };
+        Ok(Linear::new(self.output.weight.clone(), bias))
     }
 
     /// `embedding[ids] · sqrt(D) + positions[offset..offset + T]`, `ids` u32 `[B, T]`.
@@ -376,9 +494,24 @@ impl Transformer {
         let tokens = table
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, d))?;
-        let positions = self.positions.narrow(0, offset, t)?.unsqueeze(0)?;
         let scale = (d as f64).sqrt();
-        Ok((tokens * scale)?.broadcast_add(&positions)?)
+        Ok(match self.config.positions {
+            PositionAdd::Broadcast => {
+                let positions = self.positions.narrow(0, offset, t)?.unsqueeze(0)?;
+                (tokens * scale)?.broadcast_add(&positions)?
+            }
+            PositionAdd::Lookup => {
+                let ids = Tensor::arange(offset as u32, (offset + t) as u32, &self.device)?
+                    .unsqueeze(0)?
+                    .broadcast_as((b, t))?
+                    .contiguous()?;
+                let positions = self
+                    .positions
+                    .index_select(&ids.flatten_all()?, 0)?
+                    .reshape((b, t, d))?;
+                ((tokens * scale)? + positions)?
+            }
+        })
     }
 
     /// Encodes u32 `[B, Ts]` source ids (right-padded with `pad`). `dropout`: `None` to
@@ -449,14 +582,50 @@ impl Transformer {
 
     /// Logits `[.., V]` of decoder states `[.., D]`.
     pub fn logits(&self, states: &Tensor) -> Result<Tensor> {
-        let d = self.config.d_model;
-        let dims = states.dims().to_vec();
-        let rows = states.elem_count() / d;
-        let flat = states.reshape((rows, d))?;
-        let logits = candle_core::Module::forward(&self.output, &flat)?;
-        let mut out_dims = dims;
-        *out_dims.last_mut().expect("rank >= 1") = self.config.tgt_vocab;
-        Ok(logits.reshape(out_dims)?)
+        self.output.forward(states)
+    }
+
+    /// Greedy decoding of u32 `[B, Ts]` sources (padded with `PAD`): at most `max_len` tokens
+    /// each, stopping at EOS. Returns each hypothesis's ids without BOS and EOS.
+    ///
+    /// Each step reruns the decoder over the whole prefix (no key/value cache): the seq2seq
+    /// example's dev and test decode, kept because its committed results were decoded so (the
+    /// cache's one-row matmuls can round differently). Cheap for word-level sentences of ~20
+    /// tokens, but its cost grows with the cube of the output length; [`crate::decode::greedy`]
+    /// decodes with the cache.
+    pub fn greedy(&self, src: &Tensor, max_len: usize) -> Result<Vec<Vec<u32>>> {
+        let (b, _) = src.dims2()?;
+        let memory = self.encode(src, PAD, None)?;
+        // BOS takes the first position.
+        let max_len = max_len.min(self.config.max_len - 1);
+        let mut prefix = vec![vec![BOS]; b];
+        let mut done = vec![false; b];
+        for _ in 0..max_len {
+            let t = prefix[0].len();
+            let flat: Vec<u32> = prefix.iter().flatten().copied().collect();
+            let dec_in = Tensor::from_vec(flat, (b, t), &self.device)?;
+            let logits = self.logits(&self.decode(&dec_in, &memory, None)?)?;
+            let next = logits.narrow(1, t - 1, 1)?.squeeze(1)?.argmax(D::Minus1)?;
+            let next = next.to_vec1::<u32>()?;
+            for (i, &token) in next.iter().enumerate() {
+                prefix[i].push(if done[i] { PAD } else { token });
+                if token == EOS {
+                    done[i] = true;
+                }
+            }
+            if done.iter().all(|&d| d) {
+                break;
+            }
+        }
+        Ok(prefix
+            .into_iter()
+            .map(|p| {
+                p.into_iter()
+                    .skip(1)
+                    .take_while(|&id| id != EOS && id != PAD)
+                    .collect()
+            })
+            .collect())
     }
 
     /// A decoder cache for incremental decoding of `memory`'s sources, each repeated
@@ -541,6 +710,7 @@ mod tests {
             max_len: 8,
             dropout: 0.0,
             tie_all: true,
+            positions: PositionAdd::Broadcast,
         };
         let device = Device::Cpu;
         let model = Transformer::new(config, &VarMap::new(), 3, &device)?;

@@ -9,13 +9,15 @@
 //! - [`teacher`]: the autoregressive teacher (reused from a translate run or trained) and the
 //!   sequence-level distillation of the training sources;
 //! - [`files`]: gzipped line files and SHA-256;
-//! - [`study`]: the study's command line and driver; [`report`]: statistics, results.json and
-//!   the table.
+//! - [`config`]: the study's command line; [`study`]: its driver and phases; [`report`]:
+//!   statistics, results.json and the table.
 
 pub mod batches;
+pub mod config;
 pub mod decode;
 pub mod files;
 pub mod objective;
+mod plan;
 pub mod report;
 pub mod study;
 pub mod teacher;

@@ -153,7 +153,7 @@ pub fn step_loss(
     let memory = model.encode(&batch.src, settings.pad, Some(dropout))?;
     let states = model.decode(&batch.inputs, &memory, Some(dropout))?;
     let length = (model.length_loss(&memory, &batch.length_classes)? * LENGTH_LOSS_WEIGHT)?;
-    let proj = model.output_projection();
+    let proj = &model.output_projection()?;
     let ce_only = || -> Result<Tensor> {
         let cfg = HiddenCrossEntropyConfig {
             ce: settings.cross_entropy,

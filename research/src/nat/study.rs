@@ -1,5 +1,4 @@
-//! The NAT study's command line ([`Config`]) and driver ([`run_study`]); `docs/nat.md`
-//! describes the design.
+//! The NAT study's driver ([`run_study`]) and its phases; `docs/nat.md` describes the design.
 
 use anyhow::{bail, Result};
 use candle_bleu::loss::{CrossEntropyConfig, HiddenConfig};
@@ -11,223 +10,57 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::batches::{clipped_share, make_nat_batch, non_empty};
+use super::config::Config;
 use super::decode::{decode_nat, length_accuracy, repetition_share, timed, Decoded, Variant};
 use super::files::write_lines_gz;
-use super::objective::{step_loss, Bon2Form, Mixing, NatObjective, StepSettings};
+use super::objective::{step_loss, NatObjective, StepSettings};
+use super::plan::{plan, step_estimates, PartMinutes};
 use super::report::{bootstraps, render_condition, seed_level_tests, summary, NatRecord};
-use super::teacher::{distill, teacher, Recipe, Teacher, DISTILL, DISTILL_CHUNK, TEACHER};
+use super::teacher::{distill, teacher, Teacher};
 use crate::checkpoint::save_json;
 use crate::data::PAD;
 use crate::decode::BeamConfig;
 use crate::model::nat::Nat;
-use crate::model::transformer::{Dropout, TransformerConfig};
+use crate::model::transformer::{Dropout, PositionAdd, TransformerConfig};
 use crate::progress::format_duration;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::{prepare, DataConfig, StudyData};
 use crate::translate::evaluate::{
-    bleu, decode_ids, score, segment_stats, Search, TextScores, BLEU_SIGNATURE, CHRF_SIGNATURE,
+    bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
+    CHRF_SIGNATURE,
 };
 use crate::translate::run::{
     best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
 };
 use crate::translate::track::Tracker;
 
-/// The NAT study's command line.
-#[derive(clap::Parser, Debug, Clone)]
-#[command(
-    about = "Does the BLEU loss help a non-autoregressive translator? (English→LANG gettext catalogues)"
-)]
-pub struct Config {
-    /// Target language: the directory name under --catalogs.
-    #[arg(long, default_value = "de")]
-    pub lang: String,
-    /// Directory holding `<lang>/LC_MESSAGES/*.mo`.
-    #[arg(long, default_value = "/usr/share/locale")]
-    pub catalogs: PathBuf,
-    /// Seeds on the distilled data (each trains its own NAT baseline and every objective).
-    #[arg(long, default_value_t = 3)]
-    pub seeds: u64,
-    /// Seeds on the raw (human) references: a NAT baseline and `ce`/`bon2` each.
-    #[arg(long, default_value_t = 1)]
-    pub raw_seeds: u64,
-    /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets.
-    #[arg(long, default_value = "docs/nat_run")]
-    pub out: PathBuf,
-    /// Checkpoints (default `runs/nat/<lang>`).
-    #[arg(long)]
-    pub work: Option<PathBuf>,
-    /// A finished translate study whose seed-1 `ce` model is the teacher when its corpus and
-    /// tokenizer match (default `runs/translate/<lang>`).
-    #[arg(long)]
-    pub translate_run: Option<PathBuf>,
-    /// Continue an interrupted study from its checkpoints.
-    #[arg(long)]
-    pub resume: bool,
-    /// A tiny smoke run (under a minute).
-    #[arg(long)]
-    pub quick: bool,
-    /// Train on the CPU even when built for a GPU.
-    #[arg(long)]
-    pub cpu: bool,
-    /// Leave out `bleu4` (the first objective the budget cuts).
-    #[arg(long)]
-    pub no_bleu4: bool,
-    /// BPE vocabulary (joint; translate's, so that its teacher can be reused).
-    #[arg(long, default_value_t = 8000)]
-    pub bpe_vocab: usize,
-    /// Model width (NAT and teacher).
-    #[arg(long, default_value_t = 128)]
-    pub d_model: usize,
-    /// Encoder and decoder layers, each (NAT and teacher).
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// Dropout.
-    #[arg(long, default_value_t = 0.1)]
-    pub dropout: f32,
-    /// Label smoothing of the cross-entropy.
-    #[arg(long, default_value_t = 0.1)]
-    pub label_smoothing: f64,
-    /// Sentences per NAT batch.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
-    /// NAT baseline: peak learning rate (inverse square root schedule).
-    #[arg(long, default_value_t = 2e-3)]
-    pub lr: f64,
-    /// NAT baseline: warm-up steps.
-    #[arg(long, default_value_t = 400)]
-    pub warmup: usize,
-    /// NAT baseline: step cap.
-    #[arg(long, default_value_t = 5000)]
-    pub base_steps: usize,
-    /// NAT baseline: dev evaluation every this many steps.
-    #[arg(long, default_value_t = 500)]
-    pub base_eval_every: usize,
-    /// NAT baseline: evaluations without a new best dev BLEU before stopping. The default (10
-    /// evaluations of 500 steps) trains to the cap: with 3, seed 1 stopped at step 2000 with its
-    /// best dev BLEU at step 500, where the barely trained model copies its source — which
-    /// scores well on these messages — before cross-entropy training dips and then climbs.
-    #[arg(long, default_value_t = 10)]
-    pub patience: usize,
-    /// Fine-tuning steps of every objective.
-    #[arg(long, default_value_t = 400)]
-    pub finetune_steps: usize,
-    /// Fine-tuning: dev evaluation every this many steps.
-    #[arg(long, default_value_t = 100)]
-    pub finetune_eval_every: usize,
-    /// Fine-tuning: constant learning rate.
-    #[arg(long, default_value_t = 2e-4)]
-    pub finetune_lr: f64,
-    /// λ of the mixed objectives `CE + λ·L` (Shao et al.'s 0.3/0.7 and 0.1/0.9).
-    #[arg(long, value_delimiter = ',', default_value = "2.3,9")]
-    pub lambdas: Vec<f64>,
-    /// Length candidates decoded (the length beams reported are 1, 3 and this).
-    #[arg(long, default_value_t = 5)]
-    pub length_beam: usize,
-    /// Beam width of the teacher (distillation and its test decode).
-    #[arg(long, default_value_t = 5)]
-    pub beam: usize,
-    /// Sentences of the batch-1 speed measurement.
-    #[arg(long, default_value_t = 200)]
-    pub speed_sentences: usize,
-    /// Resamples of sacrebleu's paired bootstrap.
-    #[arg(long, default_value_t = 1000)]
-    pub bootstrap: usize,
-}
-
-impl Config {
-    fn apply_quick(&mut self) {
-        self.seeds = self.seeds.min(2);
-        self.bpe_vocab = 400;
-        self.d_model = 32;
-        self.layers = 1;
-        self.batch_size = 32;
-        self.lr = 3e-3;
-        self.warmup = 10;
-        self.base_steps = 40;
-        self.base_eval_every = 20;
-        self.finetune_steps = 10;
-        self.finetune_eval_every = 5;
-        self.beam = 2;
-        self.speed_sentences = self.speed_sentences.min(20);
-        self.bootstrap = 50;
-    }
-
-    fn check(&self) -> Result<()> {
-        if self.seeds < 2 {
-            bail!(
-                "--seeds must be >= 2 (the seed-level test needs two), got {}",
-                self.seeds
-            );
-        }
-        if self.length_beam < 3 {
-            bail!(
-                "--length-beam must be >= 3 (l = 1, 3 and it are reported), got {}",
-                self.length_beam
-            );
-        }
-        if !self.d_model.is_multiple_of(4) {
-            bail!(
-                "--d-model must be a multiple of the 4 attention heads, got {}",
-                self.d_model
-            );
-        }
-        if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
-            bail!("--lambdas must be finite and > 0, got {l}");
-        }
-        Ok(())
-    }
-
-    fn recipe(&self) -> Recipe {
-        if self.quick {
-            Recipe::QUICK
-        } else {
-            Recipe::TRANSLATE
-        }
-    }
-
-    fn beams(&self) -> Vec<usize> {
-        vec![1, 3, self.length_beam]
-    }
-
-    fn grid(&self) -> Vec<NatObjective> {
-        let mixings: Vec<Mixing> = std::iter::once(Mixing::Pure)
-            .chain(self.lambdas.iter().map(|&l| Mixing::WithCe(l)))
-            .collect();
-        [Bon2Form::NegLog, Bon2Form::Shao]
-            .into_iter()
-            .flat_map(|form| {
-                mixings
-                    .iter()
-                    .map(move |&mixing| NatObjective::Bon2 { form, mixing })
-            })
-            .collect()
-    }
-}
-
-/// Translate's measured cost on this machine's 2 cores (docs/translate.md): ms per training
-/// step of the d = 128, 2 + 2 layer model at batch 64, and the beam-5 distillation of 27.7k
-/// sources.
-const AR_MS_PER_STEP: f64 = 185.0;
-/// The planned NAT step relative to an AR step (no BOS/EOS; the length predictor is cheap) and
-/// a BLEU-loss step relative to a CE step: estimates, replaced by measurements as the study runs.
-const NAT_STEP_SHARE: f64 = 0.8;
-const BLEU_STEP_SHARE: f64 = 1.3;
-const DISTILL_SECONDS_PER_SOURCE: f64 = 8.0 * 60.0 / 27_700.0;
+/// The longest source or target, in subwords with BOS and EOS (the models' positions).
+const MAX_LEN: usize = 128;
 
 /// The NAT setting the whole study shares.
 struct Study {
     cfg: Config,
     data: StudyData,
+    /// The NAT's sizes, and the teacher's.
     nat: TransformerConfig,
     device: Device,
+    /// results.json, table.md, log.csv, the outputs and the distilled targets.
     out: PathBuf,
+    /// The checkpoints.
+    work: PathBuf,
     settings: StepSettings,
+    /// Seeds on the distilled data.
+    seeds: Vec<u64>,
+    /// Seeds on the raw references.
+    raw_seeds: Vec<u64>,
+    /// The teacher's beam (distillation and test decode).
+    beam: BeamConfig,
 }
 
 /// A test decode of one NAT: the records of its variants and the segments of its primary one.
 struct Tested {
     records: Vec<NatRecord>,
-    primary_segments: crate::translate::evaluate::SegmentStats,
+    primary_segments: SegmentStats,
 }
 
 impl Study {
@@ -275,7 +108,7 @@ impl Study {
     ) -> Result<RunState<NatObjective>> {
         let mut varmap = VarMap::new();
         let model = Nat::new(self.nat, &varmap, spec.seed, &self.device)?;
-        let batches = Batches::new(pairs, self.cfg.batch_size, spec.batch_seed)?;
+        let batches = Batches::new(pairs, self.cfg.common.batch_size, spec.batch_seed)?;
         let dev = || self.dev_bleu(&model);
         let mut step = |indices: &[usize], step: usize| {
             let batch = make_nat_batch(pairs, indices, PAD, &self.device)?;
@@ -392,288 +225,389 @@ fn record_scores(
     }
 }
 
-/// A part of the study and its estimated minutes.
-type PartMinutes = (String, f64);
-
-/// The plan: `(kind, steps)` per run to come, and the estimated minutes of each part.
-fn plan(
-    cfg: &Config,
-    train_pairs: usize,
-    teacher_reused: bool,
-) -> (Vec<(String, usize)>, Vec<PartMinutes>) {
-    let seeds = cfg.seeds as usize;
-    let raw = cfg.raw_seeds as usize;
-    let grid = cfg.grid().len();
-    let finetunes_ce = seeds + raw;
-    let finetunes_bleu = grid + (seeds - 1) + raw + if cfg.no_bleu4 { 0 } else { seeds };
-    let mut kinds = vec![("nat baseline".to_string(), cfg.base_steps * (seeds + raw))];
-    kinds.push(("nat ce".into(), cfg.finetune_steps * finetunes_ce));
-    // Seed 1's final bon2 run is its grid run: planned again here, taken back when it loads.
-    kinds.push(("nat bleu".into(), cfg.finetune_steps * (finetunes_bleu + 1)));
-    let recipe = cfg.recipe();
-    if !teacher_reused {
-        kinds.push((TEACHER.into(), recipe.steps));
-    }
-    kinds.push((DISTILL.into(), train_pairs.div_ceil(DISTILL_CHUNK)));
-    let nat_s = AR_MS_PER_STEP * NAT_STEP_SHARE / 1e3;
-    let minutes = vec![
-        (
-            "teacher (translate baseline)".to_string(),
-            if teacher_reused {
-                0.0
-            } else {
-                recipe.steps as f64 * AR_MS_PER_STEP / 6e4
-            },
-        ),
-        (
-            "distillation (beam 5)".into(),
-            train_pairs as f64 * DISTILL_SECONDS_PER_SOURCE / 60.0,
-        ),
-        (
-            "NAT baselines".into(),
-            (cfg.base_steps * (seeds + raw)) as f64 * nat_s / 60.0,
-        ),
-        (
-            "fine-tunes".into(),
-            (cfg.finetune_steps as f64 * nat_s / 60.0)
-                * (finetunes_ce as f64 + BLEU_STEP_SHARE * finetunes_bleu as f64),
-        ),
-        (
-            "dev evaluations (~2 s each)".into(),
-            ((cfg.base_steps / cfg.base_eval_every) * (seeds + raw)
-                + (cfg.finetune_steps / cfg.finetune_eval_every + 1)
-                    * (finetunes_ce + finetunes_bleu)) as f64
-                * 2.0
-                / 60.0,
-        ),
-        ("test decodes and speed".into(), 6.0),
-    ];
-    (kinds, minutes)
+/// The teacher and the training pairs it gives: the distilled targets and the raw (human)
+/// references, each without the pairs whose target is empty.
+struct TrainingPairs {
+    teacher: Teacher,
+    distilled: IdPairs,
+    /// Distilled outputs left out for being empty.
+    empty_distilled: usize,
+    raw: IdPairs,
+    /// Raw references left out for being empty.
+    empty_raw: usize,
 }
 
-/// The plan's estimated seconds per step of each kind of work (a distillation step is a chunk
-/// of sources), for the projection until each kind has measured steps.
-fn step_estimates() -> Vec<(String, f64)> {
-    let nat_s = AR_MS_PER_STEP * NAT_STEP_SHARE / 1e3;
-    vec![
-        (TEACHER.to_string(), AR_MS_PER_STEP / 1e3),
-        (
-            DISTILL.to_string(),
-            DISTILL_SECONDS_PER_SOURCE * DISTILL_CHUNK as f64,
-        ),
-        ("nat baseline".to_string(), nat_s),
-        ("nat ce".to_string(), nat_s),
-        ("nat bleu".to_string(), nat_s * BLEU_STEP_SHARE),
-    ]
+/// Every run's state by (condition, name, seed); seed 1's bon2 grid runs are named
+/// `grid:<label>`.
+type States = BTreeMap<(String, String, u64), RunState<NatObjective>>;
+
+/// The test decodes: a record per model and variant, the primary variant's segment
+/// statistics by condition and (objective, seed), and the teacher's scores.
+struct TestResults {
+    records: Vec<NatRecord>,
+    segments: BTreeMap<String, BTreeMap<(String, u64), SegmentStats>>,
+    teacher_scores: TextScores,
 }
 
-/// Runs the study `cfg` describes (see `docs/nat.md`).
-pub fn run_study(mut cfg: Config) -> Result<()> {
-    if cfg.quick {
-        cfg.apply_quick();
-    }
-    cfg.check()?;
-    let started = Instant::now();
-    let device = crate::device::device(cfg.cpu);
-    let out = cfg.out.clone();
-    let work = cfg
-        .work
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs/nat").join(&cfg.lang));
-    if work.exists() && !cfg.resume {
-        println!(
-            "{} holds an earlier study: starting over (use --resume to continue it)",
-            work.display()
-        );
-        std::fs::remove_dir_all(&work)?;
-    }
-    std::fs::create_dir_all(&out)?;
-    std::fs::create_dir_all(&work)?;
-    if !cfg.resume {
-        // The log of an earlier study would mix with this one's.
-        let _ = std::fs::remove_file(out.join("log.csv"));
-    }
-    let max_len = 128;
-    let data = prepare(
-        &DataConfig {
-            catalogs: &cfg.catalogs,
-            lang: &cfg.lang,
-            bpe_vocab: cfg.bpe_vocab,
-            quick: cfg.quick,
-            max_len,
-        },
-        &out,
-    )?;
-    write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
-    let vocab = data.bpe.vocab_size();
-    let model_config = |d_model: usize, layers: usize| TransformerConfig {
-        src_vocab: vocab,
-        tgt_vocab: vocab,
-        d_model,
-        heads: 4,
-        d_ff: 4 * d_model,
-        encoder_layers: layers,
-        decoder_layers: layers,
-        max_len,
-        dropout: cfg.dropout,
-        tie_all: true,
-    };
-    let nat = model_config(cfg.d_model, cfg.layers);
-    let teacher_config = nat;
-    let translate_run = cfg
-        .translate_run
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs/translate").join(&cfg.lang));
+/// What the study measured, for the report.
+struct Finished {
+    pairs: TrainingPairs,
+    states: States,
+    /// bon2's form and mixing on seed 1's dev set: (objective, dev BLEU).
+    grid: Vec<(NatObjective, f64)>,
+    bon2: NatObjective,
+    /// The fine-tuning objectives: `ce`, the chosen bon2, and bleu4 unless left out.
+    objectives: Vec<NatObjective>,
+    tested: TestResults,
+    speed: Vec<serde_json::Value>,
+    /// Seconds per part of the study.
+    costs: Vec<(String, f64)>,
+    /// The plan's estimated minutes per part.
+    planned_minutes: Vec<PartMinutes>,
+}
 
-    // The plan and its estimate.
-    let teacher_reused = translate_run.join("runs/seed1/ce/state.json").exists();
-    let (kinds, minutes) = plan(&cfg, data.train.ids.len(), teacher_reused);
-    let total: f64 = minutes.iter().map(|m| m.1).sum();
-    println!("plan (estimated from translate's measured costs on 2 cores):");
-    for (part, m) in &minutes {
-        println!("  {part:<32} {m:6.1} min");
-    }
-    println!("  {:<32} {total:6.1} min", "total");
-    let mut tracker = Tracker::open(&out, &kinds)?;
-    for (kind, seconds) in step_estimates() {
-        tracker.progress.estimate(&kind, seconds);
-    }
-    let study = Study {
-        settings: StepSettings {
-            cross_entropy: CrossEntropyConfig {
-                pad_id: Some(PAD),
-                label_smoothing: cfg.label_smoothing,
+impl Study {
+    /// The setting of `cfg`: the output and checkpoint folders (an earlier study's checkpoints
+    /// and log are removed unless resuming), the corpus and its BPE model, `test.ref.gz`, the
+    /// model's sizes.
+    fn prepare(cfg: Config) -> Result<Self> {
+        let common = &cfg.common;
+        let device = crate::device::device(common.cpu);
+        let out = cfg.out.clone();
+        let work = cfg
+            .work
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs/nat").join(&common.lang));
+        if work.exists() && !common.resume {
+            println!(
+                "{} holds an earlier study: starting over (use --resume to continue it)",
+                work.display()
+            );
+            std::fs::remove_dir_all(&work)?;
+        }
+        std::fs::create_dir_all(&out)?;
+        std::fs::create_dir_all(&work)?;
+        if !common.resume {
+            // The log of an earlier study would mix with this one's.
+            let _ = std::fs::remove_file(out.join("log.csv"));
+        }
+        let data = prepare(
+            &DataConfig {
+                catalogs: &common.catalogs,
+                lang: &common.lang,
+                bpe_vocab: common.bpe_vocab,
+                quick: common.quick,
+                max_len: MAX_LEN,
             },
-            hidden: HiddenConfig::default(),
-            pad: PAD,
-        },
-        cfg: cfg.clone(),
-        data,
-        nat,
-        device: device.clone(),
-        out: out.clone(),
-    };
-    let data = &study.data;
-
-    // 1. The teacher and the distilled targets.
-    let part = Instant::now();
-    let teacher: Teacher = teacher(
-        teacher_config,
-        cfg.recipe(),
-        data,
-        &translate_run,
-        &out,
-        &work,
-        &mut tracker,
-        &device,
-    )?;
-    tracker.progress.println(&format!(
-        "teacher: {} (dev BLEU {:.2})",
-        teacher.origin, teacher.dev_bleu
-    ));
-    let beam = BeamConfig {
-        beam: cfg.beam,
-        ..BeamConfig::default()
-    };
-    let distilled = distill(
-        &teacher,
-        teacher_config,
-        data,
-        beam,
-        &out,
-        &mut tracker,
-        &device,
-    )?;
-    let (distilled, empty_distilled) = non_empty(distilled);
-    let (raw_pairs, empty_raw) = non_empty(data.train.ids.clone());
-    let mut costs = vec![(
-        "teacher and distillation".to_string(),
-        part.elapsed().as_secs_f64(),
-    )];
-    tracker.progress.println(&format!(
-        "distilled targets: {} pairs ({empty_distilled} empty outputs left out); length offsets clipped: distilled {:.2} %, raw {:.2} %",
-        distilled.len(), 100.0 * clipped_share(&distilled), 100.0 * clipped_share(&raw_pairs)
-    ));
-
-    // 2. NAT baselines: label-smoothed CE until dev BLEU stops improving.
-    let part = Instant::now();
-    let seeds: Vec<u64> = (1..=cfg.seeds).collect();
-    let raw_seeds: Vec<u64> = (1..=cfg.raw_seeds).collect();
-    let conditions: Vec<(&str, &IdPairs, &[u64])> = vec![
-        ("distilled", &distilled, &seeds),
-        ("raw", &raw_pairs, &raw_seeds),
-    ];
-    let run_dir = |condition: &str, seed: u64, name: &str| {
-        work.join(condition).join(format!("seed{seed}")).join(name)
-    };
-    let mut states: BTreeMap<(String, String, u64), RunState<NatObjective>> = BTreeMap::new();
-    for (condition, pairs, condition_seeds) in &conditions {
-        for &seed in *condition_seeds {
-            let spec = RunSpec {
-                dir: run_dir(condition, seed, "baseline"),
-                seed,
-                batch_seed: seed,
-                objective: NatObjective::Ce,
-                init: None,
-                max_steps: cfg.base_steps,
-                eval_every: cfg.base_eval_every,
-                patience: Some(cfg.patience),
-                schedule: Schedule::InverseSqrt {
-                    peak: cfg.lr,
-                    warmup: cfg.warmup,
-                },
-            };
-            let state = study.train(
-                &mut tracker,
-                &format!("{condition} seed {seed} NAT baseline"),
-                "nat baseline",
-                &spec,
-                pairs,
-            )?;
-            states.insert((condition.to_string(), "baseline".into(), seed), state);
-        }
-    }
-    costs.push(("NAT baselines".into(), part.elapsed().as_secs_f64()));
-    let finetune = |condition: &str, seed: u64, objective: NatObjective| RunSpec {
-        dir: run_dir(condition, seed, &objective.label()),
-        seed,
-        // Every objective of a seed sees the same batches and dropout masks (a paired design).
-        batch_seed: seed.wrapping_mul(1000) + 7,
-        objective,
-        init: Some(best_weights(&run_dir(condition, seed, "baseline"))),
-        max_steps: cfg.finetune_steps,
-        eval_every: cfg.finetune_eval_every,
-        patience: None,
-        schedule: Schedule::Constant(cfg.finetune_lr),
-    };
-    let kind = |o: &NatObjective| {
-        if *o == NatObjective::Ce {
-            "nat ce"
-        } else {
-            "nat bleu"
-        }
-    };
-
-    // 3. bon2's form and mixing on seed 1's dev set (distilled).
-    let part = Instant::now();
-    let mut grid = Vec::new();
-    for objective in cfg.grid() {
-        let spec = finetune("distilled", 1, objective);
-        let state = study.train(
-            &mut tracker,
-            &format!("distilled seed 1 {}", objective.label()),
-            kind(&objective),
-            &spec,
-            &distilled,
+            &out,
         )?;
-        grid.push((objective, state.best_dev_bleu));
-        states.insert(
-            ("distilled".into(), format!("grid:{}", objective.label()), 1),
-            state,
-        );
+        write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
+        let vocab = data.bpe.vocab_size();
+        // The teacher has the NAT's sizes.
+        let nat = TransformerConfig {
+            src_vocab: vocab,
+            tgt_vocab: vocab,
+            d_model: common.d_model,
+            heads: 4,
+            d_ff: 4 * common.d_model,
+            encoder_layers: common.layers,
+            decoder_layers: common.layers,
+            max_len: MAX_LEN,
+            dropout: common.dropout,
+            tie_all: true,
+            positions: PositionAdd::Broadcast,
+        };
+        Ok(Self {
+            settings: StepSettings {
+                cross_entropy: CrossEntropyConfig {
+                    pad_id: Some(PAD),
+                    label_smoothing: common.label_smoothing,
+                },
+                hidden: HiddenConfig::default(),
+                pad: PAD,
+            },
+            seeds: (1..=common.seeds).collect(),
+            raw_seeds: (1..=cfg.raw_seeds).collect(),
+            beam: BeamConfig {
+                beam: common.beam,
+                ..BeamConfig::default()
+            },
+            cfg,
+            data,
+            nat,
+            device,
+            out,
+            work,
+        })
     }
-    let bon2 = grid
-        .iter()
+
+    /// The checkpoints of run `name` of `seed` in `condition`.
+    fn run_dir(&self, condition: &str, seed: u64, name: &str) -> PathBuf {
+        self.work
+            .join(condition)
+            .join(format!("seed{seed}"))
+            .join(name)
+    }
+
+    /// Both conditions: their name, training pairs and seeds.
+    fn conditions<'a>(
+        &'a self,
+        pairs: &'a TrainingPairs,
+    ) -> [(&'static str, &'a IdPairs, &'a [u64]); 2] {
+        [
+            ("distilled", &pairs.distilled, &self.seeds),
+            ("raw", &pairs.raw, &self.raw_seeds),
+        ]
+    }
+
+    /// Part 1: The teacher (reused from `translate_run` when it matches, else trained) and the
+    /// distilled targets.
+    fn teacher_and_distillation(
+        &self,
+        tracker: &mut Tracker,
+        translate_run: &Path,
+    ) -> Result<TrainingPairs> {
+        let teacher: Teacher = teacher(
+            self.nat,
+            self.cfg.recipe(),
+            &self.data,
+            translate_run,
+            &self.out,
+            &self.work,
+            tracker,
+            &self.device,
+        )?;
+        tracker.progress.println(&format!(
+            "teacher: {} (dev BLEU {:.2})",
+            teacher.origin, teacher.dev_bleu
+        ));
+        let distilled = distill(
+            &teacher,
+            self.nat,
+            &self.data,
+            self.beam,
+            &self.out,
+            tracker,
+            &self.device,
+        )?;
+        let (distilled, empty_distilled) = non_empty(distilled);
+        let (raw, empty_raw) = non_empty(self.data.train.ids.clone());
+        tracker.progress.println(&format!(
+            "distilled targets: {} pairs ({empty_distilled} empty outputs left out); length offsets clipped: distilled {:.2} %, raw {:.2} %",
+            distilled.len(), 100.0 * clipped_share(&distilled), 100.0 * clipped_share(&raw)
+        ));
+        Ok(TrainingPairs {
+            teacher,
+            distilled,
+            empty_distilled,
+            raw,
+            empty_raw,
+        })
+    }
+
+    /// Part 2: NAT baselines: label-smoothed CE until dev BLEU stops improving.
+    fn train_baselines(&self, tracker: &mut Tracker, pairs: &TrainingPairs) -> Result<States> {
+        let cfg = &self.cfg;
+        let mut states = States::new();
+        for (condition, pairs, condition_seeds) in self.conditions(pairs) {
+            for &seed in condition_seeds {
+                let spec = RunSpec {
+                    dir: self.run_dir(condition, seed, "baseline"),
+                    seed,
+                    batch_seed: seed,
+                    objective: NatObjective::Ce,
+                    init: None,
+                    max_steps: cfg.base_steps,
+                    eval_every: cfg.base_eval_every,
+                    patience: Some(cfg.patience),
+                    schedule: Schedule::InverseSqrt {
+                        peak: cfg.common.lr,
+                        warmup: cfg.common.warmup,
+                    },
+                };
+                let label = format!("{condition} seed {seed} NAT baseline");
+                let state = self.train(tracker, &label, "nat baseline", &spec, pairs)?;
+                states.insert((condition.to_string(), "baseline".into(), seed), state);
+            }
+        }
+        Ok(states)
+    }
+
+    /// A fine-tuning run of `objective` from the best weights of `seed`'s baseline.
+    fn finetune(
+        &self,
+        condition: &str,
+        seed: u64,
+        objective: NatObjective,
+    ) -> RunSpec<NatObjective> {
+        let common = &self.cfg.common;
+        RunSpec {
+            dir: self.run_dir(condition, seed, &objective.label()),
+            seed,
+            // Every objective of a seed sees the same batches and dropout masks (a paired design).
+            batch_seed: seed.wrapping_mul(1000) + 7,
+            objective,
+            init: Some(best_weights(&self.run_dir(condition, seed, "baseline"))),
+            max_steps: common.finetune_steps,
+            eval_every: common.finetune_eval_every,
+            patience: None,
+            schedule: Schedule::Constant(common.finetune_lr),
+        }
+    }
+
+    /// Part 3: bon2's form and mixing on seed 1's dev set (distilled): each grid run's dev BLEU;
+    /// the runs join `states`.
+    fn tune_bon2(
+        &self,
+        tracker: &mut Tracker,
+        distilled: &IdPairs,
+        states: &mut States,
+    ) -> Result<Vec<(NatObjective, f64)>> {
+        let mut grid = Vec::new();
+        for objective in self.cfg.grid() {
+            let spec = self.finetune("distilled", 1, objective);
+            let label = format!("distilled seed 1 {}", objective.label());
+            let state = self.train(tracker, &label, kind(&objective), &spec, distilled)?;
+            grid.push((objective, state.best_dev_bleu));
+            states.insert(
+                ("distilled".into(), format!("grid:{}", objective.label()), 1),
+                state,
+            );
+        }
+        Ok(grid)
+    }
+
+    /// Part 4: Every objective from each seed's baseline (bleu4 on the distilled data only).
+    fn train_fine_tunes(
+        &self,
+        tracker: &mut Tracker,
+        pairs: &TrainingPairs,
+        objectives: &[NatObjective],
+        states: &mut States,
+    ) -> Result<()> {
+        for (condition, pairs, condition_seeds) in self.conditions(pairs) {
+            for &seed in condition_seeds {
+                for objective in objectives {
+                    if condition == "raw" && matches!(objective, NatObjective::Bleu4 { .. }) {
+                        continue;
+                    }
+                    let spec = self.finetune(condition, seed, *objective);
+                    let label = format!("{condition} seed {seed} {}", objective.label());
+                    let state = self.train(tracker, &label, kind(objective), &spec, pairs)?;
+                    states.insert(
+                        (condition.to_string(), objective.name().into(), seed),
+                        state,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Part 5: Test decodes: the teacher (beam), every NAT in every variant.
+    fn test_all(
+        &self,
+        tracker: &mut Tracker,
+        teacher: &Teacher,
+        states: &States,
+    ) -> Result<TestResults> {
+        tracker.progress.show("decoding the test set", true);
+        let test = &self.data.test;
+        let teacher_model = load_model(self.nat, &teacher.weights, &self.device)?;
+        let ids = decode_ids(
+            &teacher_model,
+            &test.ids.src,
+            specials(),
+            Search::Beam(self.beam),
+            100,
+            &self.device,
+        )?;
+        let teacher_hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+        write_lines_gz(&self.out.join("test.teacher.hyp.gz"), &teacher_hyps)?;
+        let teacher_scores = score(&teacher_hyps, &test.references)?;
+        let mut records = vec![NatRecord {
+            objective: "teacher".into(),
+            condition: "ar".into(),
+            variant: format!("beam{}", self.cfg.common.beam),
+            config: teacher.origin.clone(),
+            dev_bleu: teacher.dev_bleu,
+            ..record_scores(
+                &teacher_scores,
+                "test.teacher.hyp.gz".into(),
+                f64::NAN,
+                0.0,
+                0.0,
+            )
+        }];
+        let mut segments: BTreeMap<String, BTreeMap<(String, u64), _>> = BTreeMap::new();
+        for ((condition, name, seed), state) in states {
+            if name.starts_with("grid:") {
+                continue;
+            }
+            let tested = self.test(&best_weights(&state.spec.dir), name, state, condition)?;
+            records.extend(tested.records);
+            segments
+                .entry(condition.clone())
+                .or_default()
+                .insert((name.clone(), *seed), tested.primary_segments);
+        }
+        Ok(TestResults {
+            records,
+            segments,
+            teacher_scores,
+        })
+    }
+
+    /// Part 6: Speed: seed 1's distilled NAT baseline and the teacher, the same threads, in this
+    /// process, on the test set at batch 64 and on `--speed-sentences` at batch 1.
+    fn speed(&self, teacher: &Teacher) -> Result<Vec<serde_json::Value>> {
+        let cfg = &self.cfg;
+        let sources = &self.data.test.ids.src;
+        let nat_model = self.load(&best_weights(&self.run_dir("distilled", 1, "baseline")))?;
+        let teacher_model = load_model(self.nat, &teacher.weights, &self.device)?;
+        let few = cfg.speed_sentences.min(sources.len());
+        let mut speed = Vec::new();
+        for (batch, sources) in [(64usize, &sources[..]), (1, &sources[..few])] {
+            for l in [1, cfg.length_beam] {
+                let (seconds, per_second) = timed(sources.len(), || {
+                    decode_nat(&nat_model, sources, None, l, batch, PAD, &self.device).map(|_| ())
+                })?;
+                speed.push(json!({"model": "nat", "search": format!("length beam {l}"), "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
+            }
+            for (search, label) in [
+                (Search::Greedy, "greedy".to_string()),
+                (Search::Beam(self.beam), format!("beam {}", cfg.common.beam)),
+            ] {
+                let (seconds, per_second) = timed(sources.len(), || {
+                    decode_ids(
+                        &teacher_model,
+                        sources,
+                        specials(),
+                        search,
+                        batch,
+                        &self.device,
+                    )
+                    .map(|_| ())
+                })?;
+                speed.push(json!({"model": "ar", "search": label, "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
+            }
+        }
+        Ok(speed)
+    }
+}
+
+/// The progress plan's kind of a fine-tuning run of `objective`.
+fn kind(objective: &NatObjective) -> &'static str {
+    if *objective == NatObjective::Ce {
+        "nat ce"
+    } else {
+        "nat bleu"
+    }
+}
+
+/// The grid's objective with the best dev BLEU (the first among equals).
+fn best_of(grid: &[(NatObjective, f64)]) -> NatObjective {
+    grid.iter()
         .fold((grid[0].0, f64::NEG_INFINITY), |best, &(o, d)| {
             if d > best.1 {
                 (o, d)
@@ -681,236 +615,234 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
                 best
             }
         })
-        .0;
+        .0
+}
+
+/// Runs the study `cfg` describes (see `docs/nat.md`).
+pub fn run_study(mut cfg: Config) -> Result<()> {
+    if cfg.common.quick {
+        cfg.apply_quick();
+    }
+    cfg.check()?;
+    let started = Instant::now();
+    let study = Study::prepare(cfg)?;
+    let translate_run = study
+        .cfg
+        .translate_run
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs/translate").join(&study.cfg.common.lang));
+
+    // The plan and its estimate.
+    let teacher_reused = translate_run.join("runs/seed1/ce/state.json").exists();
+    let (kinds, planned_minutes) = plan(&study.cfg, study.data.train.ids.len(), teacher_reused);
+    let total: f64 = planned_minutes.iter().map(|m| m.1).sum();
+    println!("plan (estimated from translate's measured costs on 2 cores):");
+    for (part, m) in &planned_minutes {
+        println!("  {part:<32} {m:6.1} min");
+    }
+    println!("  {:<32} {total:6.1} min", "total");
+    let mut tracker = Tracker::open(&study.out, &kinds)?;
+    for (kind, seconds) in step_estimates() {
+        tracker.progress.estimate(&kind, seconds);
+    }
+
+    let mut costs = Vec::new();
+    let part = Instant::now();
+    let pairs = study.teacher_and_distillation(&mut tracker, &translate_run)?;
+    costs.push((
+        "teacher and distillation".to_string(),
+        part.elapsed().as_secs_f64(),
+    ));
+    let part = Instant::now();
+    let mut states = study.train_baselines(&mut tracker, &pairs)?;
+    costs.push(("NAT baselines".into(), part.elapsed().as_secs_f64()));
+    let part = Instant::now();
+    let grid = study.tune_bon2(&mut tracker, &pairs.distilled, &mut states)?;
+    let bon2 = best_of(&grid);
     let NatObjective::Bon2 { mixing, .. } = bon2 else {
         bail!("internal: the grid holds bon2 objectives only")
     };
     tracker.progress.println(&format!(
         "bon2 on seed 1's dev set: {} → {}",
-        grid.iter()
-            .map(|(o, d)| format!("{} {d:.2}", o.label()))
-            .collect::<Vec<_>>()
-            .join(", "),
+        grid_text(&grid),
         bon2.label()
     ));
     costs.push(("bon2 grid (seed 1)".into(), part.elapsed().as_secs_f64()));
-
-    // 4. Every objective from each seed's baseline.
     let part = Instant::now();
     let mut objectives = vec![NatObjective::Ce, bon2];
-    if !cfg.no_bleu4 {
+    if !study.cfg.no_bleu4 {
         objectives.push(NatObjective::Bleu4 { mixing });
     }
-    for (condition, pairs, condition_seeds) in &conditions {
-        for &seed in *condition_seeds {
-            for objective in &objectives {
-                if *condition == "raw" && matches!(objective, NatObjective::Bleu4 { .. }) {
-                    continue;
-                }
-                let spec = finetune(condition, seed, *objective);
-                let state = study.train(
-                    &mut tracker,
-                    &format!("{condition} seed {seed} {}", objective.label()),
-                    kind(objective),
-                    &spec,
-                    pairs,
-                )?;
-                states.insert(
-                    (condition.to_string(), objective.name().into(), seed),
-                    state,
-                );
-            }
-        }
-    }
+    study.train_fine_tunes(&mut tracker, &pairs, &objectives, &mut states)?;
     costs.push(("fine-tunes".into(), part.elapsed().as_secs_f64()));
-
-    // 5. Test decodes: the teacher (beam), every NAT in every variant.
     let part = Instant::now();
-    tracker.progress.show("decoding the test set", true);
-    let test = &data.test;
-    let teacher_model = load_model(teacher_config, &teacher.weights, &device)?;
-    let teacher_hyps: Vec<String> = {
-        let ids = decode_ids(
-            &teacher_model,
-            &test.ids.src,
-            specials(),
-            Search::Beam(beam),
-            100,
-            &device,
-        )?;
-        ids.iter().map(|i| study.detok(i)).collect()
-    };
-    write_lines_gz(&out.join("test.teacher.hyp.gz"), &teacher_hyps)?;
-    let teacher_scores = score(&teacher_hyps, &test.references)?;
-    let mut records = vec![NatRecord {
-        objective: "teacher".into(),
-        condition: "ar".into(),
-        variant: format!("beam{}", cfg.beam),
-        config: teacher.origin.clone(),
-        dev_bleu: teacher.dev_bleu,
-        ..record_scores(
-            &teacher_scores,
-            "test.teacher.hyp.gz".into(),
-            f64::NAN,
-            0.0,
-            0.0,
-        )
-    }];
-    let mut segments: BTreeMap<String, BTreeMap<(String, u64), _>> = BTreeMap::new();
-    for ((condition, name, seed), state) in &states {
-        if name.starts_with("grid:") {
-            continue;
-        }
-        let tested = study.test(&best_weights(&state.spec.dir), name, state, condition)?;
-        records.extend(tested.records);
-        segments
-            .entry(condition.clone())
-            .or_default()
-            .insert((name.clone(), *seed), tested.primary_segments);
-    }
-
-    // 6. Speed: the same threads, in this process, on the test set.
-    let nat_model = study.load(&best_weights(&run_dir("distilled", 1, "baseline")))?;
-    let few = cfg.speed_sentences.min(test.ids.len());
-    let mut speed = Vec::new();
-    for (batch, sources) in [(64usize, &test.ids.src[..]), (1, &test.ids.src[..few])] {
-        for l in [1, cfg.length_beam] {
-            let (seconds, per_second) = timed(sources.len(), || {
-                decode_nat(&nat_model, sources, None, l, batch, PAD, &device).map(|_| ())
-            })?;
-            speed.push(json!({"model": "nat", "search": format!("length beam {l}"), "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
-        }
-        for (search, label) in [
-            (Search::Greedy, "greedy".to_string()),
-            (Search::Beam(beam), format!("beam {}", cfg.beam)),
-        ] {
-            let (seconds, per_second) = timed(sources.len(), || {
-                decode_ids(&teacher_model, sources, specials(), search, batch, &device).map(|_| ())
-            })?;
-            speed.push(json!({"model": "ar", "search": label, "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
-        }
-    }
+    let tested = study.test_all(&mut tracker, &pairs.teacher, &states)?;
+    let speed = study.speed(&pairs.teacher)?;
     costs.push((
         "test decodes and speed".into(),
         part.elapsed().as_secs_f64(),
     ));
 
-    // 7. Statistics, table, results.json.
-    let primary = Variant::PRIMARY.name();
-    let compared: Vec<&str> = objectives
-        .iter()
-        .map(NatObjective::name)
-        .filter(|o| *o != "ce")
-        .collect();
-    let mut tests = serde_json::Map::new();
-    for variant in Variant::all(&cfg.beams()) {
-        tests.insert(
-            variant.name(),
-            seed_level_tests(&records, "distilled", &variant.name(), &compared, &seeds)?,
-        );
-    }
-    let raw_tests = if raw_seeds.len() >= 2 {
-        seed_level_tests(&records, "raw", &primary, &["bon2"], &raw_seeds)?
-    } else {
-        json!(null)
+    let finished = Finished {
+        pairs,
+        states,
+        grid,
+        bon2,
+        objectives,
+        tested,
+        speed,
+        costs,
+        planned_minutes,
     };
-    let boot = json!({
-        "distilled": bootstraps(&segments["distilled"], &compared, &seeds, cfg.bootstrap)?,
-        "raw": segments.get("raw").map(|s| bootstraps(s, &["bon2"], &raw_seeds, cfg.bootstrap)).transpose()?,
-    });
-    let summary = summary(&records);
-    let mut table = format!(
-        "Test set; NAT outputs at length beam {} with consecutive duplicates removed unless stated; mean ± sd over seeds; Δ vs `ce` with the seed-level paired t-test, Holm's correction and the difference detectable at 80 % power.\n\nteacher ({}): BLEU {:.2}, chrF {:.2}, length ratio {:.3}\n\n",
-        cfg.length_beam, teacher.origin, teacher_scores.bleu, teacher_scores.chrf, teacher_scores.length_ratio
-    );
-    let names: Vec<&str> = std::iter::once("baseline")
-        .chain(objectives.iter().map(NatObjective::name))
-        .collect();
-    table.push_str(&render_condition(
-        &summary,
-        &tests[&primary],
-        "distilled",
-        &names,
-        &primary,
-    ));
-    table.push('\n');
-    table.push_str(&render_condition(
-        &summary,
-        &raw_tests,
-        "raw",
-        &["baseline", "ce", "bon2"],
-        &primary,
-    ));
-    table.push_str("\nbon2 on seed 1's dev set (BLEU, length beam 1, dedup): ");
-    table.push_str(
-        &grid
-            .iter()
-            .map(|(o, d)| format!("{} {d:.2}", o.label()))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
-    table.push_str("\n\nspeed (sentences/s):");
-    for s in &speed {
-        table.push_str(&format!(
-            " {} {} batch {}: {:.1};",
-            s["model"].as_str().unwrap_or(""),
-            s["search"].as_str().unwrap_or(""),
-            s["batch"],
-            s["sentences_per_second"].as_f64().unwrap_or(f64::NAN)
-        ));
-    }
-    table.push('\n');
-    let baselines: Vec<serde_json::Value> = states
-        .iter()
-        .filter(|((_, name, _), _)| name == "baseline")
-        .map(|((condition, _, seed), s)| {
-            let last_two: Vec<f64> = s.evals.iter().rev().take(2).map(|e| e.dev_bleu).collect();
-            let rising = s.step >= cfg.base_steps && last_two.len() == 2 && last_two[0] > last_two[1];
-            json!({"condition": condition, "seed": seed, "steps": s.step, "best_step": s.best_step, "dev_bleu": s.best_dev_bleu,
-                   "stopped_early": s.step < cfg.base_steps, "dev_still_rising_at_cap": rising})
-        })
-        .collect();
-    let results = json!({
-        "study": "nat",
-        "language": cfg.lang,
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "commit": option_env!("GIT_COMMIT"),
-        "corpus": data.summary,
-        "bpe_vocab": vocab,
-        "model": {"d_model": nat.d_model, "layers": nat.encoder_layers, "heads": nat.heads, "d_ff": nat.d_ff, "dropout": nat.dropout,
-                  "tied_embeddings": true, "max_len": max_len, "length_classes": "T - S in [-20, 20]", "length_loss_weight": super::objective::LENGTH_LOSS_WEIGHT},
-        "teacher": teacher,
-        "distillation": {"pairs": distilled.len(), "empty_outputs_left_out": empty_distilled, "raw_empty_left_out": empty_raw,
-                         "clipped_offsets_distilled": clipped_share(&distilled), "clipped_offsets_raw": clipped_share(&raw_pairs), "beam": cfg.beam},
-        "protocol": {"seeds": cfg.seeds, "raw_seeds": cfg.raw_seeds, "batch_size": cfg.batch_size, "label_smoothing": cfg.label_smoothing,
-                     "baseline": {"peak_lr": cfg.lr, "warmup": cfg.warmup, "step_cap": cfg.base_steps, "eval_every": cfg.base_eval_every, "patience": cfg.patience},
-                     "finetune": {"steps": cfg.finetune_steps, "eval_every": cfg.finetune_eval_every, "lr": cfg.finetune_lr},
-                     "selection": "best dev BLEU at length beam 1, duplicates removed; the starting checkpoint included",
-                     "primary_variant": primary, "length_beams": cfg.beams()},
-        "baselines": baselines,
-        "bon2_grid": grid.iter().map(|(o, d)| json!({"objective": o, "label": o.label(), "dev_bleu": d})).collect::<Vec<_>>(),
-        "bon2": bon2,
-        "runs": records,
-        "summary": summary,
-        "paired_t_vs_ce": tests,
-        "paired_t_vs_ce_raw": raw_tests,
-        "paired_bootstrap_vs_ce": boot,
-        "speed": speed,
-        "costs_seconds": costs.iter().map(|(p, s)| json!({"part": p, "seconds": s})).collect::<Vec<_>>(),
-        "planned_minutes": minutes.iter().map(|(p, m)| json!({"part": p, "minutes": m})).collect::<Vec<_>>(),
-        "seconds": started.elapsed().as_secs_f64(),
-        "threads": std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| format!("default ({})", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))),
-    });
-    save_json(&results, &out.join("results.json"))?;
-    std::fs::write(out.join("table.md"), &table)?;
+    let (results, table) = study.results(&finished, started)?;
+    save_json(&results, &study.out.join("results.json"))?;
+    std::fs::write(study.out.join("table.md"), &table)?;
     tracker.progress.finish();
     println!("\n{table}");
     println!(
         "total {}; outputs in {}",
         format_duration(started.elapsed().as_secs_f64()),
-        out.display()
+        study.out.display()
     );
     Ok(())
+}
+
+/// `label dev-BLEU` of every grid run.
+fn grid_text(grid: &[(NatObjective, f64)]) -> String {
+    grid.iter()
+        .map(|(o, d)| format!("{} {d:.2}", o.label()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Study {
+    /// Part 7: statistics, table and results.json of `finished`; `started`: when the study
+    /// started.
+    fn results(
+        &self,
+        finished: &Finished,
+        started: Instant,
+    ) -> Result<(serde_json::Value, String)> {
+        let (cfg, data, nat) = (&self.cfg, &self.data, &self.nat);
+        let (seeds, raw_seeds) = (&self.seeds, &self.raw_seeds);
+        let Finished {
+            pairs,
+            states,
+            grid,
+            bon2,
+            objectives,
+            tested,
+            speed,
+            costs,
+            planned_minutes,
+        } = finished;
+        let TestResults {
+            records,
+            segments,
+            teacher_scores,
+        } = tested;
+        let teacher = &pairs.teacher;
+        let primary = Variant::PRIMARY.name();
+        let compared: Vec<&str> = objectives
+            .iter()
+            .map(NatObjective::name)
+            .filter(|o| *o != "ce")
+            .collect();
+        let mut tests = serde_json::Map::new();
+        for variant in Variant::all(&cfg.beams()) {
+            tests.insert(
+                variant.name(),
+                seed_level_tests(records, "distilled", &variant.name(), &compared, seeds)?,
+            );
+        }
+        let raw_tests = if raw_seeds.len() >= 2 {
+            seed_level_tests(records, "raw", &primary, &["bon2"], raw_seeds)?
+        } else {
+            json!(null)
+        };
+        let boot = json!({
+            "distilled": bootstraps(&segments["distilled"], &compared, seeds, cfg.common.bootstrap)?,
+            "raw": segments.get("raw").map(|s| bootstraps(s, &["bon2"], raw_seeds, cfg.common.bootstrap)).transpose()?,
+        });
+        let summary = summary(records);
+        let mut table = format!(
+            "Test set; NAT outputs at length beam {} with consecutive duplicates removed unless stated; mean ± sd over seeds; Δ vs `ce` with the seed-level paired t-test, Holm's correction and the difference detectable at 80 % power.\n\nteacher ({}): BLEU {:.2}, chrF {:.2}, length ratio {:.3}\n\n",
+            cfg.length_beam, teacher.origin, teacher_scores.bleu, teacher_scores.chrf, teacher_scores.length_ratio
+        );
+        let names: Vec<&str> = std::iter::once("baseline")
+            .chain(objectives.iter().map(NatObjective::name))
+            .collect();
+        table.push_str(&render_condition(
+            &summary,
+            &tests[&primary],
+            "distilled",
+            &names,
+            &primary,
+        ));
+        table.push('\n');
+        table.push_str(&render_condition(
+            &summary,
+            &raw_tests,
+            "raw",
+            &["baseline", "ce", "bon2"],
+            &primary,
+        ));
+        table.push_str("\nbon2 on seed 1's dev set (BLEU, length beam 1, dedup): ");
+        table.push_str(&grid_text(grid));
+        table.push_str("\n\nspeed (sentences/s):");
+        for s in speed.iter() {
+            table.push_str(&format!(
+                " {} {} batch {}: {:.1};",
+                s["model"].as_str().unwrap_or(""),
+                s["search"].as_str().unwrap_or(""),
+                s["batch"],
+                s["sentences_per_second"].as_f64().unwrap_or(f64::NAN)
+            ));
+        }
+        table.push('\n');
+        let baselines: Vec<serde_json::Value> = states
+            .iter()
+            .filter(|((_, name, _), _)| name == "baseline")
+            .map(|((condition, _, seed), s)| {
+                let last_two: Vec<f64> = s.evals.iter().rev().take(2).map(|e| e.dev_bleu).collect();
+                let rising = s.step >= cfg.base_steps && last_two.len() == 2 && last_two[0] > last_two[1];
+                json!({"condition": condition, "seed": seed, "steps": s.step, "best_step": s.best_step, "dev_bleu": s.best_dev_bleu,
+                       "stopped_early": s.step < cfg.base_steps, "dev_still_rising_at_cap": rising})
+            })
+            .collect();
+        let results = json!({
+            "study": "nat",
+            "language": cfg.common.lang,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "commit": option_env!("GIT_COMMIT"),
+            "corpus": data.summary,
+            "bpe_vocab": data.bpe.vocab_size(),
+            "model": {"d_model": nat.d_model, "layers": nat.encoder_layers, "heads": nat.heads, "d_ff": nat.d_ff, "dropout": nat.dropout,
+                      "tied_embeddings": true, "max_len": MAX_LEN, "length_classes": "T - S in [-20, 20]", "length_loss_weight": super::objective::LENGTH_LOSS_WEIGHT},
+            "teacher": teacher,
+            "distillation": {"pairs": pairs.distilled.len(), "empty_outputs_left_out": pairs.empty_distilled, "raw_empty_left_out": pairs.empty_raw,
+                             "clipped_offsets_distilled": clipped_share(&pairs.distilled), "clipped_offsets_raw": clipped_share(&pairs.raw), "beam": cfg.common.beam},
+            "protocol": {"seeds": cfg.common.seeds, "raw_seeds": cfg.raw_seeds, "batch_size": cfg.common.batch_size, "label_smoothing": cfg.common.label_smoothing,
+                         "baseline": {"peak_lr": cfg.common.lr, "warmup": cfg.common.warmup, "step_cap": cfg.base_steps, "eval_every": cfg.base_eval_every, "patience": cfg.patience},
+                         "finetune": {"steps": cfg.common.finetune_steps, "eval_every": cfg.common.finetune_eval_every, "lr": cfg.common.finetune_lr},
+                         "selection": "best dev BLEU at length beam 1, duplicates removed; the starting checkpoint included",
+                         "primary_variant": primary, "length_beams": cfg.beams()},
+            "baselines": baselines,
+            "bon2_grid": grid.iter().map(|(o, d)| json!({"objective": o, "label": o.label(), "dev_bleu": d})).collect::<Vec<_>>(),
+            "bon2": bon2,
+            "runs": records,
+            "summary": summary,
+            "paired_t_vs_ce": tests,
+            "paired_t_vs_ce_raw": raw_tests,
+            "paired_bootstrap_vs_ce": boot,
+            "speed": speed,
+            "costs_seconds": costs.iter().map(|(p, s)| json!({"part": p, "seconds": s})).collect::<Vec<_>>(),
+            "planned_minutes": planned_minutes.iter().map(|(p, m)| json!({"part": p, "minutes": m})).collect::<Vec<_>>(),
+            "seconds": started.elapsed().as_secs_f64(),
+            "threads": std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| format!("default ({})", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))),
+        });
+        Ok((results, table))
+    }
 }
 
 fn specials() -> crate::decode::Specials {

@@ -442,7 +442,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
         let mut dropout = Dropout::new(setup.model.dropout, mix(spec.seed, 1, step));
         let memory = model.encode(&batch.src, setup.ids.pad, Some(&mut dropout))?;
         let states = model.decode(&batch.dec_in, &memory, Some(&mut dropout))?;
-        let proj = model.output_projection();
+        let proj = &model.output_projection()?;
         Ok(match spec.objective {
             Objective::Ce => {
                 let cfg = HiddenCrossEntropyConfig {

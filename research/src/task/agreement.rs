@@ -1,5 +1,5 @@
-//! The study's synthetic task: a harder variant of the seq2seq example's language, built so
-//! that cross-entropy does not reach the rule-based yardstick within the study's budget.
+//! The `study` example's language: a harder variant of [`super::reordering`], built so that
+//! cross-entropy does not reach the rule-based yardstick within the study's budget.
 //!
 //! An English-like SVO source is translated into an invented verb-final language with
 //! - **rare words**: 150 nouns, 40 adjectives and 30 verbs drawn with Zipfian frequencies, so
@@ -24,7 +24,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 
-use candle_bleu_research::data::tokens::{TokenCorpus, TokenPair};
+use super::{invent_words, Entry, ONSETS};
+use crate::data::tokens::{TokenCorpus, TokenPair};
 
 /// The first source nouns; the rest of the [`NOUN_COUNT`] are invented English-like words.
 const COMMON_NOUNS: [&str; 24] = [
@@ -64,48 +65,6 @@ const DETERMINERS: [(&str, bool); 5] = [
 ];
 const PREPOSITIONS: [&str; 4] = ["near", "behind", "with", "under"];
 const CLASSES: usize = 3;
-
-/// Translation choices of one source word: token sequences with probabilities.
-#[derive(Debug, Clone)]
-struct Entry {
-    choices: Vec<(Vec<String>, f64)>,
-}
-
-impl Entry {
-    fn single(word: String) -> Self {
-        Entry {
-            choices: vec![(vec![word], 1.0)],
-        }
-    }
-
-    fn synonyms(a: String, b: String, p: f64) -> Self {
-        Entry {
-            choices: vec![(vec![a], p), (vec![b], 1.0 - p)],
-        }
-    }
-
-    /// The most probable choice (the first among equals).
-    fn best(&self) -> Vec<String> {
-        let mut best = &self.choices[0];
-        for choice in &self.choices[1..] {
-            if choice.1 > best.1 {
-                best = choice;
-            }
-        }
-        best.0.clone()
-    }
-
-    fn sample(&self, rng: &mut StdRng) -> Vec<String> {
-        let mut u: f64 = rng.gen();
-        for (tokens, p) in &self.choices {
-            if u < *p {
-                return tokens.clone();
-            }
-            u -= p;
-        }
-        self.choices[self.choices.len() - 1].0.clone()
-    }
-}
 
 /// Frequency-ranked sampling: rank `r` with probability `∝ 1 / (r + 1)^ZIPF`.
 struct Zipf {
@@ -169,32 +128,6 @@ struct Lexicon {
     verb_ranks: Zipf,
 }
 
-/// Distinct invented words of two or three syllables (the target language).
-fn invent_words(count: usize, rng: &mut StdRng) -> Vec<String> {
-    const ONSETS: [&str; 14] = [
-        "k", "t", "m", "n", "s", "r", "l", "v", "d", "b", "g", "h", "p", "z",
-    ];
-    const VOWELS: [&str; 5] = ["a", "e", "i", "o", "u"];
-    let mut seen = HashSet::new();
-    let mut words = Vec::with_capacity(count);
-    while words.len() < count {
-        let syllables = if rng.gen_bool(0.3) { 3 } else { 2 };
-        let word: String = (0..syllables)
-            .map(|_| {
-                format!(
-                    "{}{}",
-                    ONSETS[rng.gen_range(0..ONSETS.len())],
-                    VOWELS[rng.gen_range(0..VOWELS.len())]
-                )
-            })
-            .collect();
-        if seen.insert(word.clone()) {
-            words.push(word);
-        }
-    }
-    words
-}
-
 /// Distinct invented English-like source words (closed syllables), none in `taken`.
 fn invent_source_words(count: usize, taken: &HashSet<String>, rng: &mut StdRng) -> Vec<String> {
     const ONSETS: [&str; 12] = [
@@ -219,7 +152,7 @@ fn invent_source_words(count: usize, taken: &HashSet<String>, rng: &mut StdRng) 
 }
 
 fn build_lexicon(rng: &mut StdRng) -> Lexicon {
-    let mut fresh = invent_words(1000, rng).into_iter();
+    let mut fresh = invent_words(1000, &ONSETS, rng).into_iter();
     let mut next = || {
         fresh
             .next()

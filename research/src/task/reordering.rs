@@ -1,4 +1,4 @@
-//! The synthetic translation task: a small English-like SVO language into an invented SOV
+//! The `seq2seq` example's language: a small English-like SVO language into an invented SOV
 //! language, built so that BLEU's partial credit matters:
 //! - **reordering**: verb-final sentences, nouns before their adjectives and determiners,
 //!   postpositions instead of prepositions, the prepositional phrase moved before the object;
@@ -8,14 +8,13 @@
 //!   random with unequal probabilities in every reference. No system can predict every
 //!   choice, so even a perfect model scores below 100 BLEU and earns partial credit per
 //!   n-gram.
-//!
-//! Everything is generated from a fixed data seed, independent of the model seed, so every
-//! run and every seed sees the same train, dev and test sets.
 
-use candle_bleu_research::data::tokens::{TokenCorpus, TokenPair};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
+
+use super::{invent_words, Entry, ONSETS};
+use crate::data::tokens::{TokenCorpus, TokenPair};
 
 const NOUNS: [&str; 16] = [
     "dog", "cat", "bird", "horse", "farmer", "teacher", "child", "king", "river", "house", "tree",
@@ -38,36 +37,6 @@ const VERBS: [(&str, &str); 8] = [
 const DETERMINERS: [&str; 3] = ["the", "a", "this"];
 const PREPOSITIONS: [&str; 3] = ["near", "behind", "with"];
 
-/// Translation choices of one source word: each a token sequence with a probability.
-#[derive(Debug, Clone)]
-struct Entry {
-    choices: Vec<(Vec<String>, f64)>,
-}
-
-impl Entry {
-    /// The most probable choice (the first among equals).
-    fn best(&self) -> Vec<String> {
-        let mut best = &self.choices[0];
-        for choice in &self.choices[1..] {
-            if choice.1 > best.1 {
-                best = choice;
-            }
-        }
-        best.0.clone()
-    }
-
-    fn sample(&self, rng: &mut StdRng) -> Vec<String> {
-        let mut u: f64 = rng.gen();
-        for (tokens, p) in &self.choices {
-            if u < *p {
-                return tokens.clone();
-            }
-            u -= p;
-        }
-        self.choices[self.choices.len() - 1].0.clone()
-    }
-}
-
 /// The bilingual lexicon of the synthetic task.
 struct Lexicon {
     words: HashMap<&'static str, Entry>,
@@ -77,60 +46,30 @@ struct Lexicon {
     object_marker: String,
 }
 
-/// Invented target words: distinct two-syllable words from a fixed syllable set.
-fn invent_words(count: usize, rng: &mut StdRng) -> Vec<String> {
-    const ONSETS: [&str; 12] = ["k", "t", "m", "n", "s", "r", "l", "v", "d", "b", "g", "h"];
-    const VOWELS: [&str; 5] = ["a", "e", "i", "o", "u"];
-    let mut seen = std::collections::HashSet::new();
-    let mut words = Vec::with_capacity(count);
-    while words.len() < count {
-        let syllables = if rng.gen_bool(0.3) { 3 } else { 2 };
-        let word: String = (0..syllables)
-            .map(|_| {
-                format!(
-                    "{}{}",
-                    ONSETS[rng.gen_range(0..ONSETS.len())],
-                    VOWELS[rng.gen_range(0..VOWELS.len())]
-                )
-            })
-            .collect();
-        if seen.insert(word.clone()) {
-            words.push(word);
-        }
-    }
-    words
-}
-
 fn build_lexicon(rng: &mut StdRng) -> Lexicon {
-    let mut fresh = invent_words(80, rng).into_iter();
+    let mut fresh = invent_words(80, &ONSETS[..12], rng).into_iter();
     let mut next = || {
         fresh
             .next()
             .expect("80 invented words suffice for the lexicon")
     };
     let mut words = HashMap::new();
-    let single = |w: String| Entry {
-        choices: vec![(vec![w], 1.0)],
-    };
-    let synonyms = |a: String, b: String, p: f64| Entry {
-        choices: vec![(vec![a], p), (vec![b], 1.0 - p)],
-    };
     // Nouns: 0-3 are compounds (one-to-many), 4-8 have synonyms, the rest map one-to-one.
     for (i, &noun) in NOUNS.iter().enumerate() {
         let entry = match i {
             0..=3 => Entry {
                 choices: vec![(vec![next(), next()], 1.0)],
             },
-            4..=8 => synonyms(next(), next(), if i % 2 == 0 { 0.6 } else { 0.7 }),
-            _ => single(next()),
+            4..=8 => Entry::synonyms(next(), next(), if i % 2 == 0 { 0.6 } else { 0.7 }),
+            _ => Entry::single(next()),
         };
         words.insert(noun, entry);
     }
     for (i, &adjective) in ADJECTIVES.iter().enumerate() {
         let entry = if i < 3 {
-            synonyms(next(), next(), 0.6)
+            Entry::synonyms(next(), next(), 0.6)
         } else {
-            single(next())
+            Entry::single(next())
         };
         words.insert(adjective, entry);
     }
@@ -138,14 +77,14 @@ fn build_lexicon(rng: &mut StdRng) -> Lexicon {
     // added by the sentence rule.
     for (i, &(present, past)) in VERBS.iter().enumerate() {
         let entry = if i < 2 {
-            synonyms(next(), next(), 0.6)
+            Entry::synonyms(next(), next(), 0.6)
         } else {
-            single(next())
+            Entry::single(next())
         };
         words.insert(present, entry.clone());
         words.insert(past, entry);
     }
-    words.insert("the", single(next()));
+    words.insert("the", Entry::single(next()));
     words.insert(
         "a",
         Entry {
@@ -158,9 +97,9 @@ fn build_lexicon(rng: &mut StdRng) -> Lexicon {
             choices: vec![(vec![next(), next()], 1.0)],
         },
     );
-    words.insert("near", single(next()));
-    words.insert("behind", single(next()));
-    words.insert("with", synonyms(next(), next(), 0.5));
+    words.insert("near", Entry::single(next()));
+    words.insert("behind", Entry::single(next()));
+    words.insert("with", Entry::synonyms(next(), next(), 0.5));
     Lexicon {
         words,
         tense: (next(), next()),
@@ -267,7 +206,7 @@ fn synthetic_pair(lexicon: &Lexicon, rng: &mut StdRng) -> (TokenPair, Vec<String
 
 /// The synthetic corpus: `train`, `dev` and `test` pairs from the fixed data seed.
 /// Dev and test sources never occur in the training set.
-pub fn synthetic_corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> TokenCorpus {
+pub fn corpus(train: usize, dev: usize, test: usize, data_seed: u64) -> TokenCorpus {
     let mut rng = StdRng::seed_from_u64(data_seed);
     let lexicon = build_lexicon(&mut rng);
     let mut seen_sources = std::collections::HashSet::new();
