@@ -332,12 +332,7 @@ const LOSS_LAYERS: [&[&str]; 7] = [
     // The passes.
     &["pipeline.rs"],
     // The entry points.
-    &[
-        "bleu.rs",
-        "cross_entropy.rs",
-        "training.rs",
-        "hidden.rs",
-    ],
+    &["bleu.rs", "cross_entropy.rs", "training.rs", "hidden.rs"],
     // Data-parallel training, on top of the entry points.
     &[
         "distributed/mod.rs",
@@ -357,7 +352,9 @@ fn nothing_in_the_loss_imports_from_a_layer_above() {
             continue;
         }
         let Some(here) = layer_of(file) else {
-            panic!("src/loss/{file} is in no layer of LOSS_LAYERS: add it there and to docs/design.md");
+            panic!(
+                "src/loss/{file} is in no layer of LOSS_LAYERS: add it there and to docs/design.md"
+            );
         };
         for target in edges {
             let there = layer_of(target).unwrap_or(usize::MAX);
