@@ -1,5 +1,5 @@
 //! The CUDA side of [`RowOp`] and [`RowOpBackward`] (`cuda_fwd`), behind the `cuda` feature
-//! and off unless switched on with [`set_cuda_kernels`](super::set_cuda_kernels).
+//! built only with the `cuda-kernels` feature.
 //!
 //! **They have not run on a GPU yet**; docs/gpu.md lists the runs that remain before they can
 //! be the default. The kernels (`kernels.cu` beside this file) are CUDA C compiled at run time
@@ -302,7 +302,7 @@ pub(crate) fn forward(op: &RowOp, logits: &CudaStorage, layout: &Layout) -> Resu
             let func = kernel(&device, "row_pass_fwd", suffix)?;
             let (stride_arg, offset_arg) = (dim_u32(stride, "row")?, dim_u32(self_columns, "row")?);
             let eps = op.ce.label_smoothing as T;
-            let inv_count = op.inv_count.unwrap_or(0.0) as T;
+            let inv_count = op.inv_count as T;
             ids.with(&device, |ids| {
                 targets.with(&device, |targets| {
                     let stream = device.cuda_stream();
@@ -497,4 +497,58 @@ fn self_match_dense(
         &Layout::contiguous((batch, seq, vocab)),
     )?;
     Ok((dense, probs))
+}
+
+/// NVRTC's compile of `kernels.cu`: needs `libnvrtc` (the CUDA toolchain's, on
+/// `LD_LIBRARY_PATH`), not a GPU. `scripts/build-cuda.sh test --release --features cuda-kernels
+/// --lib kernels::cuda`.
+#[cfg(test)]
+mod tests {
+    use super::{compile_ptx, KERNEL_FAMILIES};
+
+    /// The `.entry` names of a PTX module.
+    fn ptx_entries(ptx: &str) -> Vec<String> {
+        ptx.lines()
+            .filter_map(|line| {
+                let rest = line.trim().split(".entry ").nth(1)?;
+                Some(rest.split('(').next()?.trim().to_string())
+            })
+            .collect()
+    }
+
+    /// Every kernel family, in f32 and f64, for a Turing, an Ampere and a Hopper capability:
+    /// the PTX targets the capability and holds exactly the `<family>_<dtype>` entry points that
+    /// `load` asks for.
+    #[test]
+    fn nvrtc_compiles_every_kernel_family_in_f32_and_f64() {
+        let mut expected: Vec<String> = KERNEL_FAMILIES
+            .iter()
+            .flat_map(|family| ["f32", "f64"].map(|suffix| format!("{family}_{suffix}")))
+            .collect();
+        expected.sort();
+        assert_eq!(expected.len(), 10);
+        for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
+            let ptx = compile_ptx((major, minor)).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                ptx.lines()
+                    .any(|line| line.trim() == format!(".target sm_{major}{minor}")),
+                "compute_{major}{minor}: no `.target sm_{major}{minor}` line in the PTX"
+            );
+            let mut entries = ptx_entries(&ptx);
+            entries.sort();
+            assert_eq!(entries, expected, "PTX entries for compute_{major}{minor}");
+        }
+    }
+
+    /// A capability NVRTC does not know is an error naming it, not a panic or an empty module.
+    #[test]
+    fn an_unknown_capability_is_an_error() {
+        let error = compile_ptx((0, 0))
+            .expect_err("compute_00 compiled")
+            .to_string();
+        assert!(
+            error.contains("compute_00") && error.contains("kernels.cu"),
+            "{error}"
+        );
+    }
 }
