@@ -1,16 +1,24 @@
 //! The loss on a CUDA GPU, forward + backward: time and peak device memory of each step, with the
-//! crate's CUDA kernels off (composed candle ops) and on (`set_cuda_kernels(true)`), beside
-//! PyTorch eager and `torch.compile` on the same GPU (`benches/torch_cuda.py`, read with
-//! `--torch`). `benches/cuda_vs_torch.sh` runs the two sides alternately.
+//! crate's CUDA kernels off (the `_composed` functions: composed candle ops) and on (the fast
+//! functions, which run the kernels in a build with the `cuda-kernels` feature), beside PyTorch
+//! eager and `torch.compile` on the same GPU (`benches/torch_cuda.py`, read with `--torch`).
+//! `benches/cuda_vs_torch.sh` runs the two sides alternately.
 //!
 //! ```text
-//! scripts/build-cuda.sh build --release --features cuda --bench cuda   # builds here, no GPU needed
+//! scripts/build-cuda.sh build --release --features cuda-kernels --bench cuda   # builds here, no GPU needed
 //! target/cuda/release/deps/cuda-<hash> [--quick] [--repeats N] [--warmup N] [--json PATH]
 //!     [--torch PATH] [--only KEY,…] [--kernels both|off|on] [--cpu]
-//! cargo bench --features cuda --bench cuda -- --quick                  # the same through cargo
+//! cargo bench --features cuda-kernels --bench cuda -- --quick                  # the same through cargo
 //! ```
 //!
-//! Rows (each with the kernels off and on), forward + backward, gradients dropped:
+//! `--kernels off` times the `_composed` functions (`cross_entropy_from_logits_composed`, …),
+//! `on` the fast ones, `both` (the default) each row both ways. Which build ran is in the header
+//! and the JSON (`cuda_kernels_feature`): built with `--features cuda` alone, the fast functions
+//! run the same composed ops on CUDA, so there only `off` is allowed (and is the default). With
+//! `--cpu`, `on` is the CPU kernels in either build.
+//!
+//! Rows (each with the kernels off and on where it has both), forward + backward, gradients
+//! dropped:
 //! - logits `[B,S,T,V]` = `[32,64,64,32000]` f32 and `[64,128,128,50000]` bf16 (the loss computes
 //!   bf16 logits in f32): `cross_entropy_from_logits`, `bleu_loss_from_logits` Expected,
 //!   LowerBound and Paired, `ce_bleu_from_logits` Expected — inputs as in `benches/loss.rs`
@@ -19,7 +27,9 @@
 //! - hidden states `[B,S,D,T,V]` = `[32,64,512,64,32000]` and `[32,64,512,64,128000]` f32:
 //!   `ce_bleu_from_hidden` and `ce_bleu_from_logits(Linear::forward(hidden))`, inputs and config
 //!   as in `benches/hidden.rs` (λ = 0.3, label smoothing 0.1, pad 0, lengths in `[S/2, S]`,
-//!   tied weight N(0, 1/D), default blocks).
+//!   tied weight N(0, 1/D), default blocks). `ce_bleu_from_hidden` has no CUDA kernel (composed
+//!   blocks on CUDA in either build) and no `_composed` twin: one row, `kern` "-"; the logits row
+//!   beside it runs `ce_bleu_from_logits` (on) or `ce_bleu_from_logits_composed` (off).
 //!
 //! Per shape, each row runs `--warmup` untimed steps (NVRTC compile and cuBLAS set-up included),
 //! one untimed memory step, then `--repeats` rounds that alternate the rows; every step ends
@@ -54,9 +64,10 @@ mod ids;
 
 use anyhow::{anyhow, Context, Result};
 use candle_bleu::loss::{
-    bleu_loss_from_logits, ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_logits,
-    set_cuda_kernels, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References,
-    TrainingLossConfig,
+    bleu_loss_from_logits, bleu_loss_from_logits_composed, ce_bleu_from_hidden,
+    ce_bleu_from_logits, ce_bleu_from_logits_composed, cross_entropy_from_logits,
+    cross_entropy_from_logits_composed, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig,
+    References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::cuda_backend::cudarc::driver::{result as cu, sys, CudaContext};
 use candle_core::cuda_backend::cudarc::nvrtc;
@@ -91,9 +102,15 @@ struct Args {
     cpu: bool,
 }
 
-const USAGE: &str = "usage: cuda [--quick] [--repeats N] [--warmup N] [--json PATH] [--torch PATH] \
+const USAGE: &str =
+    "usage: cuda [--quick] [--repeats N] [--warmup N] [--json PATH] [--torch PATH] \
 [--only KEY,...] [--kernels both|off|on] [--cpu]
-  KEY: cross_entropy, expected, lower_bound, paired, ce_expected, hidden_ce_expected, logits, hidden";
+  KEY: cross_entropy, expected, lower_bound, paired, ce_expected, hidden_ce_expected, logits, hidden
+  --kernels: off = the _composed functions, on = the fast functions (the CUDA kernels need a
+  build with --features cuda-kernels; without it only off), both = each row both ways";
+
+/// Whether this binary was built with the crate's CUDA kernels.
+const KERNELS_BUILT: bool = cfg!(feature = "cuda-kernels");
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
@@ -103,7 +120,7 @@ fn parse_args() -> Result<Args> {
         json: None,
         torch: None,
         only: None,
-        kernels: vec![false, true],
+        kernels: Vec::new(),
         cpu: false,
     };
     let mut it = std::env::args().skip(1);
@@ -138,6 +155,21 @@ fn parse_args() -> Result<Args> {
         }
     }
     anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
+    // On CUDA without the kernels the fast functions are the composed ones: "on" would time
+    // the composed ops under the kernels' name.
+    let fast_is_kernels = KERNELS_BUILT || args.cpu;
+    if args.kernels.is_empty() {
+        args.kernels = if fast_is_kernels {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+    }
+    anyhow::ensure!(
+        fast_is_kernels || args.kernels == [false],
+        "--kernels on/both: this bench was built without the cuda-kernels feature, so its fast \
+         functions run the composed ops on CUDA; rebuild with --features cuda-kernels"
+    );
     Ok(args)
 }
 
@@ -322,8 +354,7 @@ fn describe(device: &Device) -> Result<(Vec<String>, Value, Memory)> {
             option_env!("CUDA_COMPUTE_CAP").unwrap_or("unknown"),
         ),
         format!(
-            "candle: gemm_reduced_precision f32 {} / bf16 {} (TF32 off unless set); crate kernels \
-             compiled by NVRTC on first use",
+            "candle: gemm_reduced_precision f32 {} / bf16 {} (TF32 off unless set)",
             candle_core::cuda_backend::gemm_reduced_precision_f32(),
             candle_core::cuda_backend::gemm_reduced_precision_bf16(),
         ),
@@ -372,14 +403,55 @@ fn describe(device: &Device) -> Result<(Vec<String>, Value, Memory)> {
 // Rows
 // ---------------------------------------------------------------------------------------------
 
-type Step<'a> = Rc<dyn Fn() -> candle_core::Result<()> + 'a>;
+/// One forward + backward step; the argument picks the fast function (`true`) or its
+/// `_composed` twin (`false`).
+type Step<'a> = Rc<dyn Fn(bool) -> candle_core::Result<()> + 'a>;
+
+/// A row's step and whether it has a `_composed` twin (else one row, run as the fast function).
+struct Steps<'a> {
+    name: &'static str,
+    key: &'static str,
+    step: Step<'a>,
+    composed_twin: bool,
+}
 
 struct Row<'a> {
     name: &'static str,
     /// The row's name in torch_cuda.py's JSON.
     key: &'static str,
-    kernels: bool,
+    /// `Some(true)`: the fast function; `Some(false)`: the `_composed` one; `None`: a function
+    /// without a `_composed` twin.
+    kernels: Option<bool>,
     step: Step<'a>,
+}
+
+/// The rows of `steps`, each with the wanted `kernels` settings (once where there is no twin).
+fn rows_of<'a>(
+    steps: Vec<Steps<'a>>,
+    kernels: &[bool],
+    only: &Option<Vec<String>>,
+    group: &str,
+) -> Vec<Row<'a>> {
+    let mut rows = Vec::new();
+    for s in steps {
+        if !wanted(only, s.key, group) {
+            continue;
+        }
+        let settings: Vec<Option<bool>> = if s.composed_twin {
+            kernels.iter().map(|&k| Some(k)).collect()
+        } else {
+            vec![None]
+        };
+        for kernels in settings {
+            rows.push(Row {
+                name: s.name,
+                key: s.key,
+                kernels,
+                step: s.step.clone(),
+            });
+        }
+    }
+    rows
 }
 
 #[derive(Default)]
@@ -413,28 +485,33 @@ fn logits_inputs(device: &Device, [b, s, t, v]: [usize; 4], dtype: DType) -> Res
     })
 }
 
-fn logits_steps(x: &LogitsInputs) -> Vec<(&'static str, &'static str, Step<'_>)> {
+fn logits_steps(x: &LogitsInputs) -> Vec<Steps<'_>> {
     let bleu = |form: Form| -> Step<'_> {
-        Rc::new(move || {
+        Rc::new(move |fast| {
             let cfg = BleuLossConfig {
                 form,
                 ..Default::default()
             };
-            let out = bleu_loss_from_logits(x.var.as_tensor(), None, &x.refs, &cfg)?;
+            let out = if fast {
+                bleu_loss_from_logits(x.var.as_tensor(), None, &x.refs, &cfg)?
+            } else {
+                bleu_loss_from_logits_composed(x.var.as_tensor(), None, &x.refs, &cfg)?
+            };
             drop(out.loss.backward()?);
             Ok(())
         })
     };
-    vec![
+    let steps: [(&'static str, &'static str, Step<'_>); 5] = [
         (
             "cross_entropy_from_logits",
             "cross_entropy",
-            Rc::new(move || {
-                let loss = cross_entropy_from_logits(
-                    x.var.as_tensor(),
-                    &x.targets,
-                    &CrossEntropyConfig::default(),
-                )?;
+            Rc::new(move |fast| {
+                let (logits, cfg) = (x.var.as_tensor(), CrossEntropyConfig::default());
+                let loss = if fast {
+                    cross_entropy_from_logits(logits, &x.targets, &cfg)?
+                } else {
+                    cross_entropy_from_logits_composed(logits, &x.targets, &cfg)?
+                };
                 drop(loss.backward()?);
                 Ok(())
             }),
@@ -453,14 +530,28 @@ fn logits_steps(x: &LogitsInputs) -> Vec<(&'static str, &'static str, Step<'_>)>
         (
             "ce_bleu_from_logits Expected",
             "ce_expected",
-            Rc::new(move || {
+            Rc::new(move |fast| {
                 let cfg = TrainingLossConfig::default();
-                let out = ce_bleu_from_logits(x.var.as_tensor(), None, &x.refs, &x.targets, &cfg)?;
+                let targets = TrainingTargets::new(&x.targets, &x.refs);
+                let out = if fast {
+                    ce_bleu_from_logits(x.var.as_tensor(), &targets, &cfg)?
+                } else {
+                    ce_bleu_from_logits_composed(x.var.as_tensor(), &targets, &cfg)?
+                };
                 drop(out.loss.backward()?);
                 Ok(())
             }),
         ),
-    ]
+    ];
+    steps
+        .into_iter()
+        .map(|(name, key, step)| Steps {
+            name,
+            key,
+            step,
+            composed_twin: true,
+        })
+        .collect()
 }
 
 /// The inputs of `benches/hidden.rs` (σ = 1, no Zipf prior), built on the CPU and moved.
@@ -515,40 +606,41 @@ fn hidden_config() -> TrainingLossConfig {
     }
 }
 
-fn hidden_steps(x: &HiddenInputs) -> Vec<(&'static str, &'static str, Step<'_>)> {
+fn hidden_steps(x: &HiddenInputs) -> Vec<Steps<'_>> {
     vec![
-        (
-            "ce_bleu_from_hidden Expected",
-            "hidden_ce_expected",
-            Rc::new(move || {
+        Steps {
+            name: "ce_bleu_from_hidden Expected",
+            key: "hidden_ce_expected",
+            // No `_composed` twin: on CUDA it runs composed blocks in either build.
+            step: Rc::new(move |_: bool| {
                 let out = ce_bleu_from_hidden(
                     x.hidden.as_tensor(),
                     &x.proj,
-                    Some(&x.lengths),
-                    &x.refs,
-                    &x.targets,
+                    &TrainingTargets::new(&x.targets, &x.refs).with_hyp_lengths(&x.lengths),
                     &hidden_config(),
                 )?;
                 drop(out.loss.backward()?);
                 Ok(())
             }),
-        ),
-        (
-            "Linear + ce_bleu_from_logits Expected",
-            "hidden_ce_expected",
-            Rc::new(move || {
+            composed_twin: false,
+        },
+        Steps {
+            name: "Linear + ce_bleu_from_logits Expected",
+            key: "hidden_ce_expected",
+            step: Rc::new(move |fast| {
                 let logits = x.proj.forward(x.hidden.as_tensor())?;
-                let out = ce_bleu_from_logits(
-                    &logits,
-                    Some(&x.lengths),
-                    &x.refs,
-                    &x.targets,
-                    &hidden_config(),
-                )?;
+                let targets =
+                    TrainingTargets::new(&x.targets, &x.refs).with_hyp_lengths(&x.lengths);
+                let out = if fast {
+                    ce_bleu_from_logits(&logits, &targets, &hidden_config())?
+                } else {
+                    ce_bleu_from_logits_composed(&logits, &targets, &hidden_config())?
+                };
                 drop(out.loss.backward()?);
                 Ok(())
             }),
-        ),
+            composed_twin: true,
+        },
     ]
 }
 
@@ -559,11 +651,10 @@ fn wanted(only: &Option<Vec<String>>, key: &str, group: &str) -> bool {
 
 /// One step of `row`, synchronized, timed; with the memory read around it when `memory`.
 fn run_step(device: &Device, row: &Row, memory: Option<&Memory>) -> Result<(f64, Option<u64>)> {
-    set_cuda_kernels(row.kernels);
     device.synchronize()?;
     let before = memory.map(Memory::before).transpose()?;
     let start = Instant::now();
-    let result = (row.step)().and_then(|()| device.synchronize());
+    let result = (row.step)(row.kernels.unwrap_or(true)).and_then(|()| device.synchronize());
     let ms = start.elapsed().as_secs_f64() * 1e3;
     // Read (and stop a sampler) even when the step failed.
     let peak = match (memory, before) {
@@ -721,7 +812,11 @@ fn report(
             ratio(peak, t(eager, "peak_bytes")),
             ratio(peak, t(compile, "peak_bytes")),
         ];
-        let kern = if row.kernels { "on" } else { "off" };
+        let kern = match row.kernels {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "-",
+        };
         match (&o.error, stats) {
             (None, Some((median, min, max))) => println!(
                 "{:<40} {:>4} {:>9.2} {:>17} {:>10} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
@@ -821,7 +916,22 @@ fn main() -> Result<()> {
             )
         })?
     };
-    let (header, device_info, memory) = describe(&device)?;
+    let (mut header, device_info, memory) = describe(&device)?;
+    header.push(format!(
+        "build: {}; kernels on = the fast functions ({}), off = the _composed functions",
+        if KERNELS_BUILT {
+            "--features cuda-kernels"
+        } else {
+            "--features cuda without cuda-kernels"
+        },
+        if device.is_cpu() {
+            "the CPU kernels"
+        } else if KERNELS_BUILT {
+            "the crate's CUDA kernels, compiled by NVRTC on first use"
+        } else {
+            "composed ops on CUDA in this build"
+        }
+    ));
     for line in &header {
         println!("{line}");
     }
@@ -871,20 +981,7 @@ fn main() -> Result<()> {
         let x = logits_inputs(&device, shape, dtype)?;
         let [b, s, _, v] = shape;
         let logits_bytes = b * s * v * dtype.size_in_bytes();
-        let mut rows = Vec::new();
-        for (name, key, step) in logits_steps(&x) {
-            if !wanted(&args.only, key, "logits") {
-                continue;
-            }
-            for &kernels in &args.kernels {
-                rows.push(Row {
-                    name,
-                    key,
-                    kernels,
-                    step: step.clone(),
-                });
-            }
-        }
+        let rows = rows_of(logits_steps(&x), &args.kernels, &args.only, "logits");
         if rows.is_empty() {
             continue;
         }
@@ -915,17 +1012,7 @@ fn main() -> Result<()> {
         let x = hidden_inputs(&device, shape)?;
         let [b, s, d, _, v] = shape;
         let logits_bytes = b * s * v * 4;
-        let mut rows = Vec::new();
-        for (name, key, step) in hidden_steps(&x) {
-            for &kernels in &args.kernels {
-                rows.push(Row {
-                    name,
-                    key,
-                    kernels,
-                    step: step.clone(),
-                });
-            }
-        }
+        let rows = rows_of(hidden_steps(&x), &args.kernels, &args.only, "hidden");
         let in_use = memory.in_use()?;
         check_pool(in_use, b * s * d * 4);
         let outcomes = run_group(&device, &memory, &rows, args.warmup, args.repeats);
@@ -945,7 +1032,6 @@ fn main() -> Result<()> {
             &mut raw,
         );
     }
-    set_cuda_kernels(false);
 
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -963,6 +1049,8 @@ fn main() -> Result<()> {
         "warmup": args.warmup,
         "repeats": args.repeats,
         "quick": args.quick,
+        "cuda_kernels_feature": KERNELS_BUILT,
+        "kernels": args.kernels,
         "torch_json": args.torch,
         "rows": raw,
     });

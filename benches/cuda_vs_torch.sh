@@ -8,13 +8,14 @@
 #                            [--only KEY,...] [--torch-args "..."] [--candle-args "..."]
 #
 # BENCH_BINARY: the `cuda` bench built elsewhere (target/cuda/release/deps/cuda-<hash> from
-#   `scripts/build-cuda.sh build --release --features cuda --bench cuda`); no Rust toolchain is
-#   needed here. It needs the driver's libcuda.so.1 and the CUDA 13 libraries (libcublas,
-#   libcublasLt, libcurand, libcudart, libnvrtc + libnvrtc-builtins): the script looks for them
-#   under $PYTHON's site-packages/nvidia/*/lib (the CUDA 13 wheels, e.g. torch's own when it is
-#   a CUDA 13 build) and puts those directories, after CANDLE_LIB_DIR (':'-separated, for what
-#   the wheels lack), on LD_LIBRARY_PATH for the candle runs only. env.txt shows
-#   `ldd` of the binary; a library "not found" there is printed as a warning.
+#   `scripts/build-cuda.sh build --release --features cuda-kernels --bench cuda`, which times each
+#   row with the crate's CUDA kernels on and off; a `--features cuda` build times them off only);
+#   no Rust toolchain is needed here. It needs the driver's libcuda.so.1 and the CUDA 13
+#   libraries (libcublas, libcublasLt, libcurand, libcudart, libnvrtc + libnvrtc-builtins): the
+#   script looks for them under $PYTHON's site-packages/nvidia/*/lib (the CUDA 13 wheels, e.g.
+#   torch's own when it is a CUDA 13 build) and puts those directories, after CANDLE_LIB_DIR
+#   (':'-separated, for what the wheels lack), on LD_LIBRARY_PATH for the candle runs only.
+#   env.txt shows `ldd` of the binary; a library "not found" there is printed as a warning.
 # OUT_DIR: created; gets torch-<r>.json/.log, candle-<r>.json/.log per round, env.txt (nvidia-smi,
 #   versions, ldd of the binary) and console.log (everything printed).
 # PYTHON: the interpreter with torch (default python3). Run from anywhere: the script cds to the
@@ -23,7 +24,7 @@
 # Defaults: 2 rounds, the full shapes, 10 repeats per side and round.
 set -uo pipefail
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 [[ $# -ge 2 ]] || usage
 bin="$(realpath "$1")"
 out="$2"
