@@ -4,23 +4,29 @@
 #
 #   scripts/gpu-suite.sh PACK OUT_DIR [STEP ...]
 #
-# PACK is bins.tar.xz (or a directory of unpacked binaries); every step writes OUT_DIR/<step>.log
-# and the steps' last lines go to stdout. Steps (default: info kernels suite):
-#   info      nvidia-smi, the libraries found, the device as candle sees it
-#   kernels   tests/cuda_kernels.rs (the kernels against the CPU ops: f32, f64, f16, bf16, views,
-#             the hidden-state path, kernels vs composed ops) and the one-rank NCCL test
-#   suite     every loss test binary with the loss's tensors on the GPU
-#             (CANDLE_BLEU_TEST_DEVICE=cuda), kernels (KERNELS=1) then composed ops (KERNELS=0);
-#             each binary is stopped after TEST_TIMEOUT seconds (default 300)
-#   bench     benches/cuda.rs against benches/torch_cuda.py (benches/cuda_vs_torch.sh)
-#   examples  the seq2seq example (one seed) and translate --quick (catalogues: CATALOGS=dir)
+# PACK is bins.tar.xz (or a directory of unpacked binaries) with two builds of each binary:
+# bins/kernels/ (--features cuda-kernels,nccl: the crate's CUDA kernels) and bins/composed/
+# (--features cuda,nccl: composed candle ops on CUDA). Every step writes OUT_DIR/<step>.log and
+# the steps' last lines go to stdout. SETS (default "kernels composed") picks the builds the
+# test steps run, in that order. Steps (default: info kernels suite):
+#   info      nvidia-smi, the libraries found, the binaries' SHA-256
+#   kernels   per build: tests/cuda_kernels.rs (the GPU against the CPU: f32, f64, f16, bf16,
+#             views, the hidden-state path; fast vs composed functions; the build's choice), the
+#             one-rank NCCL test and the library's unit tests (the NVRTC compile among them)
+#   suite     per build: every loss test binary with the loss's tensors on the GPU
+#             (CANDLE_BLEU_TEST_DEVICE=cuda); each binary is stopped after TEST_TIMEOUT seconds
+#             (default 300)
+#   bench     benches/cuda.rs (kernels build: kernels on and off) against benches/torch_cuda.py
+#             (benches/cuda_vs_torch.sh)
+#   examples  the seq2seq example (one seed) and translate --quick (catalogues: CATALOGS=dir),
+#             from the build EXAMPLES_SET names (default kernels)
 #
 # The libraries come from the machine itself (PyTorch's CUDA wheels or a system toolkit), never
 # a link stub: the binaries link libcuda.so.1, libcublas(Lt).so.13, libcurand.so.10,
 # libcudart.so.13, libnvrtc.so.13 and, with the nccl feature, libnccl.so.2.
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 pack="$1"
@@ -28,6 +34,7 @@ out="$2"
 shift 2
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(info kernels suite)
+read -r -a sets <<<"${SETS:-kernels composed}"
 mkdir -p "$out"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -42,8 +49,11 @@ import sys, tarfile
 with tarfile.open(sys.argv[1], "r:xz") as tar:
     tar.extractall(sys.argv[2], filter="data")
 EOF
-    chmod +x "$bins"/*
+    chmod +x "$bins"/*/*
 fi
+for set in "${sets[@]}"; do
+    [[ -d "$bins/$set" ]] || { echo "gpu-suite: $pack has no $set/ build (SETS=\"${sets[*]}\")" >&2; exit 2; }
+done
 
 # 2. The machine's CUDA libraries (the first directory holding each, stubs excluded).
 libdirs=()
@@ -55,11 +65,7 @@ done
 LD_LIBRARY_PATH="$(printf '%s\n' "${libdirs[@]}" | awk '!seen[$0]++' | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
-summary() { # the test binaries' result lines and failures of a log
-    grep -E '^test result:|FAILED|panicked|^failures:|error' "$1" | head -40
-}
-
-run_test() { # LOG NAME [ENV=VALUE ...] -- ARGS...
+run_test() { # LOG SET/NAME [ENV=VALUE ...] -- ARGS...
     local log="$1" name="$2"
     shift 2
     local envs=()
@@ -85,40 +91,43 @@ for step in "${steps[@]}"; do
             nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
             echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
             nproc
-            (cd "$bins" && sha256sum ./*)
+            (cd "$bins" && sha256sum ./*/*)
         } >>"$log" 2>&1
         tail -n 20 "$log"
         ;;
     kernels)
-        run_test "$log" cuda_kernels -- --test-threads=1 --nocapture
-        run_test "$log" distributed -- --nocapture nccl
-        run_test "$log" lib_unit -- --test-threads=4
-        summary "$log"
+        for set in "${sets[@]}"; do
+            run_test "$log" "$set/cuda_kernels" -- --test-threads=1 --nocapture
+            run_test "$log" "$set/distributed" -- --nocapture nccl
+            run_test "$log" "$set/lib_unit" -- --test-threads=4
+        done
+        grep -E '^== |^test result:' "$log"
+        grep -E 'FAILED|panicked|SKIPPED|NOTE|^failures:' "$log" | head -30
         ;;
     suite)
-        for kernels in 1 0; do
+        for set in "${sets[@]}"; do
             for name in loss_errors loss_exact loss_extreme loss_grad loss_host_copies loss_props \
                 loss_spec_reference hidden cross_entropy training_loss docs_worked_example; do
-                run_test "$log" "$name" CANDLE_BLEU_TEST_DEVICE=cuda \
-                    CANDLE_BLEU_TEST_CUDA_KERNELS=$kernels PROPTEST_CASES="${PROPTEST_CASES:-64}" --
+                run_test "$log" "$set/$name" CANDLE_BLEU_TEST_DEVICE=cuda \
+                    PROPTEST_CASES="${PROPTEST_CASES:-64}" --
             done
         done
-        grep -E '^== (exit|[a-z_]+ CANDLE)|^test result:' "$log"
+        grep -E '^== |^test result:' "$log"
         grep -E 'FAILED|panicked' "$log" | head -30
         ;;
     bench)
-        bash benches/cuda_vs_torch.sh "$bins/bench_cuda" "$out/bench" >>"$log" 2>&1
+        bash benches/cuda_vs_torch.sh "$bins/kernels/bench_cuda" "$out/bench" >>"$log" 2>&1
         tail -n 60 "$log"
         ;;
     examples)
         {
             echo "== seq2seq (seed 1)"
             start=$SECONDS
-            timeout 420 "$bins/seq2seq" --seeds 1 --out "$out/seq2seq" 2>&1
+            timeout 420 "$bins/${EXAMPLES_SET:-kernels}/seq2seq" --seeds 1 --out "$out/seq2seq" 2>&1
             echo "== exit $? after $((SECONDS - start)) s: seq2seq"
             echo "== translate --quick"
             start=$SECONDS
-            timeout 300 "$bins/translate" --quick --catalogs "${CATALOGS:-gpu/locale}" \
+            timeout 300 "$bins/${EXAMPLES_SET:-kernels}/translate" --quick --catalogs "${CATALOGS:-gpu/locale}" \
                 --out "$out/translate-quick" 2>&1
             echo "== exit $? after $((SECONDS - start)) s: translate --quick"
         } >>"$log"
