@@ -1,5 +1,5 @@
-//! The CUDA side of [`RowOp`] and [`RowOpBackward`] (`cuda_fwd`), behind the `cuda` feature
-//! built only with the `cuda-kernels` feature.
+//! The CUDA side of [`RowOp`] and [`RowOpBackward`] (`cuda_fwd`), built only with the
+//! `cuda-kernels` feature.
 //!
 //! **They have not run on a GPU yet**; docs/gpu.md lists the runs that remain before they can
 //! be the default. The kernels (`kernels.cu` beside this file) are CUDA C compiled at run time
