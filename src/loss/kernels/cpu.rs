@@ -111,7 +111,7 @@ fn lane_sum<T: KernelFloat>(row: &[T], f: impl Fn(T) -> T) -> T {
 }
 
 /// `Σ_v a[v]·b[v]` in lanes.
-#[inline]
+#[inline(always)]
 fn dot<T: KernelFloat>(a: &[T], b: &[T]) -> T {
     let mut dot_lanes = [T::ZERO; LANES];
     let a_chunks = a.chunks_exact(LANES);
@@ -164,8 +164,8 @@ pub(crate) fn row_softmax_stats<T: KernelFloat>(
 
 /// Writes `softmax(row)` into `p`; returns the row's `(max, exp-sum, logit sum)` (the logit sum
 /// only when `with_logit_sum`, else 0), or `None` if the row holds NaN or Inf.
-#[inline]
-fn softmax_row_into<T: KernelFloat>(
+#[inline(always)]
+fn softmax_row_into_body<T: KernelFloat>(
     row: &[T],
     p: &mut [T],
     with_logit_sum: bool,
@@ -206,6 +206,33 @@ fn softmax_row_into<T: KernelFloat>(
         }
     }
     Some((max, sum, logit_sum))
+}
+
+/// [`softmax_row_into_body`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn softmax_row_into_avx2<T: KernelFloat>(
+    row: &[T],
+    p: &mut [T],
+    with_logit_sum: bool,
+) -> Option<(T, T, T)> {
+    softmax_row_into_body(row, p, with_logit_sum)
+}
+
+/// Writes `softmax(row)` into `p` (see [`softmax_row_into_body`]), with the widest vectors the
+/// CPU has (see [`wide_vectors`]).
+#[inline(always)]
+fn softmax_row_into<T: KernelFloat>(
+    row: &[T],
+    p: &mut [T],
+    with_logit_sum: bool,
+) -> Option<(T, T, T)> {
+    #[cfg(target_arch = "x86_64")]
+    if wide_vectors() {
+        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
+        return unsafe { softmax_row_into_avx2(row, p, with_logit_sum) };
+    }
+    softmax_row_into_body(row, p, with_logit_sum)
 }
 
 pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
@@ -569,8 +596,8 @@ fn dense_gradient_dispatch<T: KernelFloat>(
 /// the probabilities `p` and becomes the logits gradient
 /// `p ⊙ (g + h·w − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
 /// for sparse gradients `s_k` at `ids` and a cross-entropy gradient `ce_grad = h·w`.
-#[inline]
-fn jacobian_row_in_place<T: KernelFloat>(
+#[inline(always)]
+fn jacobian_row_in_place_body<T: KernelFloat>(
     p: &[T],
     g: &mut [T],
     ids: &[u32],
@@ -590,6 +617,42 @@ fn jacobian_row_in_place<T: KernelFloat>(
     }
     let terms = ids.iter().zip(sparse).map(|(&id, &s)| p[id as usize] * s);
     add_sparse_terms(g, target, ce_grad, eps, ids, terms);
+}
+
+/// [`jacobian_row_in_place_body`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn jacobian_row_in_place_avx2<T: KernelFloat>(
+    p: &[T],
+    g: &mut [T],
+    ids: &[u32],
+    sparse: &[T],
+    ce_grad: T,
+    target: Option<u32>,
+    eps: f64,
+) {
+    jacobian_row_in_place_body(p, g, ids, sparse, ce_grad, target, eps)
+}
+
+/// The softmax Jacobian applied in place to one row's gradient (see
+/// [`jacobian_row_in_place_body`]), with the widest vectors the CPU has (see [`wide_vectors`]).
+#[inline(always)]
+fn jacobian_row_in_place<T: KernelFloat>(
+    p: &[T],
+    g: &mut [T],
+    ids: &[u32],
+    sparse: &[T],
+    ce_grad: T,
+    target: Option<u32>,
+    eps: f64,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_vectors() {
+        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
+        return unsafe { jacobian_row_in_place_avx2(p, g, ids, sparse, ce_grad, target, eps) };
+    }
+    jacobian_row_in_place_body(p, g, ids, sparse, ce_grad, target, eps)
 }
 
 /// `softmax(logits)` row by row (rows of `vocab`); errors on NaN or Inf.
@@ -711,9 +774,8 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .for_each(|(local, (p, row))| {
             let stats = &out[local * stride + seq + width..][..CE_COLUMNS];
             let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
-            for (pv, &x) in p.iter_mut().zip(row) {
-                *pv = T::exp_nonpositive(x - max) * inv_sum;
-            }
+            // `p = exp(row − max) · inv_sum`: the dense loop of `dense_gradient` with offset 0.
+            dense_gradient_dispatch(p, row, inv_sum, max, T::ZERO);
         });
     // Z = P Pᵀ: the dense gradient of P is (dZ + dZᵀ) P, written into `grad` first.
     let mut symmetric = vec![T::ZERO; seq * seq];
