@@ -35,6 +35,20 @@ pub(crate) struct HypothesisShape<'a> {
     pub device: &'a Device,
 }
 
+impl<'a> HypothesisShape<'a> {
+    /// The shape of the hypothesis tensor `name` (already checked as `[B, S, V]`).
+    fn of(name: &'a str, t: &'a Tensor, (batch, seq, vocab): (usize, usize, usize)) -> Self {
+        Self {
+            name,
+            described: format!("`{name}` shape {:?}", t.dims()),
+            batch,
+            seq,
+            vocab,
+            device: t.device(),
+        }
+    }
+}
+
 /// Checked hypothesis probabilities or logits `[B, S, V]` (`B, S, V >= 1`), in their compute
 /// dtype (f32 for f16/bf16), with the path that runs on them.
 pub(crate) struct CheckedHypotheses {
@@ -142,16 +156,13 @@ pub(crate) fn bleu_call(
     path: Path,
 ) -> Result<CheckedHypotheses> {
     score::validate_config(cfg)?;
-    let (_, (batch, seq, vocab)) = logits_shape(name, hyp)?;
-    let shape = HypothesisShape {
-        name,
-        described: format!("`{name}` shape {:?}", hyp.dims()),
-        batch,
-        seq,
-        vocab,
-        device: hyp.device(),
-    };
-    bleu_arguments(&shape, hyp_lengths, refs, cfg)?;
+    let (_, dims) = logits_shape(name, hyp)?;
+    bleu_arguments(
+        &HypothesisShape::of(name, hyp, dims),
+        hyp_lengths,
+        refs,
+        cfg,
+    )?;
     hypotheses(name, hyp, path, cfg.check_values)
 }
 
@@ -162,17 +173,20 @@ pub(crate) fn cross_entropy_call<'a>(
     cfg: &CrossEntropyConfig,
     path: Path,
 ) -> Result<(CheckedHypotheses, CheckedTargets<'a>)> {
-    let (_, (batch, seq, vocab)) = logits_shape("logits", logits)?;
-    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
-    let targets = checked_targets(
-        targets,
-        (batch, seq, vocab),
-        "logits",
-        &described,
-        logits.device(),
-        cfg,
-    )?;
+    let (_, targets) = logits_and_targets(logits, targets, cfg)?;
     Ok((hypotheses("logits", logits, path, false)?, targets))
+}
+
+/// The shape of `logits` (`[B, S, V]`) and the cross-entropy's targets checked against it.
+fn logits_and_targets<'a>(
+    logits: &Tensor,
+    targets: &'a Tensor,
+    cfg: &CrossEntropyConfig,
+) -> Result<((usize, usize, usize), CheckedTargets<'a>)> {
+    let (_, dims) = logits_shape("logits", logits)?;
+    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
+    let targets = checked_targets(targets, dims, "logits", &described, logits.device(), cfg)?;
+    Ok((dims, targets))
 }
 
 /// The arguments of [`ce_bleu_from_logits`](super::ce_bleu_from_logits), checked: the logits,
@@ -187,24 +201,8 @@ pub(crate) fn training_call<'a>(
 ) -> Result<(CheckedHypotheses, CheckedTargets<'a>, f64)> {
     let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
     score::validate_config(&cfg.bleu)?;
-    let (_, (batch, seq, vocab)) = logits_shape("logits", logits)?;
-    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
-    let targets = checked_targets(
-        targets,
-        (batch, seq, vocab),
-        "logits",
-        &described,
-        logits.device(),
-        &cfg.ce,
-    )?;
-    let shape = HypothesisShape {
-        name: "logits",
-        described: format!("`logits` shape {:?}", logits.dims()),
-        batch,
-        seq,
-        vocab,
-        device: logits.device(),
-    };
+    let (dims, targets) = logits_and_targets(logits, targets, &cfg.ce)?;
+    let shape = HypothesisShape::of("logits", logits, dims);
     bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
     let logits = hypotheses("logits", logits, path, cfg.bleu.check_values)?;
     Ok((logits, targets, bleu_weight))

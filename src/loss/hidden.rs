@@ -34,7 +34,9 @@ use super::kernels::composed::masked_targets;
 use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
 use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
 use super::kernels::hidden_cpu::{CpuBlocks, RowSpec};
-use super::pipeline::{combine, finish, hypothesis_pass, inputs_from_gathered, HypothesisInputs};
+use super::pipeline::{
+    finish, hypothesis_pass, inputs_from_gathered, training_loss, HypothesisInputs,
+};
 use super::references::{ReferenceSide, ReferenceTokens, References, TrainingTargets};
 use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::Linear;
@@ -340,19 +342,14 @@ fn ce_bleu_from_hidden_on(
         // Matrix references are `[B, T, V]` themselves: the logits are materialised.
         let logits = materialised_logits(&inputs, proj.forward(hidden)?, bleu.check_values)?;
         let (hyp, cross_entropy) = hypothesis_pass(&logits, &side, bleu, Some(&tokens))?;
-        let Some(cross_entropy) = cross_entropy else {
-            bail!("internal: the logits pass computed no cross-entropy")
-        };
-        let bleu_out = finish(hyp, &side, hyp_lengths, bleu)?;
-        return combine(cross_entropy, bleu_out, bleu_weight);
+        return training_loss(hyp, cross_entropy, &side, hyp_lengths, bleu, bleu_weight);
     };
     let paired = bleu.form == Form::Paired;
     let gather_ids = cached_gather_ids(&side)?;
     let out = hidden_rows(&inputs, Some(gather_ids), Some(&tokens), paired, hidden_cfg)?;
     let (hyp, ce_column) = split_rows(&out, ids.dim(1)?, gather_ids.dim(1)?, paired, bleu)?;
-    let cross_entropy = ce_column.sum_all()?;
-    let bleu_out = finish(hyp, &side, hyp_lengths, bleu)?;
-    combine(cross_entropy, bleu_out, bleu_weight)
+    let cross_entropy = Some(ce_column.sum_all()?);
+    training_loss(hyp, cross_entropy, &side, hyp_lengths, bleu, bleu_weight)
 }
 
 #[cfg(test)]

@@ -255,12 +255,21 @@ pub(crate) fn finish(
     Ok(BleuLossOutput { loss, stats })
 }
 
-/// `cross_entropy + bleu_weight · bleu.loss` and its parts.
-pub(crate) fn combine(
-    cross_entropy: Tensor,
-    bleu: BleuLossOutput,
+/// The training loss from one pass's results: the BLEU statistics of `inputs` ([`finish`]) and
+/// `cross_entropy + bleu_weight · bleu.loss` with its parts. `cross_entropy` is the pass's, which
+/// computed one because it was given targets.
+pub(crate) fn training_loss(
+    inputs: HypothesisInputs,
+    cross_entropy: Option<Tensor>,
+    side: &ReferenceSide,
+    hyp_lengths: Option<&Tensor>,
+    cfg: &BleuLossConfig,
     bleu_weight: f64,
 ) -> Result<TrainingLoss> {
+    let Some(cross_entropy) = cross_entropy else {
+        bail!("internal: the pass computed no cross-entropy")
+    };
+    let bleu = finish(inputs, side, hyp_lengths, cfg)?;
     let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
     Ok(TrainingLoss {
         loss,

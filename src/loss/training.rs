@@ -11,7 +11,7 @@
 use super::checked::training_call;
 use super::config::{TrainingLoss, TrainingLossConfig};
 use super::dispatch::Path;
-use super::pipeline::{combine, finish, hypothesis_pass};
+use super::pipeline::{hypothesis_pass, training_loss};
 use super::references::TrainingTargets;
 use candle_core::{Result, Tensor};
 
@@ -68,9 +68,5 @@ fn ce_bleu_on(
     let bleu = &cfg.bleu;
     let side = refs.side(bleu.max_order, bleu.length.eos_id(), logits.tensor.dtype())?;
     let (inputs, cross_entropy) = hypothesis_pass(&logits, &side, bleu, Some(&tokens))?;
-    let Some(cross_entropy) = cross_entropy else {
-        candle_core::bail!("internal: the logits pass computed no cross-entropy")
-    };
-    let bleu_out = finish(inputs, &side, hyp_lengths, bleu)?;
-    combine(cross_entropy, bleu_out, bleu_weight)
+    training_loss(inputs, cross_entropy, &side, hyp_lengths, bleu, bleu_weight)
 }

@@ -62,6 +62,43 @@ fn advise_huge_pages<T>(buffer: &[T]) {
 /// not, its order being fixed).
 const LANES: usize = 8;
 
+/// Whether the CPU has AVX2, detected once at run time: the row loops then run compiled for
+/// 8-lane vectors instead of the x86-64 baseline's 4 (SSE2). Their lane order and operations are
+/// the same either way and nothing fuses a multiply and an add, so the results are
+/// bit-identical (`examples/fingerprint.rs` before and after: equal).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn wide_vectors() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// `fn $name(args) -> ret = $body;`: `$name` runs `$body` (an `#[inline(always)]` row function
+/// generic over `T: KernelFloat`) compiled for AVX2 when [`wide_vectors`], else as compiled for
+/// the baseline. The body is inlined into each copy, so each copy vectorises its loops for its
+/// own target.
+macro_rules! wide_vectors {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $body:ident;) => {
+        $(#[$doc])*
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+        fn $name<T: KernelFloat>($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+                unsafe fn avx2<T: KernelFloat>($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                if wide_vectors() {
+                    // SAFETY: `wide_vectors` checked that the CPU has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 /// The row's maximum, and whether every entry is finite.
 #[inline(always)]
 pub(crate) fn row_max_checked<T: KernelFloat>(row: &[T]) -> (T, bool) {
@@ -208,31 +245,10 @@ fn softmax_row_into_body<T: KernelFloat>(
     Some((max, sum, logit_sum))
 }
 
-/// [`softmax_row_into_body`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn softmax_row_into_avx2<T: KernelFloat>(
-    row: &[T],
-    p: &mut [T],
-    with_logit_sum: bool,
-) -> Option<(T, T, T)> {
-    softmax_row_into_body(row, p, with_logit_sum)
-}
-
-/// Writes `softmax(row)` into `p` (see [`softmax_row_into_body`]), with the widest vectors the
-/// CPU has (see [`wide_vectors`]).
-#[inline(always)]
-fn softmax_row_into<T: KernelFloat>(
-    row: &[T],
-    p: &mut [T],
-    with_logit_sum: bool,
-) -> Option<(T, T, T)> {
-    #[cfg(target_arch = "x86_64")]
-    if wide_vectors() {
-        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
-        return unsafe { softmax_row_into_avx2(row, p, with_logit_sum) };
-    }
-    softmax_row_into_body(row, p, with_logit_sum)
+wide_vectors! {
+    /// Writes `softmax(row)` into `p` (see [`softmax_row_into_body`]).
+    fn softmax_row_into(row: &[T], p: &mut [T], with_logit_sum: bool) -> Option<(T, T, T)>
+        = softmax_row_into_body;
 }
 
 pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
@@ -351,16 +367,6 @@ impl Gathered<'_> {
     }
 }
 
-/// Whether the CPU has AVX2, detected once at run time: the row loops then run compiled for
-/// 8-lane vectors instead of the x86-64 baseline's 4 (SSE2). Their lane order and operations are
-/// the same either way and nothing fuses a multiply and an add, so the results are
-/// bit-identical (`examples/fingerprint.rs` before and after: equal).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn wide_vectors() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
-}
-
 /// One row of [`forward_rows_into`]; `false` if the row holds NaN or Inf.
 #[inline(always)]
 fn forward_row<T: KernelFloat>(
@@ -384,36 +390,16 @@ fn forward_row<T: KernelFloat>(
     true
 }
 
-/// [`forward_row`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn forward_row_avx2<T: KernelFloat>(
-    row: &[T],
-    row_ids: &[u32],
-    rows: &TargetRows,
-    row_index: usize,
-    with_logit_sum: bool,
-    out_row: &mut [T],
-) -> bool {
-    forward_row(row, row_ids, rows, row_index, with_logit_sum, out_row)
-}
-
-/// [`forward_row`] with the widest vectors the CPU has (see [`wide_vectors`]).
-#[inline(always)]
-fn forward_row_dispatch<T: KernelFloat>(
-    row: &[T],
-    row_ids: &[u32],
-    rows: &TargetRows,
-    row_index: usize,
-    with_logit_sum: bool,
-    out_row: &mut [T],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if wide_vectors() {
-        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
-        return unsafe { forward_row_avx2(row, row_ids, rows, row_index, with_logit_sum, out_row) };
-    }
-    forward_row(row, row_ids, rows, row_index, with_logit_sum, out_row)
+wide_vectors! {
+    /// One row of [`forward_rows_into`] (see [`forward_row`]).
+    fn forward_row_dispatch(
+        row: &[T],
+        row_ids: &[u32],
+        rows: &TargetRows,
+        row_index: usize,
+        with_logit_sum: bool,
+        out_row: &mut [T],
+    ) -> bool = forward_row;
 }
 
 /// The row pass over the rows `first_row..` of the batch, whose logits are `logits`, into `out`
@@ -562,34 +548,10 @@ fn dense_gradient<T: KernelFloat>(grad_row: &mut [T], row: &[T], scale: T, max: 
     }
 }
 
-/// [`dense_gradient`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dense_gradient_avx2<T: KernelFloat>(
-    grad_row: &mut [T],
-    row: &[T],
-    scale: T,
-    max: T,
-    offset: T,
-) {
-    dense_gradient(grad_row, row, scale, max, offset)
-}
-
-/// [`dense_gradient`] with the widest vectors the CPU has (see [`wide_vectors`]).
-#[inline(always)]
-fn dense_gradient_dispatch<T: KernelFloat>(
-    grad_row: &mut [T],
-    row: &[T],
-    scale: T,
-    max: T,
-    offset: T,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if wide_vectors() {
-        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
-        return unsafe { dense_gradient_avx2(grad_row, row, scale, max, offset) };
-    }
-    dense_gradient(grad_row, row, scale, max, offset)
+wide_vectors! {
+    /// The dense part of a row's logits gradient (see [`dense_gradient`]).
+    fn dense_gradient_dispatch(grad_row: &mut [T], row: &[T], scale: T, max: T, offset: T) -> ()
+        = dense_gradient;
 }
 
 /// The softmax Jacobian applied in place to one row's gradient: `g` holds the dense gradient of
@@ -619,40 +581,18 @@ fn jacobian_row_in_place_body<T: KernelFloat>(
     add_sparse_terms(g, target, ce_grad, eps, ids, terms);
 }
 
-/// [`jacobian_row_in_place_body`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn jacobian_row_in_place_avx2<T: KernelFloat>(
-    p: &[T],
-    g: &mut [T],
-    ids: &[u32],
-    sparse: &[T],
-    ce_grad: T,
-    target: Option<u32>,
-    eps: f64,
-) {
-    jacobian_row_in_place_body(p, g, ids, sparse, ce_grad, target, eps)
-}
-
-/// The softmax Jacobian applied in place to one row's gradient (see
-/// [`jacobian_row_in_place_body`]), with the widest vectors the CPU has (see [`wide_vectors`]).
-#[inline(always)]
-fn jacobian_row_in_place<T: KernelFloat>(
-    p: &[T],
-    g: &mut [T],
-    ids: &[u32],
-    sparse: &[T],
-    ce_grad: T,
-    target: Option<u32>,
-    eps: f64,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if wide_vectors() {
-        // SAFETY: `wide_vectors` checked that the CPU has AVX2.
-        return unsafe { jacobian_row_in_place_avx2(p, g, ids, sparse, ce_grad, target, eps) };
-    }
-    jacobian_row_in_place_body(p, g, ids, sparse, ce_grad, target, eps)
+wide_vectors! {
+    /// The softmax Jacobian applied in place to one row's gradient (see
+    /// [`jacobian_row_in_place_body`]).
+    fn jacobian_row_in_place(
+        p: &[T],
+        g: &mut [T],
+        ids: &[u32],
+        sparse: &[T],
+        ce_grad: T,
+        target: Option<u32>,
+        eps: f64,
+    ) -> () = jacobian_row_in_place_body;
 }
 
 /// `softmax(logits)` row by row (rows of `vocab`); errors on NaN or Inf.
