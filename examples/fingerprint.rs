@@ -9,6 +9,17 @@
 //! diff before.txt after.txt && echo bit-identical
 //! ```
 //!
+//! A change allowed to move rounding (a faster matrix product, say) is checked by value instead:
+//! `--values FILE` also writes every loss and gradient element, one tensor per line, and
+//! `--compare BEFORE AFTER` prints, per dtype, the largest difference of any tensor relative
+//! to its largest magnitude (`max |a − b| / max |a|`).
+//!
+//! ```text
+//! cargo run --release --example fingerprint -- --values before.values > before.txt
+//! cargo run --release --example fingerprint -- --values after.values > after.txt
+//! cargo run --release --example fingerprint -- --compare before.values after.values
+//! ```
+//!
 //! The grid: f32 and f64; the CPU kernels and the composed candle-op references
 //! (`*_composed`); `bleu_loss` on probabilities and `bleu_loss_from_logits` for every form
 //! × length model × reduction × smoothing, with id references (one and two per element) and
@@ -29,6 +40,10 @@ use candle_bleu::loss::{
 };
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Linear;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::sync::Mutex;
 
 const PAD: u32 = 0;
 const EOS: u32 = 2;
@@ -38,7 +53,7 @@ const VOCAB: usize = 11;
 const DIM: usize = 6;
 
 /// FNV-1a over the bits of every value of `tensors`, in order.
-fn fingerprint(tensors: &[&Tensor]) -> Result<u64> {
+fn fingerprint(name: &str, tensors: &[&Tensor]) -> Result<u64> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bits: u64| {
         for byte in bits.to_le_bytes() {
@@ -46,18 +61,91 @@ fn fingerprint(tensors: &[&Tensor]) -> Result<u64> {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for t in tensors {
+    let mut values = VALUES.lock().expect("values file lock");
+    for (k, t) in tensors.iter().enumerate() {
         let flat = t.flatten_all()?;
-        match t.dtype() {
-            DType::F64 => flat.to_vec1::<f64>()?.iter().for_each(|v| eat(v.to_bits())),
-            _ => flat
-                .to_dtype(DType::F32)?
-                .to_vec1::<f32>()?
-                .iter()
-                .for_each(|v| eat(u64::from(v.to_bits()))),
+        let as_f64: Vec<f64> = match t.dtype() {
+            DType::F64 => {
+                let v = flat.to_vec1::<f64>()?;
+                v.iter().for_each(|v| eat(v.to_bits()));
+                v
+            }
+            _ => {
+                let v = flat.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                v.iter().for_each(|v| eat(u64::from(v.to_bits())));
+                v.into_iter().map(f64::from).collect()
+            }
+        };
+        if let Some(file) = values.as_mut() {
+            write!(file, "{name}#{k}\t{:?}", t.dtype())?;
+            for v in as_f64 {
+                write!(file, " {v:?}")?;
+            }
+            writeln!(file)?;
         }
     }
     Ok(hash)
+}
+
+/// Where `--values` writes every tensor (`None`: hashes only).
+static VALUES: Mutex<Option<BufWriter<File>>> = Mutex::new(None);
+
+/// `--compare BEFORE AFTER`: per dtype, the largest `max |a − b| / max |a|` over the tensors
+/// both files hold, with the tensor it came from.
+fn compare_values(before: &str, after: &str) -> Result<()> {
+    let read = |path: &str| -> Result<HashMap<String, (String, Vec<f64>)>> {
+        let text = std::fs::read_to_string(path)?;
+        let mut out = HashMap::new();
+        for line in text.lines() {
+            let (key, rest) = line
+                .split_once('\t')
+                .ok_or_else(|| candle_core::Error::Msg(format!("{path}: no tab in {line:.60}")))?;
+            let mut fields = rest.split(' ');
+            let dtype = fields.next().unwrap_or_default().to_string();
+            let values = fields
+                .map(str::parse::<f64>)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| candle_core::Error::Msg(format!("{path}: {e}")))?;
+            out.insert(key.to_string(), (dtype, values));
+        }
+        Ok(out)
+    };
+    let (a, b) = (read(before)?, read(after)?);
+    let mut worst: BTreeMap<String, (f64, String)> = BTreeMap::new();
+    let (mut compared, mut differing) = (0usize, 0usize);
+    for (key, (dtype, va)) in &a {
+        let Some((_, vb)) = b.get(key) else { continue };
+        if va.len() != vb.len() {
+            return Err(candle_core::Error::Msg(format!(
+                "{key}: {} values before, {} after",
+                va.len(),
+                vb.len()
+            )));
+        }
+        compared += 1;
+        let scale = va.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let diff = va
+            .iter()
+            .zip(vb)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        if diff > 0.0 {
+            differing += 1;
+        }
+        let rel = if scale > 0.0 { diff / scale } else { diff };
+        let entry = worst.entry(dtype.clone()).or_insert((0.0, String::new()));
+        if rel > entry.0 {
+            *entry = (rel, key.clone());
+        }
+    }
+    println!(
+        "{compared} tensors compared ({} only before, {} only after), {differing} differ",
+        a.len() - compared,
+        b.len() - compared
+    );
+    for (dtype, (rel, key)) in worst {
+        println!("{dtype}: largest max|a-b|/max|a| = {rel:.3e} ({key})");
+    }
+    Ok(())
 }
 
 /// Deterministic values in `[-scale, scale)` (a low-discrepancy sequence).
@@ -110,7 +198,7 @@ fn case(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result
             if let Some(g) = &grad {
                 parts.push(g);
             }
-            format!("{:016x}", fingerprint(&parts)?)
+            format!("{:016x}", fingerprint(name, &parts)?)
         }
         Err(e) => format!(
             "error: {}",
@@ -231,8 +319,12 @@ fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
     let stats =
         bleu_loss_from_logits(&logits, None, &references[1].1, &BleuLossConfig::default())?.stats;
     for (cfg_name, cfg) in configs() {
-        let line = format!("{:016x}", fingerprint(&[&loss_from_stats(&stats, &cfg)?])?);
-        println!("{tag}/loss_from_stats/{cfg_name} {line}");
+        let name = format!("{tag}/loss_from_stats/{cfg_name}");
+        let line = format!(
+            "{:016x}",
+            fingerprint(&name, &[&loss_from_stats(&stats, &cfg)?])?
+        );
+        println!("{name} {line}");
     }
     Ok(())
 }
@@ -308,7 +400,8 @@ fn hidden_grid(
                             }
                         }
                         let refs: Vec<&Tensor> = parts.iter().collect();
-                        format!("{:016x}", fingerprint(&refs)?)
+                        let name = format!("{tag}/{name}/{block_name}/{form:?}");
+                        format!("{:016x}", fingerprint(&name, &refs)?)
                     }
                     Err(e) => format!(
                         "error: {}",
@@ -323,6 +416,19 @@ fn hidden_grid(
 }
 
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => {}
+        ["--values", path] => {
+            *VALUES.lock().expect("values file lock") = Some(BufWriter::new(File::create(path)?));
+        }
+        ["--compare", before, after] => return compare_values(before, after),
+        _ => {
+            return Err(candle_core::Error::Msg(
+                "usage: fingerprint [--values FILE | --compare BEFORE AFTER]".into(),
+            ))
+        }
+    }
     let kernels = Entry {
         name: "kernels",
         bleu_loss_from_logits,
@@ -338,6 +444,9 @@ fn main() -> Result<()> {
     for dtype in [DType::F32, DType::F64] {
         run_grid(&kernels, dtype)?;
         run_grid(&composed, dtype)?;
+    }
+    if let Some(file) = VALUES.lock().expect("values file lock").as_mut() {
+        file.flush()?;
     }
     Ok(())
 }
