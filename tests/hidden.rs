@@ -144,17 +144,24 @@ fn assert_close(a: &Evaluated, b: &Evaluated, tol: f64, what: &str) {
     }
 }
 
-/// The ways the hidden-state path runs on the CPU: its kernels in one block, and in blocks of
-/// two rows (whole sequences for the paired form). The composed candle-op blocks, which other
+/// The ways the hidden-state path runs on the CPU: its kernels in one block, in blocks of two
+/// rows (whole sequences for the paired form), and with the exact backward in vocabulary tiles
+/// of 3 columns (not dividing `VOCAB`) and 4 rows. The composed candle-op blocks, which other
 /// devices run, are compared with the kernels by the unit tests of `src/loss/hidden.rs`.
 fn paths() -> Vec<(&'static str, HiddenConfig, bool)> {
     let small = HiddenConfig {
         block_elements: 2 * VOCAB,
         ..Default::default()
     };
+    let tiles = HiddenConfig {
+        block_elements: 2 * VOCAB,
+        vocab_tile: 3,
+        ..Default::default()
+    };
     vec![
         ("kernel, one block", HiddenConfig::default(), false),
         ("kernel, blocks", small, false),
+        ("kernel, vocabulary tiles", tiles, false),
     ]
 }
 
@@ -251,7 +258,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
             }
         }
     }
-    assert_eq!(checked, 36 * 2 * 2 * 2);
+    assert_eq!(checked, 36 * 2 * 2 * 3);
     Ok(())
 }
 

@@ -252,10 +252,14 @@ pub struct HiddenConfig {
     /// The most logits one block holds (`rows × V` elements, `>= 1`): a block has
     /// `max(1, block_elements / V)` rows, rounded to whole sequences where the loss needs whole
     /// sequences at once (the paired form). The forward holds one block of logits, the backward
-    /// one block of logits and one of their gradient.
+    /// one block of logits and one of their gradient. On the CPU, the exact backward of the
+    /// expected and lower-bound forms and of the cross-entropy walks the vocabulary in tiles of
+    /// `rows × columns` instead, at most `block_elements` logits (or one `rows × vocab_tile`
+    /// tile where that is more), with as many rows per tile as fit: every row at once while
+    /// `block_elements / (B·S) >= vocab_tile`.
     pub block_elements: usize,
     /// Vocabulary columns per tile in the backward (`>= 1`): the unit that gradient filtering
-    /// skips. Used only with `filter_below`.
+    /// skips, and the narrowest tile of the CPU's exact tiled backward.
     pub vocab_tile: usize,
     /// Gradient filtering: in the backward, skip the dense part of a tile whose softmax
     /// probabilities all lie below this threshold (`0 < τ < 1`). `None` (default): no

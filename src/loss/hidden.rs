@@ -83,6 +83,7 @@ fn hidden_rows(
                 paired,
             },
             block_rows,
+            block_elements: cfg.block_elements,
             vocab_tile: cfg.vocab_tile,
             filter_below: cfg.filter_below,
         })

@@ -467,11 +467,35 @@ fn add_sparse_terms<T: KernelFloat>(
     ids: &[u32],
     terms: impl Iterator<Item = T>,
 ) {
+    add_sparse_terms_in_columns(grad_row, 0, target, ce_grad, eps, ids, terms);
+}
+
+/// [`add_sparse_terms`] for the columns `first_column..first_column + grad_columns.len()` of a
+/// row: the terms whose column lies there, in the same order, so each element gets the same
+/// sums as in the whole row.
+#[inline]
+fn add_sparse_terms_in_columns<T: KernelFloat>(
+    grad_columns: &mut [T],
+    first_column: usize,
+    target: Option<u32>,
+    ce_grad: T,
+    eps: f64,
+    ids: &[u32],
+    terms: impl Iterator<Item = T>,
+) {
+    let mut add = |column: u32, term: T| {
+        if let Some(g) = (column as usize)
+            .checked_sub(first_column)
+            .and_then(|local| grad_columns.get_mut(local))
+        {
+            *g += term;
+        }
+    };
     if let Some(target) = target {
-        grad_row[target as usize] += T::ZERO - ce_grad * T::from_f64(1.0 - eps);
+        add(target, T::ZERO - ce_grad * T::from_f64(1.0 - eps));
     }
     for (&id, term) in ids.iter().zip(terms) {
-        grad_row[id as usize] += term;
+        add(id, term);
     }
 }
 
@@ -525,6 +549,51 @@ pub(crate) fn backward_rows_into<T: KernelFloat>(
             }
             dense_gradient_dispatch(grad_row, row, scale, max, offset);
             add_sparse_terms(grad_row, target, ce_grad, eps, row_ids, terms);
+        });
+}
+
+/// The columns `v0..v0 + len` of [`backward_rows_into`]'s gradient for the rows
+/// `first_row..`, from those columns of their logits (`logits_tile`, `[rows, len]`) into
+/// `grad_tile` (`[rows, len]`): every element the same value as the whole-row pass gives it.
+/// A backward that walks the vocabulary in tiles (the hidden-state path's) calls it once per
+/// tile; the row coefficients come from the forward's outputs, so no tile needs the others.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_rows_tile_into<T: KernelFloat>(
+    logits_tile: &[T],
+    (v0, len): (usize, usize),
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad_tile: &mut [T],
+) {
+    let width = gathered.width;
+    let stride = width + CE_COLUMNS;
+    let eps = rows.label_smoothing;
+    grad_tile
+        .par_chunks_mut(len)
+        .zip(logits_tile.par_chunks(len))
+        .enumerate()
+        .for_each(|(local, (grad_columns, columns))| {
+            let row_index = first_row + local;
+            let stats = &out[local * stride..][..stride];
+            let grads = &grad_out[local * stride..][..stride];
+            let max = stats[width + 1];
+            let (scale, offset, ce_grad) =
+                row_gradient_coefficients(stats, grads, width, eps, vocab);
+            let row_ids = gathered.row_ids(row_index);
+            let target = rows.target(row_index);
+            let terms = (0..width).map(|k| grads[k] * stats[k]);
+            if scale == T::ZERO && offset == T::ZERO {
+                grad_columns.fill(T::ZERO);
+                let target = target.filter(|_| ce_grad != T::ZERO);
+                add_sparse_terms_in_columns(grad_columns, v0, target, ce_grad, eps, row_ids, terms);
+                return;
+            }
+            dense_gradient_dispatch(grad_columns, columns, scale, max, offset);
+            add_sparse_terms_in_columns(grad_columns, v0, target, ce_grad, eps, row_ids, terms);
         });
 }
 

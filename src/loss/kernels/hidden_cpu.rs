@@ -7,9 +7,9 @@
 //! bound on the error is in `HiddenConfig`'s documentation.
 
 use super::cpu::{
-    backward_rows_into, forward_rows_into, row_gradient_coefficients, row_max_checked,
-    self_match_backward_into, self_match_forward_into, vocab_sized_buffer, Gathered, TargetRows,
-    CE_COLUMNS,
+    backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
+    row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
+    Gathered, TargetRows, CE_COLUMNS,
 };
 use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
@@ -136,7 +136,11 @@ struct Gradients<T> {
 pub(crate) struct CpuBlocks {
     pub spec: RowSpec,
     pub block_rows: usize,
-    /// Vocabulary columns per tile of the backward, the unit that gradient filtering skips.
+    /// The most logits one block holds; the exact backward's tiles (`rows × columns`) hold at
+    /// most this many, or one `rows × vocab_tile` tile where that is more.
+    pub block_elements: usize,
+    /// Vocabulary columns per tile of the backward: the unit that gradient filtering skips, and
+    /// the narrowest tile of the exact backward.
     pub vocab_tile: usize,
     /// Gradient filtering's threshold `τ` (`None`: exact gradients).
     pub filter_below: Option<f64>,
@@ -177,7 +181,31 @@ impl CpuBlocks {
         Ok(out)
     }
 
+    /// The backward: vocabulary tiles when it is exact and row by row
+    /// ([`Self::backward_vocab_tiles`]), else blocks of whole rows
+    /// ([`Self::backward_row_blocks`]: the paired form's self-match needs whole rows, and
+    /// filtering skips tiles of a block).
     fn backward<T: KernelFloat + 'static>(
+        &self,
+        hidden: &[T],
+        weight: &[T],
+        bias: Option<&[T]>,
+        out: &[T],
+        grad_out: &[T],
+        dim: usize,
+    ) -> Gradients<T> {
+        // The paired form is not filtered (see `HiddenConfig`).
+        if self.spec.paired || self.filter_below.is_some() {
+            self.backward_row_blocks(hidden, weight, bias, out, grad_out, dim)
+        } else {
+            self.backward_vocab_tiles(hidden, weight, bias, out, grad_out, dim)
+        }
+    }
+
+    /// The backward in blocks of whole vocabulary rows: each block's logits recomputed, the row
+    /// kernel's backward (or the self-match's) for their gradient `G_blk`, gradient filtering's
+    /// skipped tiles, then `dH_blk = G_blk W`, `dW += G_blkᵀ H_blk`, `db += Σ_rows G_blk`.
+    fn backward_row_blocks<T: KernelFloat + 'static>(
         &self,
         hidden: &[T],
         weight: &[T],
@@ -293,6 +321,99 @@ impl CpuBlocks {
                     weight,
                     &mut grads,
                 );
+            }
+        }
+        grads
+    }
+
+    /// The exact backward of the row pass, walking the vocabulary in tiles: for each block of
+    /// rows and each tile of columns `v0..v0 + len`, the tile's logits `H_blk W_tileᵀ + b_tile`,
+    /// their gradient `G_tile` (the row kernel's, element for element), then
+    /// `dH_blk += G_tile W_tile`, `dW_tile (+)= G_tileᵀ H_blk`, `db_tile += Σ_rows G_tile`.
+    ///
+    /// Why tiles: a block of whole vocabulary rows holds `block_elements / V` rows (131 at
+    /// `V = 128 000`), and each block reads `W` twice and reads and writes `dW` — `[V, D]`
+    /// each — so the backward moved `4 · (R / rows per block)` weight-sized arrays. Tiles of
+    /// `block_elements / R` columns (at least `vocab_tile`) keep every row in one block where
+    /// the budget allows: `W` is read twice and `dW` written once, and what is accumulated
+    /// across tiles is `dH_blk`, `[rows, D]`. The row coefficients (`scale`, `offset`) come
+    /// from the forward's outputs, so a tile needs no other tile, and each element of `G` is
+    /// the row kernel's formula on its logit; the results differ from
+    /// [`Self::backward_row_blocks`] in rounding only (the products are summed in other
+    /// groupings), which the unit tests bound.
+    fn backward_vocab_tiles<T: KernelFloat + 'static>(
+        &self,
+        hidden: &[T],
+        weight: &[T],
+        bias: Option<&[T]>,
+        out: &[T],
+        grad_out: &[T],
+        dim: usize,
+    ) -> Gradients<T> {
+        let spec = &self.spec;
+        let (vocab, stride) = (spec.vocab, spec.stride());
+        let rows = hidden.len() / dim;
+        let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
+        let tile = vocab.min((self.block_elements / rows.max(1)).max(self.vocab_tile));
+        let block = rows.min((self.block_elements / tile).max(1)).max(1);
+        let mut grads = Gradients {
+            hidden: vec![T::ZERO; rows * dim],
+            weight: vec![T::ZERO; vocab * dim],
+            bias: bias.map(|_| vec![T::ZERO; vocab]),
+        };
+        let mut logits = vocab_sized_buffer::<T>(block * tile);
+        let mut grad_logits = vocab_sized_buffer::<T>(block * tile);
+        let weight_rows = MatRef::row_major(weight, vocab, dim);
+        for start in (0..rows).step_by(block) {
+            let n = block.min(rows - start);
+            let hidden_block = MatRef::row_major(&hidden[start * dim..][..n * dim], n, dim);
+            let out = &out[start * stride..][..n * stride];
+            let grad_out = &grad_out[start * stride..][..n * stride];
+            for v0 in (0..vocab).step_by(tile) {
+                let len = tile.min(vocab - v0);
+                let logits = &mut logits[..n * len];
+                let grad_logits = &mut grad_logits[..n * len];
+                matmul(
+                    MatMut::row_major(logits, n, len),
+                    hidden_block,
+                    weight_rows.rows(v0, len).t(),
+                    false,
+                );
+                if let Some(bias) = bias {
+                    let bias = &bias[v0..v0 + len];
+                    logits.par_chunks_mut(len).for_each(|row| {
+                        for (x, &b) in row.iter_mut().zip(bias) {
+                            *x += b;
+                        }
+                    });
+                }
+                backward_rows_tile_into(
+                    logits,
+                    (v0, len),
+                    vocab,
+                    gathered,
+                    &target_rows,
+                    start,
+                    out,
+                    grad_out,
+                    grad_logits,
+                );
+                let grad_tile = MatRef::row_major(&*grad_logits, n, len);
+                matmul(
+                    MatMut::row_major(&mut grads.hidden[start * dim..][..n * dim], n, dim),
+                    grad_tile,
+                    weight_rows.rows(v0, len),
+                    v0 > 0,
+                );
+                matmul(
+                    MatMut::row_major(&mut grads.weight, vocab, dim).rows(v0, len),
+                    grad_tile.t(),
+                    hidden_block,
+                    start > 0,
+                );
+                if let Some(grad_bias) = &mut grads.bias {
+                    add_column_sums(grad_logits, len, (0, len), &mut grad_bias[v0..v0 + len]);
+                }
             }
         }
         grads
@@ -471,4 +592,104 @@ fn mark_skipped<T: KernelFloat>(
                 .zip(&thresholds)
                 .all(|(row, &threshold)| row_max_checked(&row[v0..v0 + len]).0 < threshold);
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in `[-scale, scale)`.
+    fn values(count: usize, scale: f64, phase: f64) -> Vec<f64> {
+        (0..count)
+            .map(|i| scale * (((i as f64 + phase) * 0.618_033_988_749).fract() * 2.0 - 1.0))
+            .collect()
+    }
+
+    /// The largest `|a − b|` relative to the largest `|a|`.
+    fn relative_difference(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let diff = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(scale > 0.0, "an all-zero gradient tests nothing");
+        diff / scale
+    }
+
+    /// The vocabulary-tiled backward against the whole-row blocks, in f64, over tile widths
+    /// that do and do not divide `V`, budgets of one and several row blocks, with and without
+    /// the bias, targets (padding, label smoothing) and gathered ids.
+    #[test]
+    fn vocab_tiles_match_row_blocks() {
+        let (batch, seq, dim, vocab, width) = (3, 5, 7, 37, 4);
+        let rows = batch * seq;
+        let hidden = values(rows * dim, 1.3, 0.1);
+        let weight = values(vocab * dim, 0.9, 0.2);
+        let bias_values = values(vocab, 0.5, 0.3);
+        let ids: Vec<u32> = (0..batch * width)
+            .map(|i| ((i * 11 + 3) % vocab) as u32)
+            .collect();
+        let targets: Vec<u32> = (0..rows).map(|i| ((i * 7 + 1) % vocab) as u32).collect();
+        let mut cases = 0;
+        for with_targets in [false, true] {
+            for with_bias in [false, true] {
+                let spec = || RowSpec {
+                    ids: ids.clone(),
+                    width,
+                    targets: with_targets.then(|| targets.clone()),
+                    pad_id: with_targets.then_some(targets[2]),
+                    label_smoothing: if with_targets { 0.1 } else { 0.0 },
+                    inv_count: 1.0 / rows as f64,
+                    seq,
+                    vocab,
+                    paired: false,
+                };
+                let bias = with_bias.then_some(&bias_values[..]);
+                let reference = CpuBlocks {
+                    spec: spec(),
+                    block_rows: 4,
+                    block_elements: 4 * vocab,
+                    vocab_tile: vocab,
+                    filter_below: None,
+                };
+                let out = reference.forward(&hidden, &weight, bias, dim).unwrap();
+                let grad_out = values(out.len(), 0.7, 0.4);
+                let expected =
+                    reference.backward_row_blocks(&hidden, &weight, bias, &out, &grad_out, dim);
+                // (block_elements, vocab_tile): one tile of whole rows in one block; tiles of
+                // 8 (not dividing 37) in one block; tiles of 10 in blocks of 3 rows; tiles of 1.
+                for (block_elements, vocab_tile) in
+                    [(rows * vocab, 64), (rows * 8, 8), (30, 10), (rows, 1)]
+                {
+                    let tiled = CpuBlocks {
+                        spec: spec(),
+                        block_rows: 4,
+                        block_elements,
+                        vocab_tile,
+                        filter_below: None,
+                    };
+                    let got =
+                        tiled.backward_vocab_tiles(&hidden, &weight, bias, &out, &grad_out, dim);
+                    let case = format!(
+                        "targets {with_targets}, bias {with_bias}, budget {block_elements}, tile {vocab_tile}"
+                    );
+                    for (name, a, b) in [
+                        ("hidden", &expected.hidden, &got.hidden),
+                        ("weight", &expected.weight, &got.weight),
+                    ] {
+                        let rel = relative_difference(a, b);
+                        assert!(rel < 1e-13, "{case}: d{name} differs by {rel:e}");
+                    }
+                    match (&expected.bias, &got.bias) {
+                        (Some(a), Some(b)) => {
+                            let rel = relative_difference(a, b);
+                            assert!(rel < 1e-13, "{case}: dbias differs by {rel:e}");
+                        }
+                        (None, None) => {}
+                        _ => panic!("{case}: the bias gradient is missing on one side"),
+                    }
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 16);
+    }
 }
