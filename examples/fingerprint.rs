@@ -124,10 +124,18 @@ fn compare_values(before: &str, after: &str) -> Result<()> {
         }
         compared += 1;
         let scale = va.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let diff = va
-            .iter()
-            .zip(vb)
-            .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        // A value that is NaN on one side only, or infinite differently, counts as an
+        // infinite difference (`f64::max` would drop the NaN); equal bits count as none.
+        let diff = va.iter().zip(vb).fold(0f64, |m, (x, y)| {
+            let d = if x.to_bits() == y.to_bits() {
+                0.0
+            } else if x.is_finite() && y.is_finite() {
+                (x - y).abs()
+            } else {
+                f64::INFINITY
+            };
+            m.max(d)
+        });
         if diff > 0.0 {
             differing += 1;
         }

@@ -253,13 +253,17 @@ pub struct HiddenConfig {
     /// `max(1, block_elements / V)` rows, rounded to whole sequences where the loss needs whole
     /// sequences at once (the paired form). The forward holds one block of logits, the backward
     /// one block of logits and one of their gradient. On the CPU, the exact backward of the
-    /// expected and lower-bound forms and of the cross-entropy walks the vocabulary in tiles of
-    /// `rows × columns` instead, at most `block_elements` logits (or one `rows × vocab_tile`
-    /// tile where that is more), with as many rows per tile as fit: every row at once while
-    /// `block_elements / (B·S) >= vocab_tile`.
+    /// expected and lower-bound forms and of the cross-entropy (not the paired form, which
+    /// `ce_bleu_from_hidden` then also takes for its cross-entropy part, and not with
+    /// filtering) walks the vocabulary in tiles of `rows × columns` instead: `columns =
+    /// min(V, max(vocab_tile, block_elements / (B·S)))`, and as many rows as
+    /// `block_elements / columns` allows (at least one), so every row at once while
+    /// `block_elements / (B·S) >= vocab_tile`; a tile holds at most `block_elements` logits,
+    /// or one row where `block_elements` is below `columns`.
     pub block_elements: usize,
     /// Vocabulary columns per tile in the backward (`>= 1`): the unit that gradient filtering
-    /// skips, and the narrowest tile of the CPU's exact tiled backward.
+    /// skips, and the least width of the CPU's exact tiled backward (but at most `V`; the last
+    /// tile of a row takes what is left).
     pub vocab_tile: usize,
     /// Gradient filtering: in the backward, skip the dense part of a tile whose softmax
     /// probabilities all lie below this threshold (`0 < τ < 1`). `None` (default): no
@@ -268,11 +272,13 @@ pub struct HiddenConfig {
 }
 
 impl HiddenConfig {
-    /// The default block size: 16 Mi logits (64 MiB in f32). Each block of rows reads the whole
-    /// weight (and reads and writes its gradient) once, so fewer, larger blocks are faster at
-    /// large vocabularies; measured at `[B·S, D] = [2048, 512]`, the step's heap peak is the
-    /// same as with 4 Mi-logit blocks at `V = 128 000` (769 MiB) and 16 % higher at
-    /// `V = 32 000` (238 against 206 MiB) (BENCHMARKS.md, "The loss from hidden states").
+    /// The default block size: 16 Mi logits (64 MiB in f32). Each block of whole rows reads the
+    /// whole weight once in the forward (and, in the paired form's and filtering's backward,
+    /// reads it and reads and writes its gradient), so fewer, larger blocks are faster at large
+    /// vocabularies; the exact tiled backward holds up to 8192 rows of `[B·S, D]` in one block
+    /// with it. Measured before that backward, at `[B·S, D] = [2048, 512]`, the step's heap
+    /// peak was the same as with 4 Mi-logit blocks at `V = 128 000` (769 MiB) and 16 % higher
+    /// at `V = 32 000` (238 against 206 MiB) (BENCHMARKS.md, "The loss from hidden states").
     pub const DEFAULT_BLOCK_ELEMENTS: usize = 16 << 20;
 
     /// Checks the fields; errors name the field and its value.

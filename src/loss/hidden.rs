@@ -2,10 +2,11 @@
 //! logits: [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`], [`ce_bleu_from_hidden`].
 //!
 //! The logits `H Wᵀ + b` of a block of rows (positions) are computed, passed through the same
-//! row kernels as the logits entry points, and dropped; the backward recomputes each block's
-//! logits, runs the row kernel's backward for its logits gradient `G`, and turns that into
-//! `dH = G W`, `dW += Gᵀ H`, `db += Σ_rows G`. At most one block of logits (and one of their
-//! gradient) is alive, so the loss's memory is `O(block)`, flat in `V` and in `B·S`; what
+//! row kernels as the logits entry points, and dropped; the backward recomputes the logits
+//! (block by block, or on the CPU in vocabulary tiles where the backward is exact and row by
+//! row: `docs/loss.md` §12.1), runs the row kernel's backward for their gradient `G`, and turns
+//! that into `dH = G W`, `dW += Gᵀ H`, `db += Σ_rows G`. At most one block or tile of logits
+//! (and one of their gradient) is alive, so the loss's memory is `O(block)`, flat in `V` and in `B·S`; what
 //! candle's autograd stores and accumulates is `[B, S, D]` and `[V, D]`, never `[B, S, V]`
 //! (Wijmans et al. 2024, *Cut Your Losses in Large-Vocabulary Language Models*; Liger-Kernel's
 //! fused linear cross-entropy).

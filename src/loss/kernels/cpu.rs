@@ -467,6 +467,11 @@ fn add_sparse_terms<T: KernelFloat>(
     ids: &[u32],
     terms: impl Iterator<Item = T>,
 ) {
+    // A whole row holds every column: ids and targets are checked `< V` before any pass.
+    debug_assert!(
+        target.is_none_or(|t| (t as usize) < grad_row.len())
+            && ids.iter().all(|&id| (id as usize) < grad_row.len())
+    );
     add_sparse_terms_in_columns(grad_row, 0, target, ce_grad, eps, ids, terms);
 }
 

@@ -1,10 +1,12 @@
 //! The CPU side of the hidden-state op ([`super::hidden::HiddenRowsOp`]): the logits
 //! `H Wᵀ + b` of a block of rows computed on raw slices (gemm), passed through the row kernels
-//! of [`super::cpu`] and dropped; the backward recomputes each block's logits, runs the row
-//! kernels' backward for its logits gradient `G`, and turns that into `dH = G W`,
-//! `dW += Gᵀ H`, `db += Σ_rows G`. With gradient filtering (Cut Cross-Entropy's), tiles of
-//! `rows × vocab_tile` whose probabilities all lie below `τ` skip the dense part of `G`; the
-//! bound on the error is in `HiddenConfig`'s documentation.
+//! of [`super::cpu`] and dropped; the backward recomputes the logits, runs the row kernels'
+//! backward for their gradient `G`, and turns that into `dH = G W`, `dW += Gᵀ H`,
+//! `db += Σ_rows G` — in vocabulary tiles when it is exact and row by row
+//! ([`CpuBlocks::backward_vocab_tiles`]), else in the forward's blocks of whole rows. With
+//! gradient filtering (Cut Cross-Entropy's), tiles of `rows × vocab_tile` whose probabilities
+//! all lie below `τ` skip the dense part of `G`; the bound on the error is in
+//! `HiddenConfig`'s documentation.
 
 use super::cpu::{
     backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
@@ -655,10 +657,17 @@ mod tests {
                 let expected =
                     reference.backward_row_blocks(&hidden, &weight, bias, &out, &grad_out, dim);
                 // (block_elements, vocab_tile): one tile of whole rows in one block; tiles of
-                // 8 (not dividing 37) in one block; tiles of 10 in blocks of 3 rows; tiles of 1.
-                for (block_elements, vocab_tile) in
-                    [(rows * vocab, 64), (rows * 8, 8), (30, 10), (rows, 1)]
-                {
+                // 8 (not dividing 37) in one block; tiles of 10 in blocks of 3 rows; tiles of
+                // 10 in blocks of 4 rows (the last of 3); a budget below one tile (blocks of
+                // one row); tiles of 1.
+                for (block_elements, vocab_tile) in [
+                    (rows * vocab, 64),
+                    (rows * 8, 8),
+                    (30, 10),
+                    (40, 10),
+                    (5, 10),
+                    (rows, 1),
+                ] {
                     let tiled = CpuBlocks {
                         spec: spec(),
                         block_rows: 4,
@@ -690,6 +699,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 16);
+        assert_eq!(cases, 24);
     }
 }
