@@ -525,13 +525,73 @@ pub(crate) fn backward_rows_into<T: KernelFloat>(
     grad: &mut [T],
     zeroed: bool,
 ) {
+    backward_rows_columns_into(
+        logits,
+        (0, vocab),
+        vocab,
+        gathered,
+        rows,
+        first_row,
+        out,
+        grad_out,
+        grad,
+        zeroed,
+    );
+}
+
+/// The columns `v0..v0 + len` of [`backward_rows_into`]'s gradient for the rows
+/// `first_row..`, from those columns of their logits (`logits_tile`, `[rows, len]`) into
+/// `grad_tile` (`[rows, len]`): every element the same value as the whole-row pass gives it.
+/// A backward that walks the vocabulary in tiles (the hidden-state path's) calls it once per
+/// tile; the row coefficients come from the forward's outputs, so no tile needs the others.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_rows_tile_into<T: KernelFloat>(
+    logits_tile: &[T],
+    columns: (usize, usize),
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad_tile: &mut [T],
+) {
+    backward_rows_columns_into(
+        logits_tile,
+        columns,
+        vocab,
+        gathered,
+        rows,
+        first_row,
+        out,
+        grad_out,
+        grad_tile,
+        false,
+    );
+}
+
+/// The one body of [`backward_rows_into`] (all `V` columns) and [`backward_rows_tile_into`]
+/// (columns `v0..v0 + len`); `zeroed` as in [`backward_rows_into`].
+#[allow(clippy::too_many_arguments)]
+fn backward_rows_columns_into<T: KernelFloat>(
+    logits: &[T],
+    (v0, len): (usize, usize),
+    vocab: usize,
+    gathered: Gathered,
+    rows: &TargetRows,
+    first_row: usize,
+    out: &[T],
+    grad_out: &[T],
+    grad: &mut [T],
+    zeroed: bool,
+) {
     let width = gathered.width;
     let stride = width + CE_COLUMNS;
     let eps = rows.label_smoothing;
-    grad.par_chunks_mut(vocab)
-        .zip(logits.par_chunks(vocab))
+    grad.par_chunks_mut(len)
+        .zip(logits.par_chunks(len))
         .enumerate()
-        .for_each(|(local, (grad_row, row))| {
+        .for_each(|(local, (grad_columns, columns))| {
             let row_index = first_row + local;
             let stats = &out[local * stride..][..stride];
             let grads = &grad_out[local * stride..][..stride];
@@ -546,53 +606,8 @@ pub(crate) fn backward_rows_into<T: KernelFloat>(
                 // that the gathered ones cancel): zeros, and the sparse terms, which need not
                 // vanish one by one.
                 if !zeroed {
-                    grad_row.fill(T::ZERO);
+                    grad_columns.fill(T::ZERO);
                 }
-                let target = target.filter(|_| ce_grad != T::ZERO);
-                add_sparse_terms(grad_row, target, ce_grad, eps, row_ids, terms);
-                return;
-            }
-            dense_gradient_dispatch(grad_row, row, scale, max, offset);
-            add_sparse_terms(grad_row, target, ce_grad, eps, row_ids, terms);
-        });
-}
-
-/// The columns `v0..v0 + len` of [`backward_rows_into`]'s gradient for the rows
-/// `first_row..`, from those columns of their logits (`logits_tile`, `[rows, len]`) into
-/// `grad_tile` (`[rows, len]`): every element the same value as the whole-row pass gives it.
-/// A backward that walks the vocabulary in tiles (the hidden-state path's) calls it once per
-/// tile; the row coefficients come from the forward's outputs, so no tile needs the others.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward_rows_tile_into<T: KernelFloat>(
-    logits_tile: &[T],
-    (v0, len): (usize, usize),
-    vocab: usize,
-    gathered: Gathered,
-    rows: &TargetRows,
-    first_row: usize,
-    out: &[T],
-    grad_out: &[T],
-    grad_tile: &mut [T],
-) {
-    let width = gathered.width;
-    let stride = width + CE_COLUMNS;
-    let eps = rows.label_smoothing;
-    grad_tile
-        .par_chunks_mut(len)
-        .zip(logits_tile.par_chunks(len))
-        .enumerate()
-        .for_each(|(local, (grad_columns, columns))| {
-            let row_index = first_row + local;
-            let stats = &out[local * stride..][..stride];
-            let grads = &grad_out[local * stride..][..stride];
-            let max = stats[width + 1];
-            let (scale, offset, ce_grad) =
-                row_gradient_coefficients(stats, grads, width, eps, vocab);
-            let row_ids = gathered.row_ids(row_index);
-            let target = rows.target(row_index);
-            let terms = (0..width).map(|k| grads[k] * stats[k]);
-            if scale == T::ZERO && offset == T::ZERO {
-                grad_columns.fill(T::ZERO);
                 let target = target.filter(|_| ce_grad != T::ZERO);
                 add_sparse_terms_in_columns(grad_columns, v0, target, ce_grad, eps, row_ids, terms);
                 return;

@@ -132,6 +132,16 @@ struct Gradients<T> {
     bias: Option<Vec<T>>,
 }
 
+impl<T: KernelFloat> Gradients<T> {
+    fn zeros(rows: usize, dim: usize, vocab: usize, has_bias: bool) -> Self {
+        Self {
+            hidden: vec![T::ZERO; rows * dim],
+            weight: vec![T::ZERO; vocab * dim],
+            bias: has_bias.then(|| vec![T::ZERO; vocab]),
+        }
+    }
+}
+
 /// The CPU side of the hidden-state op: `[R, D]` hidden rows, the `[V, D]` weight (and the
 /// `[V]` bias) to the rows' outputs `[R, stride]` — the same layout as the logits entry points'
 /// kernels write — in blocks of `block_rows` rows, on raw slices (gemm + the row kernels).
@@ -221,11 +231,7 @@ impl CpuBlocks {
         let rows = hidden.len() / dim;
         let block = self.block_rows.min(rows);
         let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
-        let mut grads = Gradients {
-            hidden: vec![T::ZERO; rows * dim],
-            weight: vec![T::ZERO; vocab * dim],
-            bias: bias.map(|_| vec![T::ZERO; vocab]),
-        };
+        let mut grads = Gradients::zeros(rows, dim, vocab, bias.is_some());
         // The paired form is not filtered (see `HiddenConfig`).
         let filter = self.filter_below.filter(|_| !spec.paired);
         // Without filtering one product spans the whole vocabulary (running them a tile at a
@@ -358,37 +364,28 @@ impl CpuBlocks {
         let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
         let tile = vocab.min((self.block_elements / rows.max(1)).max(self.vocab_tile));
         let block = rows.min((self.block_elements / tile).max(1)).max(1);
-        let mut grads = Gradients {
-            hidden: vec![T::ZERO; rows * dim],
-            weight: vec![T::ZERO; vocab * dim],
-            bias: bias.map(|_| vec![T::ZERO; vocab]),
-        };
+        let mut grads = Gradients::zeros(rows, dim, vocab, bias.is_some());
         let mut logits = vocab_sized_buffer::<T>(block * tile);
         let mut grad_logits = vocab_sized_buffer::<T>(block * tile);
         let weight_rows = MatRef::row_major(weight, vocab, dim);
         for start in (0..rows).step_by(block) {
             let n = block.min(rows - start);
-            let hidden_block = MatRef::row_major(&hidden[start * dim..][..n * dim], n, dim);
+            let hidden_rows = &hidden[start * dim..][..n * dim];
+            let hidden_block = MatRef::row_major(hidden_rows, n, dim);
             let out = &out[start * stride..][..n * stride];
             let grad_out = &grad_out[start * stride..][..n * stride];
             for v0 in (0..vocab).step_by(tile) {
                 let len = tile.min(vocab - v0);
                 let logits = &mut logits[..n * len];
                 let grad_logits = &mut grad_logits[..n * len];
-                matmul(
-                    MatMut::row_major(logits, n, len),
-                    hidden_block,
-                    weight_rows.rows(v0, len).t(),
-                    false,
+                // The tile's weight rows `v0..v0 + len` are contiguous in the `[V, D]` weight.
+                block_logits(
+                    hidden_rows,
+                    &weight[v0 * dim..][..len * dim],
+                    bias.map(|b| &b[v0..v0 + len]),
+                    (n, dim, len),
+                    logits,
                 );
-                if let Some(bias) = bias {
-                    let bias = &bias[v0..v0 + len];
-                    logits.par_chunks_mut(len).for_each(|row| {
-                        for (x, &b) in row.iter_mut().zip(bias) {
-                            *x += b;
-                        }
-                    });
-                }
                 backward_rows_tile_into(
                     logits,
                     (v0, len),
