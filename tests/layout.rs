@@ -317,6 +317,8 @@ const LOSS_LAYERS: [&[&str]; 7] = [
         "kernels/hidden_cpu.rs",
         "kernels/hidden_composed.rs",
         "kernels/hidden.rs",
+        "kernels/ctc_ngrams.rs",
+        "kernels/ctc_ngrams_composed.rs",
         "kernels/mod.rs",
     ],
     // The statistics.
@@ -330,9 +332,15 @@ const LOSS_LAYERS: [&[&str]; 7] = [
     // The one choice of path and the one validation.
     &["dispatch.rs", "checked.rs"],
     // The passes.
-    &["pipeline.rs"],
+    &["pipeline.rs", "ctc_pass.rs"],
     // The entry points.
-    &["bleu.rs", "cross_entropy.rs", "training.rs", "hidden.rs"],
+    &[
+        "bleu.rs",
+        "cross_entropy.rs",
+        "training.rs",
+        "hidden.rs",
+        "ctc_bleu.rs",
+    ],
     // Data-parallel training, on top of the entry points.
     &[
         "distributed/mod.rs",

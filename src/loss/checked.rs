@@ -12,7 +12,7 @@
 //! there.
 
 use super::config::{
-    BleuLossConfig, CrossEntropyConfig, HiddenConfig, LengthModel, TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, LengthModel, TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::host;
@@ -363,19 +363,7 @@ pub(crate) fn bleu_arguments(
         device,
     } = hyp;
     let (batch, seq, vocab) = (*batch, *seq, *vocab);
-    if refs.batch_size() != batch {
-        bail!(
-            "`refs` has {} batch elements but `{name}` has {batch} ({described})",
-            refs.batch_size(),
-        );
-    }
-    if !refs.device().same_device(device) {
-        bail!(
-            "`refs` are on {:?} but `{name}` is on {device:?}",
-            refs.device()
-        );
-    }
-    refs.check_vocab(vocab)?;
+    reference_arguments(hyp, refs)?;
     if let Some(eos) = cfg.length.eos_id() {
         if eos as usize >= vocab {
             bail!("`eos_id` {eos} is out of the vocabulary (V = {vocab}, {described})");
@@ -410,6 +398,31 @@ pub(crate) fn bleu_arguments(
         }
     }
     Ok(())
+}
+
+/// Checks that `refs` fit the hypotheses: the same batch size and device, every id `< V`.
+fn reference_arguments(hyp: &HypothesisShape, refs: &References) -> Result<()> {
+    let HypothesisShape {
+        name,
+        described,
+        batch,
+        vocab,
+        device,
+        ..
+    } = hyp;
+    if refs.batch_size() != *batch {
+        bail!(
+            "`refs` has {} batch elements but `{name}` has {batch} ({described})",
+            refs.batch_size(),
+        );
+    }
+    if !refs.device().same_device(device) {
+        bail!(
+            "`refs` are on {:?} but `{name}` is on {device:?}",
+            refs.device()
+        );
+    }
+    refs.check_vocab(*vocab)
 }
 
 /// Checks the targets' dtype, shape and device against the hypotheses' `[B, S]` (from the
@@ -513,6 +526,130 @@ fn finite(name: &str, t: &Tensor, check_off_cpu: bool) -> Result<()> {
         bail!(
             "`{name}` contains NaN or infinite values (shape {:?})",
             t.dims()
+        );
+    }
+    Ok(())
+}
+
+// ---- BLEU on CTC outputs ----------------------------------------------------------------------
+
+/// Checked arguments of the BLEU loss on CTC outputs: the logits in their compute dtype, the
+/// frames each element uses (on the host where they can be read in place or were checked), and
+/// the `[B, T']` frame mask on the logits' device.
+pub(crate) struct CheckedCtcLogits {
+    pub logits: CheckedHypotheses,
+    /// `frames[b]`: element `b`'s input length; `None` off the CPU without `check_values`
+    /// (the composed ops read the lengths on the device).
+    pub frames: Option<Vec<usize>>,
+    /// `[B, T']` in the compute dtype: 1 at the frames in use, 0 beyond.
+    pub frame_mask: Tensor,
+}
+
+/// The arguments of the BLEU loss on CTC outputs, checked: `logits` `[B, T', V]`,
+/// `input_lengths` (u32 `[B]`, each `<= T'`), id `refs` none of whose tokens is `blank`,
+/// `blank < V`; `cfg` is checked by [`ctc_bleu_config`] (its `max_order` and `check_values`
+/// are read here).
+pub(crate) fn ctc_bleu_call(
+    logits: &Tensor,
+    input_lengths: Option<&Tensor>,
+    refs: &References,
+    blank: u32,
+    cfg: &BleuLossConfig,
+    path: Path,
+) -> Result<CheckedCtcLogits> {
+    ctc_bleu_config(cfg)?;
+    let check_values = cfg.check_values;
+    let (_, dims) = logits_shape("logits", logits)?;
+    let (batch, frames, vocab) = dims;
+    let shape = HypothesisShape::of("logits", logits, dims);
+    if blank as usize >= vocab {
+        bail!(
+            "`blank` = {blank} is out of the vocabulary (V = {vocab}, {})",
+            shape.described
+        );
+    }
+    reference_arguments(&shape, refs)?;
+    let Some(ids) = refs.ids() else {
+        bail!(
+            "ctc_bleu_loss: `refs` must be token ids (References::from_ids): the dynamic programs over the frames count reference n-grams by id"
+        );
+    };
+    for (element, element_refs) in ids.iter().enumerate() {
+        for (r, reference) in element_refs.iter().enumerate() {
+            if let Some(position) = reference.iter().position(|&id| id == blank) {
+                bail!(
+                    "`refs`: reference {r} of batch element {element} holds the blank id {blank} at position {position}: a CTC output never emits the blank"
+                );
+            }
+        }
+    }
+    let frame_counts = match input_lengths {
+        None => Some(vec![frames; batch]),
+        Some(lengths) => {
+            if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
+                bail!(
+                    "`input_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
+                    lengths.dtype(),
+                    lengths.dims()
+                );
+            }
+            if !lengths.device().same_device(logits.device()) {
+                bail!(
+                    "`input_lengths` are on {:?} but `logits` is on {:?}",
+                    lengths.device(),
+                    logits.device()
+                );
+            }
+            // In place on the CPU; elsewhere a copy, only with `check_values`.
+            match host::u32_values(lengths, check_values)? {
+                Some(values) => {
+                    if let Some((element, &length)) = values
+                        .iter()
+                        .enumerate()
+                        .find(|(_, &l)| l as usize > frames)
+                    {
+                        bail!(
+                            "`input_lengths[{element}]` = {length} exceeds T' = {frames} ({})",
+                            shape.described
+                        );
+                    }
+                    Some(values.into_iter().map(|l| l as usize).collect())
+                }
+                None => None,
+            }
+        }
+    };
+    let logits = hypotheses("logits", logits, path, check_values)?;
+    let (dtype, device) = (logits.tensor.dtype(), logits.tensor.device());
+    let frame_mask = match input_lengths {
+        None => Tensor::ones((batch, frames), dtype, device)?,
+        Some(lengths) => Tensor::arange(0u32, frames as u32, device)?
+            .unsqueeze(0)?
+            .broadcast_lt(&lengths.unsqueeze(1)?)?
+            .to_dtype(dtype)?,
+    };
+    Ok(CheckedCtcLogits {
+        logits,
+        frames: frame_counts,
+        frame_mask,
+    })
+}
+
+/// Checks that a BLEU loss config applies to CTC outputs: the `Expected` form (the others pair
+/// hypothesis positions, which a collapsed sequence does not have) and `Given` lengths (the
+/// collapse decides the length; there is no EOS to stop at).
+fn ctc_bleu_config(cfg: &BleuLossConfig) -> Result<()> {
+    score::validate_config(cfg)?;
+    if cfg.length != LengthModel::Given {
+        bail!(
+            "ctc_bleu_loss: `length` {:?} does not apply to CTC outputs: the collapsed sequence's length is the expected number of runs, so no EOS length model applies; use LengthModel::Given",
+            cfg.length
+        );
+    }
+    if cfg.form != Form::Expected {
+        bail!(
+            "ctc_bleu_loss: `form` {:?} does not apply to CTC outputs: only Form::Expected (clip each reference n-gram's expected count in the collapsed sequence) has no hypothesis positions to pair",
+            cfg.form
         );
     }
     Ok(())

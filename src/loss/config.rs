@@ -142,6 +142,23 @@ pub struct BleuLossOutput {
     pub stats: BleuStats,
 }
 
+/// The expected n-gram statistics of CTC outputs' collapsed sequences
+/// ([`ctc_expected_counts`](super::ctc_expected_counts)), before clipping: what the BLEU loss on
+/// CTC outputs is computed from. Float tensors in the compute dtype of the call, on the logits'
+/// device, differentiable with respect to the logits.
+#[derive(Debug, Clone)]
+pub struct CtcExpectedCounts {
+    /// `[B, N, W]`: `E[count of g in B(a)]` for the reference n-gram `g` of order `n` starting at
+    /// position `j` of element `b`'s references laid end to end (reference 0, then 1, …; `W` the
+    /// longest such row); 0 where the n-gram would cross the end of a reference. A repeated
+    /// n-gram has the same value at each of its positions.
+    pub counts: Tensor,
+    /// `[B, N]`: `E[max(|B(a)| − n + 1, 0)]`, the expected number of n-grams of order `n`.
+    pub totals: Tensor,
+    /// `[B]`: `E[|B(a)|]`, the expected length of the collapsed sequence.
+    pub hyp_len: Tensor,
+}
+
 /// A float tensor of `values` in `dtype`, converted on the host: no f64 tensor is made on the
 /// device unless `dtype` is f64 (Metal has no f64).
 pub(crate) fn constant(

@@ -31,6 +31,12 @@ impl Path {
         self == Path::Kernels && device.is_cpu()
     }
 
+    /// Whether an op with CPU kernels only (the CTC ops) runs them on `device`: on the CPU on
+    /// the kernel path; composed candle ops elsewhere.
+    pub(crate) fn runs_cpu_kernels(self, device: &Device) -> bool {
+        self == Path::Kernels && device.is_cpu()
+    }
+
     /// Whether the hidden-state op runs its CPU kernels on `device`: it has CPU kernels only, so
     /// elsewhere it runs composed candle ops whatever the path.
     pub(crate) fn runs_hidden_kernels(self, device: &Device) -> bool {

@@ -80,7 +80,18 @@ fn expected(
     let expected_count = ngram_match
         .broadcast_mul(&match_weight.unsqueeze(2)?)?
         .sum(1)?;
-    clip.minimum(&first.mul(&expected_count)?)?.sum(1)
+    clip_expected_counts(&expected_count, first, clip)
+}
+
+/// `m_n = Σ_j min(κ_j, ν_j E_j)` from the expected count `E_j` (`[B, W]`) of each reference
+/// n-gram: every distinct n-gram's count, clipped once. Shared by the expected form and the
+/// BLEU loss on CTC outputs.
+pub(crate) fn clip_expected_counts(
+    expected_count: &Tensor,
+    first: &Tensor,
+    clip: &Tensor,
+) -> Result<Tensor> {
+    clip.minimum(&first.mul(expected_count)?)?.sum(1)
 }
 
 /// Zhukov et al.'s lower bound: `m_n = Σ_{i,j} a_{ij} min(1, κ_j / (1 + E_j - a_{ij}))` with

@@ -102,6 +102,8 @@ mod bleu;
 mod checked;
 mod config;
 mod cross_entropy;
+mod ctc_bleu;
+mod ctc_pass;
 mod dispatch;
 pub mod distributed;
 mod forms;
@@ -117,11 +119,14 @@ mod training;
 
 pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Form, HiddenBleuConfig,
-    HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing, Reduction, TrainingLoss,
-    TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CtcExpectedCounts, Form,
+    HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing,
+    Reduction, TrainingLoss, TrainingLossConfig,
 };
 pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
+pub use ctc_bleu::{
+    ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed, ctc_expected_counts,
+};
 pub use hidden::{bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden};
 pub use host::host_copies;
 pub use references::{References, TrainingTargets};

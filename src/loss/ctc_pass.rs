@@ -1,0 +1,81 @@
+//! The pass of the BLEU loss on CTC outputs, on checked arguments (`checked::ctc_bleu_call`):
+//! the expected n-gram statistics of the collapsed sequences ([`ctc_counts_pass`]: the CPU
+//! kernel of [`CtcNgramOp`], or the same programs as composed candle ops), then the clipped
+//! matches and the score ([`ctc_finish`]), as the expected form clips (docs/loss.md, §12).
+
+use super::checked::CheckedCtcLogits;
+use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, CtcExpectedCounts};
+use super::forms::clip_expected_counts;
+use super::kernels::ctc_ngrams::{CtcNgramOp, CtcNgramPlan};
+use super::kernels::ctc_ngrams_composed::ctc_ngram_expectations_composed;
+use super::references::{ReferenceSide, References};
+use super::score;
+use candle_core::{bail, Result};
+use std::sync::Arc;
+
+/// The expected counts, totals and length of every element's collapsed sequence, up to order
+/// `max_order`, against the id references `refs` laid end to end in rows of `width` positions
+/// (the reference side's layout).
+pub(crate) fn ctc_counts_pass(
+    checked: &CheckedCtcLogits,
+    refs: &References,
+    blank: u32,
+    max_order: usize,
+    width: usize,
+) -> Result<CtcExpectedCounts> {
+    let Some(ids) = refs.ids() else {
+        bail!("internal: CTC statistics need id references")
+    };
+    let logits = &checked.logits.tensor;
+    let (batch, frames, _) = logits.dims3()?;
+    let runs_kernel = checked.logits.path.runs_cpu_kernels(logits.device());
+    // Off the CPU the composed ops read the lengths through the frame mask; the plan's frame
+    // counts are only the kernel's.
+    let frame_counts = match (&checked.frames, runs_kernel) {
+        (Some(frames), _) => frames.clone(),
+        (None, false) => vec![frames; batch],
+        (None, true) => bail!("internal: the CPU kernel needs the input lengths on the host"),
+    };
+    let plan = CtcNgramPlan::new(ids, &frame_counts, max_order, blank, width);
+    let columns = plan.columns();
+    let out = if runs_kernel {
+        logits.contiguous()?.apply_op1(CtcNgramOp {
+            plan: Arc::new(plan),
+        })?
+    } else {
+        ctc_ngram_expectations_composed(logits, &checked.frame_mask, &plan)?
+    };
+    debug_assert_eq!(out.dims(), [batch, columns]);
+    Ok(CtcExpectedCounts {
+        hyp_len: out.narrow(1, 0, 1)?.squeeze(1)?,
+        totals: out.narrow(1, 1, max_order)?,
+        counts: out
+            .narrow(1, 1 + max_order, max_order * width)?
+            .reshape((batch, max_order, width))?,
+    })
+}
+
+/// The statistics and the loss from the expected counts: `m_n = Σ_j min(κ_j, ν_j E_j)`, the
+/// closest reference length to `E[|B(a)|]`, the score.
+pub(crate) fn ctc_finish(
+    expected: CtcExpectedCounts,
+    side: &ReferenceSide,
+    cfg: &BleuLossConfig,
+) -> Result<BleuLossOutput> {
+    let matches = (0..cfg.max_order)
+        .map(|n| {
+            let counts = expected.counts.narrow(1, n, 1)?.squeeze(1)?;
+            clip_expected_counts(&counts, &side.first[n], &side.clip[n])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ref_len =
+        score::closest_reference_lengths(&expected.hyp_len, &side.ref_lengths, &side.ref_mask)?;
+    let stats = BleuStats {
+        matches: candle_core::Tensor::stack(&matches, 1)?,
+        totals: expected.totals,
+        hyp_len: expected.hyp_len,
+        ref_len,
+    };
+    let loss = score::score(&stats, cfg)?;
+    Ok(BleuLossOutput { loss, stats })
+}
