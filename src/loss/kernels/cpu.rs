@@ -60,7 +60,7 @@ fn advise_huge_pages<T>(buffer: &[T]) {
 
 /// Accumulator lanes: lane arrays let the loops vectorise (a float fold in one accumulator would
 /// not, its order being fixed).
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// Whether the CPU has AVX2, detected once at run time: the row loops then run compiled for
 /// 8-lane vectors instead of the x86-64 baseline's 4 (SSE2). Their lane order and operations are
@@ -68,20 +68,20 @@ const LANES: usize = 8;
 /// bit-identical (`examples/fingerprint.rs` before and after: equal).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn wide_vectors() -> bool {
+pub(crate) fn avx2_detected() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
 /// `fn $name(args) -> ret = $body;`: `$name` runs `$body` (an `#[inline(always)]` row function
-/// generic over `T: KernelFloat`) compiled for AVX2 when [`wide_vectors`], else as compiled for
+/// generic over `T: KernelFloat`) compiled for AVX2 when [`avx2_detected`], else as compiled for
 /// the baseline. The body is inlined into each copy, so each copy vectorises its loops for its
 /// own target.
 macro_rules! wide_vectors {
-    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $body:ident;) => {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $body:ident;) => {
         $(#[$doc])*
         #[inline(always)]
         #[allow(clippy::too_many_arguments, clippy::unused_unit)]
-        fn $name<T: KernelFloat>($($arg: $ty),*) -> $ret {
+        $vis fn $name<T: KernelFloat>($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2")]
@@ -89,8 +89,8 @@ macro_rules! wide_vectors {
                 unsafe fn avx2<T: KernelFloat>($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
-                if wide_vectors() {
-                    // SAFETY: `wide_vectors` checked that the CPU has AVX2.
+                if $crate::loss::kernels::cpu::avx2_detected() {
+                    // SAFETY: `avx2_detected` checked that the CPU has AVX2.
                     return unsafe { avx2($($arg),*) };
                 }
             }
@@ -98,6 +98,7 @@ macro_rules! wide_vectors {
         }
     };
 }
+pub(crate) use wide_vectors;
 
 /// The row's maximum, and whether every entry is finite.
 #[inline(always)]
@@ -149,7 +150,7 @@ fn lane_sum<T: KernelFloat>(row: &[T], f: impl Fn(T) -> T) -> T {
 
 /// `Σ_v a[v]·b[v]` in lanes.
 #[inline(always)]
-fn dot<T: KernelFloat>(a: &[T], b: &[T]) -> T {
+pub(crate) fn dot<T: KernelFloat>(a: &[T], b: &[T]) -> T {
     let mut dot_lanes = [T::ZERO; LANES];
     let a_chunks = a.chunks_exact(LANES);
     let b_chunks = b.chunks_exact(LANES);
@@ -247,7 +248,7 @@ fn softmax_row_into_body<T: KernelFloat>(
 
 wide_vectors! {
     /// Writes `softmax(row)` into `p` (see [`softmax_row_into_body`]).
-    fn softmax_row_into(row: &[T], p: &mut [T], with_logit_sum: bool) -> Option<(T, T, T)>
+    pub(crate) fn softmax_row_into(row: &[T], p: &mut [T], with_logit_sum: bool) -> Option<(T, T, T)>
         = softmax_row_into_body;
 }
 

@@ -36,6 +36,7 @@
 //! The backward recomputes the programs storing their states, sweeps them in reverse
 //! (the adjoint of each recursion above), and applies the softmax's Jacobian.
 
+use super::cpu::{self, wide_vectors, LANES};
 use super::dispatch_float;
 use super::float::KernelFloat;
 use super::{contiguous_slice, unsupported_dtype};
@@ -162,115 +163,144 @@ pub(crate) struct CtcNgramOp {
     pub plan: Arc<CtcNgramPlan>,
 }
 
-/// One element's frame distributions: `q` with the blank's entry set to 0 (`nonblank`, so that
-/// the loops over the vocabulary need no branch), and the blank's probability apart.
-struct Frame<'a, T> {
-    nonblank: &'a [T],
-    blank: T,
-}
-
-/// `softmax(logits)` into `out`, the blank's entry moved out: returns `(q(blank), finite)`.
-fn softmax_row<T: KernelFloat>(logits: &[T], blank: usize, out: &mut [T]) -> (T, bool) {
-    let mut max = T::NEG_INFINITY;
-    let mut finite = true;
-    for &z in logits {
-        finite &= z.is_finite();
-        max = max.larger(z);
+/// The lane sum `Σ_v f(v)` over `len` entries, `f` reading entry `v`.
+#[inline(always)]
+fn lanes_sum<T: KernelFloat>(len: usize, mut f: impl FnMut(usize) -> T) -> T {
+    let mut lanes = [T::ZERO; LANES];
+    let full = len - len % LANES;
+    for start in (0..full).step_by(LANES) {
+        for (lane, acc) in lanes.iter_mut().enumerate() {
+            *acc += f(start + lane);
+        }
     }
     let mut sum = T::ZERO;
-    for (o, &z) in out.iter_mut().zip(logits) {
-        *o = T::exp_nonpositive(z - max);
-        sum += *o;
+    for lane in lanes {
+        sum += lane;
     }
-    let inv = T::ONE / sum;
-    for o in out.iter_mut() {
-        *o *= inv;
+    for v in full..len {
+        sum += f(v);
     }
-    let b = out[blank];
-    out[blank] = T::ZERO;
-    (b, finite)
+    sum
 }
 
-/// The forward states of one element's programs after a frame.
-struct Forward<T> {
-    /// Per node: `In_k`, `Gap_k`, `E_k`.
-    node_in: Vec<T>,
-    node_gap: Vec<T>,
-    node_count: Vec<T>,
-    /// `E[L]`.
-    length: T,
-    /// Per count `c = 0..=C`: `Gap_c`, `S_c`; and `In_c(·, v)` for `c = 1..=C`, `[C · V]`.
-    gap: Vec<T>,
-    runs: Vec<T>,
-    in_run: Vec<T>,
+/// `Σ_v q(v) (1 − q_prev(v))`: a frame's share of `E[L]`.
+#[inline(always)]
+fn length_term_body<T: KernelFloat>(q: &[T], previous: &[T]) -> T {
+    let previous = &previous[..q.len()];
+    lanes_sum(q.len(), |v| q[v] * (T::ONE - previous[v]))
 }
 
-impl<T: KernelFloat> Forward<T> {
-    fn new(nodes: usize, top: Option<usize>, vocab: usize) -> Self {
-        let counts = top.map_or(0, |c| c + 1);
-        let mut gap = vec![T::ZERO; counts];
-        if counts > 0 {
-            gap[0] = T::ONE; // before the first frame: count 0, as after a blank
-        }
-        Self {
-            node_in: vec![T::ZERO; nodes],
-            node_gap: vec![T::ZERO; nodes],
-            node_count: vec![T::ZERO; nodes],
-            length: T::ZERO,
-            gap,
-            runs: vec![T::ZERO; counts],
-            in_run: vec![T::ZERO; top.unwrap_or(0) * vocab],
-        }
+/// `after = q ⊙ (before + entering − lower)` (no `lower` when it is empty: count 1); returns
+/// `Σ_v after(v)`, the next `S_c`.
+#[inline(always)]
+fn run_step_body<T: KernelFloat>(
+    q: &[T],
+    before: &[T],
+    lower: &[T],
+    entering: T,
+    after: &mut [T],
+) -> T {
+    let vocab = q.len();
+    let (before, after) = (&before[..vocab], &mut after[..vocab]);
+    if lower.is_empty() {
+        lanes_sum(vocab, |v| {
+            let x = q[v] * (before[v] + entering);
+            after[v] = x;
+            x
+        })
+    } else {
+        let lower = &lower[..vocab];
+        lanes_sum(vocab, |v| {
+            let x = q[v] * (before[v] + entering - lower[v]);
+            after[v] = x;
+            x
+        })
     }
+}
 
-    /// Advances every program by frame `q` (`previous`: the frame before, `nonblank` zeros at the
-    /// first frame).
-    fn step(&mut self, nodes: &[TrieNode], q: &Frame<T>, previous: &[T]) {
-        for (&p, &prev) in q.nonblank.iter().zip(previous) {
-            self.length += p * (T::ONE - prev);
-        }
-        // Children read their parent's values before this frame: parents have smaller indices,
-        // so walk the nodes from the last.
-        for k in (0..nodes.len()).rev() {
-            let node = nodes[k];
-            let p = q.nonblank[node.token as usize];
-            let ready = node_ready(node, &self.node_in, &self.node_gap, previous);
-            let (in_k, gap_k) = (self.node_in[k], self.node_gap[k]);
-            self.node_count[k] += p * ready;
-            self.node_in[k] = p * (in_k + ready);
-            self.node_gap[k] = q.blank * (in_k + gap_k);
-        }
-        let vocab = q.nonblank.len();
-        let counts = self.gap.len();
-        // Counts from the highest, so that In_{c−1} is still the previous frame's.
-        for c in (1..counts).rev() {
-            let entering = self.gap[c - 1] + self.runs[c - 1];
-            let (lower, upper) = self.in_run.split_at_mut((c - 1) * vocab);
-            let in_c = &mut upper[..vocab];
-            let mut sum = T::ZERO;
-            if c == 1 {
-                for (x, &p) in in_c.iter_mut().zip(q.nonblank) {
-                    *x = p * (*x + entering);
-                    sum += *x;
-                }
-            } else {
-                let in_lower = &lower[(c - 2) * vocab..];
-                for ((x, &p), &below) in in_c.iter_mut().zip(q.nonblank).zip(in_lower) {
-                    *x = p * (*x + entering - below);
-                    sum += *x;
-                }
-            }
-            self.gap[c] = q.blank * (self.gap[c] + self.runs[c]);
-            self.runs[c] = sum;
-        }
-        if counts > 0 {
-            self.gap[0] = q.blank * self.gap[0];
-        }
+/// `g = scale · (1 − q_prev − q_next)`: the gradient of `scale · E[L]` at a frame.
+#[inline(always)]
+fn length_gradient_body<T: KernelFloat>(g: &mut [T], previous: &[T], next: &[T], scale: T) {
+    let vocab = g.len();
+    let (previous, next) = (&previous[..vocab], &next[..vocab]);
+    for v in 0..vocab {
+        g[v] = scale * (T::ONE - previous[v] - next[v]);
     }
+}
+
+/// One count of the length program in reverse at a frame: with `a = adjoint + offset` (the
+/// adjoint of `In_c(·, v)` after the frame), `g += a ⊙ (before + entering − lower)` and
+/// `adjoint = a ⊙ q` (`x̄_c`); returns `Σ_v x̄_c(v)`.
+#[inline(always)]
+fn run_adjoint_body<T: KernelFloat>(
+    q: &[T],
+    before: &[T],
+    lower: &[T],
+    entering: T,
+    adjoint: &mut [T],
+    offset: T,
+    g: &mut [T],
+) -> T {
+    let vocab = q.len();
+    let (before, adjoint, g) = (&before[..vocab], &mut adjoint[..vocab], &mut g[..vocab]);
+    if lower.is_empty() {
+        lanes_sum(vocab, |v| {
+            let a = adjoint[v] + offset;
+            g[v] += a * (before[v] + entering);
+            let x = a * q[v];
+            adjoint[v] = x;
+            x
+        })
+    } else {
+        let lower = &lower[..vocab];
+        lanes_sum(vocab, |v| {
+            let a = adjoint[v] + offset;
+            g[v] += a * (before[v] + entering - lower[v]);
+            let x = a * q[v];
+            adjoint[v] = x;
+            x
+        })
+    }
+}
+
+/// `g = q ⊙ (g − dot)`: through the softmax.
+#[inline(always)]
+fn softmax_jacobian_body<T: KernelFloat>(g: &mut [T], q: &[T], dot: T) {
+    let q = &q[..g.len()];
+    for v in 0..g.len() {
+        g[v] = q[v] * (g[v] - dot);
+    }
+}
+
+wide_vectors! {
+    fn length_term(q: &[T], previous: &[T]) -> T = length_term_body;
+}
+wide_vectors! {
+    fn run_step(q: &[T], before: &[T], lower: &[T], entering: T, after: &mut [T]) -> T
+        = run_step_body;
+}
+wide_vectors! {
+    fn length_gradient(g: &mut [T], previous: &[T], next: &[T], scale: T) -> ()
+        = length_gradient_body;
+}
+wide_vectors! {
+    fn run_adjoint(
+        q: &[T],
+        before: &[T],
+        lower: &[T],
+        entering: T,
+        adjoint: &mut [T],
+        offset: T,
+        g: &mut [T],
+    ) -> T = run_adjoint_body;
+}
+wide_vectors! {
+    fn softmax_jacobian(g: &mut [T], q: &[T], dot: T) -> () = softmax_jacobian_body;
 }
 
 /// `R_k`: the probability mass from which a new run of the node's token starts the node's
-/// n-gram at the next frame.
+/// n-gram at the next frame, from the states before it (`previous`: the frame before's
+/// probabilities).
 #[inline(always)]
 fn node_ready<T: KernelFloat>(node: TrieNode, node_in: &[T], node_gap: &[T], previous: &[T]) -> T {
     if node.is_root() {
@@ -299,36 +329,187 @@ fn raw_totals<T: KernelFloat>(length: T, probability_of_count: &[T], max_order: 
         .collect()
 }
 
-/// The forward of one element into its output row.
+/// Per-thread working memory, grown as needed and reused across the elements a thread runs
+/// (fresh buffers would cost a page fault per page, per element).
+struct Scratch<T> {
+    /// Frame rows `q_t` (the blank's entry 0): every frame's in the backward, two in the forward.
+    q: Vec<T>,
+    /// `q_t(blank)` per frame.
+    blank: Vec<T>,
+    /// Layers of `In_c(·, v)` for `c = 1..=C` (`C · V` each), one per frame boundary kept.
+    runs: Vec<T>,
+    /// Layers of `Gap_c` and `S_c` (`C + 1` each).
+    gap: Vec<T>,
+    run_sums: Vec<T>,
+    /// Layers of the nodes' `In_k`, `Gap_k` (`K` each); `E_k`.
+    node_in: Vec<T>,
+    node_gap: Vec<T>,
+    node_count: Vec<T>,
+    /// A row of zeros: the frame before the first and after the last.
+    zeros: Vec<T>,
+    /// The backward's adjoints of `In_c(·, v)`, less their common offset (`C · V`).
+    adjoint: Vec<T>,
+}
+
+impl<T: KernelFloat> Scratch<T> {
+    fn new() -> Self {
+        Self {
+            q: Vec::new(),
+            blank: Vec::new(),
+            runs: Vec::new(),
+            gap: Vec::new(),
+            run_sums: Vec::new(),
+            node_in: Vec::new(),
+            node_gap: Vec::new(),
+            node_count: Vec::new(),
+            zeros: Vec::new(),
+            adjoint: Vec::new(),
+        }
+    }
+}
+
+/// `buffer[..len]`, grown with zeros if needed (what it held before is kept, not cleared).
+fn sized<T: KernelFloat>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buffer.len() < len {
+        buffer.resize(len, T::ZERO);
+    }
+    &mut buffer[..len]
+}
+
+/// The two layers `a` (read) and `b` (written) of `buffer`, `width` entries each.
+fn layers<T>(buffer: &mut [T], width: usize, a: usize, b: usize) -> (&[T], &mut [T]) {
+    debug_assert_ne!(a, b);
+    if a < b {
+        let (low, high) = buffer.split_at_mut(b * width);
+        (&low[a * width..(a + 1) * width], &mut high[..width])
+    } else {
+        let (low, high) = buffer.split_at_mut(a * width);
+        (&high[..width], &mut low[b * width..(b + 1) * width])
+    }
+}
+
+/// What the programs end with: `E[L]` and `P(L = ℓ)` for `ℓ = 0..=C`.
+struct Ends<T> {
+    length: T,
+    probability_of_count: Vec<T>,
+}
+
+/// Runs the programs over one element's frames in `s`. With `keep_all`, every frame's row and the
+/// states at every frame boundary stay in `s` (layer `t`: before frame `t`), as the backward
+/// needs; otherwise two layers alternate. Returns `None` if a logit is NaN or infinite.
+fn run_programs<T: KernelFloat>(
+    logits: &[T],
+    vocab: usize,
+    plan: &CtcNgramPlan,
+    element: &ElementPlan,
+    s: &mut Scratch<T>,
+    keep_all: bool,
+) -> Option<Ends<T>> {
+    let frames = element.frames;
+    let nodes = &element.nodes;
+    let k_nodes = nodes.len();
+    let top = plan.top_count().unwrap_or(0);
+    let counts = plan.top_count().map_or(0, |c| c + 1);
+    let run_width = top * vocab;
+    let kept = if keep_all { frames + 1 } else { 2 };
+    let layer = |t: usize| if keep_all { t } else { t % 2 };
+    let row = |t: usize| if keep_all { t } else { t % 2 };
+    let q = sized(&mut s.q, kept.max(2) * vocab);
+    let blank = sized(&mut s.blank, frames.max(1));
+    let runs = sized(&mut s.runs, kept * run_width);
+    let gap = sized(&mut s.gap, kept * counts);
+    let run_sums = sized(&mut s.run_sums, kept * counts);
+    let node_in = sized(&mut s.node_in, kept * k_nodes);
+    let node_gap = sized(&mut s.node_gap, kept * k_nodes);
+    let node_count = sized(&mut s.node_count, k_nodes);
+    let zeros = sized(&mut s.zeros, vocab);
+    // Before the first frame: nothing emitted (count 0, as after a blank).
+    runs[..run_width].fill(T::ZERO);
+    gap[..counts].fill(T::ZERO);
+    run_sums[..counts].fill(T::ZERO);
+    if counts > 0 {
+        gap[0] = T::ONE;
+    }
+    node_in[..k_nodes].fill(T::ZERO);
+    node_gap[..k_nodes].fill(T::ZERO);
+    node_count.fill(T::ZERO);
+    let mut length = T::ZERO;
+    for t in 0..frames {
+        let (a, b) = (layer(t), layer(t + 1));
+        // The frame's row, and the one before it (zeros at the first frame).
+        let (current, previous): (&mut [T], &[T]) = {
+            let this = row(t);
+            if t == 0 {
+                (&mut q[this * vocab..(this + 1) * vocab], &zeros[..])
+            } else {
+                let (prev_layer, this_layer) = layers(q, vocab, row(t - 1), this);
+                (this_layer, prev_layer)
+            }
+        };
+        cpu::softmax_row_into(&logits[t * vocab..(t + 1) * vocab], current, false)?;
+        let b_t = current[plan.blank];
+        current[plan.blank] = T::ZERO;
+        blank[t] = b_t;
+        length += length_term(current, previous);
+        // The nodes: children read their parents' values before this frame (layer a).
+        let (in_a, in_b) = layers(node_in, k_nodes, a, b);
+        let (gap_a, gap_b) = layers(node_gap, k_nodes, a, b);
+        for (k, node) in nodes.iter().enumerate() {
+            let p = current[node.token as usize];
+            let ready = node_ready(*node, in_a, gap_a, previous);
+            node_count[k] += p * ready;
+            in_b[k] = p * (in_a[k] + ready);
+            gap_b[k] = b_t * (in_a[k] + gap_a[k]);
+        }
+        // The count-capped length program.
+        if counts > 0 {
+            let (runs_a, runs_b) = layers(runs, run_width, a, b);
+            let (gap_a, gap_b) = layers(gap, counts, a, b);
+            let (sums_a, sums_b) = layers(run_sums, counts, a, b);
+            sums_b[0] = T::ZERO;
+            for c in 1..counts {
+                let lower: &[T] = if c == 1 {
+                    &[]
+                } else {
+                    &runs_a[(c - 2) * vocab..(c - 1) * vocab]
+                };
+                sums_b[c] = run_step(
+                    current,
+                    &runs_a[(c - 1) * vocab..c * vocab],
+                    lower,
+                    gap_a[c - 1] + sums_a[c - 1],
+                    &mut runs_b[(c - 1) * vocab..c * vocab],
+                );
+            }
+            for c in 0..counts {
+                gap_b[c] = b_t * (gap_a[c] + sums_a[c]);
+            }
+        }
+    }
+    let last = layer(frames);
+    let probability_of_count = (0..counts)
+        .map(|c| gap[last * counts + c] + run_sums[last * counts + c])
+        .collect();
+    Some(Ends {
+        length,
+        probability_of_count,
+    })
+}
+
+/// The forward of one element into its output row; `false` if a logit is NaN or infinite.
 fn element_forward<T: KernelFloat>(
     logits: &[T],
     vocab: usize,
     plan: &CtcNgramPlan,
     element: &ElementPlan,
+    s: &mut Scratch<T>,
     out: &mut [T],
 ) -> bool {
-    let mut state = Forward::<T>::new(element.nodes.len(), plan.top_count(), vocab);
-    let mut previous = vec![T::ZERO; vocab];
-    let mut current = vec![T::ZERO; vocab];
-    let mut finite = true;
-    for row in logits.chunks_exact(vocab).take(element.frames) {
-        let (blank, row_finite) = softmax_row(row, plan.blank, &mut current);
-        finite &= row_finite;
-        let frame = Frame {
-            nonblank: &current,
-            blank,
-        };
-        state.step(&element.nodes, &frame, &previous);
-        std::mem::swap(&mut previous, &mut current);
-    }
-    let probability_of_count: Vec<T> = state
-        .gap
-        .iter()
-        .zip(&state.runs)
-        .map(|(&g, &s)| g + s)
-        .collect();
-    let totals = raw_totals(state.length, &probability_of_count, plan.max_order);
-    out[0] = state.length;
+    let Some(ends) = run_programs(logits, vocab, plan, element, s, false) else {
+        return false;
+    };
+    let totals = raw_totals(ends.length, &ends.probability_of_count, plan.max_order);
+    out[0] = ends.length;
     for (o, &t) in out[1..=plan.max_order].iter_mut().zip(&totals) {
         *o = t.larger(T::ZERO);
     }
@@ -336,75 +517,44 @@ fn element_forward<T: KernelFloat>(
         *o = if slot == NO_NODE {
             T::ZERO
         } else {
-            state.node_count[slot as usize]
+            s.node_count[slot as usize]
         };
     }
-    finite
+    true
 }
 
-/// The backward of one element: `grad_out` (its output row's gradient) to the logits' gradient.
+/// The backward of one element: `grad_out` (its output row's gradient) to the logits' gradient
+/// `grad` (`[T', V]`, every entry written).
 fn element_backward<T: KernelFloat>(
     logits: &[T],
     vocab: usize,
     plan: &CtcNgramPlan,
     element: &ElementPlan,
     grad_out: &[T],
+    s: &mut Scratch<T>,
     grad: &mut [T],
 ) {
     let frames = element.frames;
+    grad[frames * vocab..].fill(T::ZERO);
+    let Some(ends) = run_programs(logits, vocab, plan, element, s, true) else {
+        // The forward refused non-finite logits, so no backward runs on them.
+        grad.fill(T::ZERO);
+        return;
+    };
     let nodes = &element.nodes;
     let k_nodes = nodes.len();
-    let top = plan.top_count();
-    let counts = top.map_or(0, |c| c + 1);
-    // The frame distributions, and the states before each frame (index t: before frame t).
-    let mut q = vec![T::ZERO; frames * vocab];
-    let mut blank = vec![T::ZERO; frames];
-    let mut node_in = vec![T::ZERO; (frames + 1) * k_nodes];
-    let mut node_gap = vec![T::ZERO; (frames + 1) * k_nodes];
-    let mut gap = vec![T::ZERO; (frames + 1) * counts];
-    let mut runs = vec![T::ZERO; (frames + 1) * counts];
-    let in_width = top.unwrap_or(0) * vocab;
-    let mut in_run = vec![T::ZERO; (frames + 1) * in_width];
-    let mut state = Forward::<T>::new(k_nodes, top, vocab);
-    let zeros = vec![T::ZERO; vocab];
-    for t in 0..frames {
-        let save = |dst: &mut [T], src: &[T], width: usize| {
-            dst[t * width..(t + 1) * width].copy_from_slice(src)
-        };
-        save(&mut node_in, &state.node_in, k_nodes);
-        save(&mut node_gap, &state.node_gap, k_nodes);
-        save(&mut gap, &state.gap, counts);
-        save(&mut runs, &state.runs, counts);
-        save(&mut in_run, &state.in_run, in_width);
-        let (before, row) = q.split_at_mut(t * vocab);
-        let row = &mut row[..vocab];
-        blank[t] = softmax_row(&logits[t * vocab..(t + 1) * vocab], plan.blank, row).0;
-        let previous = if t == 0 {
-            &zeros[..]
-        } else {
-            &before[(t - 1) * vocab..]
-        };
-        let frame = Frame {
-            nonblank: row,
-            blank: blank[t],
-        };
-        state.step(nodes, &frame, previous);
-    }
-    // The output's gradients: per node (summed over the slots that read it), E[L], P(L = ℓ).
     let orders = plan.max_order;
+    let top = plan.top_count().unwrap_or(0);
+    let counts = plan.top_count().map_or(0, |c| c + 1);
+    let run_width = top * vocab;
+    // The output's gradient per node (summed over the slots that read it), for E[L], for P(L = ℓ).
     let mut node_adjoint = vec![T::ZERO; k_nodes];
     for (&slot, &g) in element.slots.iter().zip(&grad_out[1 + orders..]) {
         if slot != NO_NODE {
             node_adjoint[slot as usize] += g;
         }
     }
-    let probability_of_count: Vec<T> = state
-        .gap
-        .iter()
-        .zip(&state.runs)
-        .map(|(&g, &s)| g + s)
-        .collect();
-    let totals = raw_totals(state.length, &probability_of_count, orders);
+    let totals = raw_totals(ends.length, &ends.probability_of_count, orders);
     let mut length_adjoint = grad_out[0];
     let mut count_adjoint = vec![T::ZERO; counts];
     for (order, (&total, &g)) in (1..=orders).zip(totals.iter().zip(&grad_out[1..=orders])) {
@@ -416,46 +566,94 @@ fn element_backward<T: KernelFloat>(
             *a += g * T::from_f64((order - 1 - count) as f64);
         }
     }
-    // dq: the gradient with respect to each frame's probabilities (the blank's apart).
-    let mut dq = vec![T::ZERO; frames * vocab];
-    let mut dblank = vec![T::ZERO; frames];
-    // E[L] = Σ_t Σ_v q_t(v) (1 − q_{t−1}(v)).
-    for t in 0..frames {
-        let row = &mut dq[t * vocab..(t + 1) * vocab];
+    let Scratch {
+        q,
+        blank,
+        runs,
+        gap,
+        run_sums,
+        node_in,
+        node_gap,
+        zeros,
+        adjoint,
+        ..
+    } = s;
+    let zeros = &zeros[..vocab];
+    // Adjoints after the frame being undone: nodes' In_k and Gap_k; the length program's
+    // `In_c(·, v)` as `adjoint + count_adjoint[c]` (the common part kept apart, so that each
+    // frame updates it once rather than at every v).
+    let mut in_adjoint = vec![T::ZERO; k_nodes];
+    let mut gap_adjoint = vec![T::ZERO; k_nodes];
+    let mut ready_adjoint = vec![T::ZERO; k_nodes];
+    let adjoint = sized(adjoint, run_width);
+    adjoint.fill(T::ZERO);
+    let mut entering_adjoint = vec![T::ZERO; counts + 1];
+    // Gradients the nodes send to the frame before (depth-1 nodes read `1 − q_{t−1}`).
+    let mut pending: Vec<(usize, T)> = Vec::new();
+    for t in (0..frames).rev() {
+        let qt = &q[t * vocab..(t + 1) * vocab];
         let previous = if t == 0 {
-            &zeros[..]
+            zeros
         } else {
             &q[(t - 1) * vocab..t * vocab]
         };
         let next = if t + 1 < frames {
             &q[(t + 1) * vocab..(t + 2) * vocab]
         } else {
-            &zeros[..]
+            zeros
         };
-        for ((d, &prev), &nxt) in row.iter_mut().zip(previous).zip(next) {
-            *d += length_adjoint * (T::ONE - prev - nxt);
+        let b = blank[t];
+        let g = &mut grad[t * vocab..(t + 1) * vocab];
+        length_gradient(g, previous, next, length_adjoint);
+        let mut blank_gradient = T::ZERO;
+        // The length program in reverse.
+        if counts > 0 {
+            let gap_before = &gap[t * counts..(t + 1) * counts];
+            let sums_before = &run_sums[t * counts..(t + 1) * counts];
+            let runs_before = &runs[t * run_width..(t + 1) * run_width];
+            for c in 0..counts {
+                blank_gradient += count_adjoint[c] * (gap_before[c] + sums_before[c]);
+            }
+            entering_adjoint.fill(T::ZERO);
+            for c in 1..counts {
+                let lower: &[T] = if c == 1 {
+                    &[]
+                } else {
+                    &runs_before[(c - 2) * vocab..(c - 1) * vocab]
+                };
+                entering_adjoint[c] = run_adjoint(
+                    qt,
+                    &runs_before[(c - 1) * vocab..c * vocab],
+                    lower,
+                    gap_before[c - 1] + sums_before[c - 1],
+                    &mut adjoint[(c - 1) * vocab..c * vocab],
+                    count_adjoint[c],
+                    g,
+                );
+            }
+            // Before the frame: Gap_c and S_c get b·(their own) + Σ_v x̄_{c+1}; In_c(·, v) gets
+            // x̄_c − x̄_{c+1} and, as its offset, the new count_adjoint[c].
+            for c in 0..counts {
+                count_adjoint[c] = count_adjoint[c] * b + entering_adjoint[c + 1];
+            }
+            for c in 1..counts.saturating_sub(1) {
+                let (own, above) = adjoint.split_at_mut(c * vocab);
+                for (x, &y) in own[(c - 1) * vocab..].iter_mut().zip(&above[..vocab]) {
+                    *x -= y;
+                }
+            }
         }
-    }
-    // The n-gram programs in reverse: adjoints of In_k and Gap_k after the frame being undone.
-    let mut in_adjoint = vec![T::ZERO; k_nodes];
-    let mut gap_adjoint = vec![T::ZERO; k_nodes];
-    let mut ready_adjoint = vec![T::ZERO; k_nodes];
-    for t in (0..frames).rev() {
-        let qt = &q[t * vocab..(t + 1) * vocab];
-        let previous = if t == 0 {
-            &zeros[..]
-        } else {
-            &q[(t - 1) * vocab..t * vocab]
-        };
+        for (token, value) in pending.drain(..) {
+            g[token] += value;
+        }
+        // The n-gram programs in reverse.
         let in_before = &node_in[t * k_nodes..(t + 1) * k_nodes];
         let gap_before = &node_gap[t * k_nodes..(t + 1) * k_nodes];
-        let b = blank[t];
         for (k, node) in nodes.iter().enumerate() {
             let token = node.token as usize;
             let ready = node_ready(*node, in_before, gap_before, previous);
-            dq[t * vocab + token] +=
-                in_adjoint[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
-            dblank[t] += gap_adjoint[k] * (in_before[k] + gap_before[k]);
+            g[token] += in_adjoint[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
+            blank_gradient += gap_adjoint[k] * (in_before[k] + gap_before[k]);
             ready_adjoint[k] = qt[token] * (in_adjoint[k] + node_adjoint[k]);
             in_adjoint[k] = in_adjoint[k] * qt[token] + gap_adjoint[k] * b;
             gap_adjoint[k] *= b;
@@ -463,7 +661,7 @@ fn element_backward<T: KernelFloat>(
         for (k, node) in nodes.iter().enumerate() {
             if node.is_root() {
                 if t > 0 {
-                    dq[(t - 1) * vocab + node.token as usize] -= ready_adjoint[k];
+                    pending.push((node.token as usize, T::ZERO - ready_adjoint[k]));
                 }
             } else {
                 let parent = node.parent as usize;
@@ -473,94 +671,11 @@ fn element_backward<T: KernelFloat>(
                 gap_adjoint[parent] += ready_adjoint[k];
             }
         }
+        // Through the softmax: dz = q ⊙ (dq − Σ_u q_u dq_u), the blank's entry from its parts.
+        let dot = cpu::dot(qt, g) + b * blank_gradient;
+        softmax_jacobian(g, qt, dot);
+        g[plan.blank] = b * (blank_gradient - dot);
     }
-    // The count-capped length program in reverse. `count_adjoint[c]` is the adjoint of Gap_c
-    // and of S_c (they enter every recursion as a sum); `run_adjoint[c − 1]` that of In_c(·, v).
-    if counts > 0 {
-        let mut run_adjoint = vec![T::ZERO; in_width];
-        for c in 1..counts {
-            run_adjoint[(c - 1) * vocab..c * vocab].fill(count_adjoint[c]);
-        }
-        let mut entering_adjoint = vec![T::ZERO; counts + 1];
-        for t in (0..frames).rev() {
-            let qt = &q[t * vocab..(t + 1) * vocab];
-            let b = blank[t];
-            let gap_before = &gap[t * counts..(t + 1) * counts];
-            let runs_before = &runs[t * counts..(t + 1) * counts];
-            let in_before = &in_run[t * in_width..(t + 1) * in_width];
-            let dq_t = &mut dq[t * vocab..(t + 1) * vocab];
-            for c in 0..counts {
-                dblank[t] += count_adjoint[c] * (gap_before[c] + runs_before[c]);
-            }
-            // x̄_c(v) = Ā_c(v) q_t(v), accumulated in place of Ā_c; dq += Ā_c(v) X_c(v).
-            entering_adjoint.fill(T::ZERO);
-            for c in 1..counts {
-                let entering = gap_before[c - 1] + runs_before[c - 1];
-                let in_c = &in_before[(c - 1) * vocab..c * vocab];
-                let adjoint = &mut run_adjoint[(c - 1) * vocab..c * vocab];
-                let mut sum = T::ZERO;
-                if c == 1 {
-                    for ((a, d), (&p, &x)) in adjoint
-                        .iter_mut()
-                        .zip(dq_t.iter_mut())
-                        .zip(qt.iter().zip(in_c))
-                    {
-                        *d += *a * (x + entering);
-                        *a *= p;
-                        sum += *a;
-                    }
-                } else {
-                    let in_lower = &in_before[(c - 2) * vocab..(c - 1) * vocab];
-                    for (((a, d), (&p, &x)), &below) in adjoint
-                        .iter_mut()
-                        .zip(dq_t.iter_mut())
-                        .zip(qt.iter().zip(in_c))
-                        .zip(in_lower)
-                    {
-                        *d += *a * (x + entering - below);
-                        *a *= p;
-                        sum += *a;
-                    }
-                }
-                entering_adjoint[c] = sum;
-            }
-            // The adjoints before the frame: Gap/S of count c get b·(their own) and Σ x̄_{c+1};
-            // In_c gets x̄_c − x̄_{c+1} + the new adjoint of S_c.
-            for c in 0..counts {
-                count_adjoint[c] = count_adjoint[c] * b + entering_adjoint[c + 1];
-            }
-            for c in 1..counts {
-                let (lower, upper) = run_adjoint.split_at_mut(c * vocab);
-                let own = &mut lower[(c - 1) * vocab..];
-                let a_c = count_adjoint[c];
-                if c + 1 < counts {
-                    for (x, &above) in own.iter_mut().zip(&upper[..vocab]) {
-                        *x = *x - above + a_c;
-                    }
-                } else {
-                    for x in own.iter_mut() {
-                        *x += a_c;
-                    }
-                }
-            }
-        }
-    }
-    // Through the softmax: dz = q ⊙ (dq − Σ_u q_u dq_u), the blank's entry from its own parts.
-    for t in 0..frames {
-        let qt = &q[t * vocab..(t + 1) * vocab];
-        let dq_t = &dq[t * vocab..(t + 1) * vocab];
-        let mut dot = blank[t] * dblank[t];
-        for (&p, &d) in qt.iter().zip(dq_t) {
-            dot += p * d;
-        }
-        let out = &mut grad[t * vocab..(t + 1) * vocab];
-        for ((o, &p), &d) in out.iter_mut().zip(qt).zip(dq_t) {
-            *o = p * (d - dot);
-        }
-        out[plan.blank] = blank[t] * (dblank[t] - dot);
-    }
-    // Frames at and beyond the length: gradient 0.
-    grad[frames * vocab..].fill(T::ZERO);
 }
 
 impl CtcNgramOp {
@@ -584,8 +699,8 @@ impl CtcNgramOp {
             .par_chunks_mut(columns)
             .zip(logits.par_chunks(frames * vocab))
             .zip(&self.plan.elements)
-            .map(|((row, element_logits), element)| {
-                element_forward(element_logits, vocab, &self.plan, element, row)
+            .map_init(Scratch::new, |scratch, ((row, element_logits), element)| {
+                element_forward(element_logits, vocab, &self.plan, element, scratch, row)
             })
             .reduce(|| true, |a, b| a && b);
         if !finite {
@@ -610,9 +725,12 @@ impl CtcNgramOp {
             .zip(logits.par_chunks(frames * vocab))
             .zip(grad_out.par_chunks(columns))
             .zip(&self.plan.elements)
-            .for_each(|(((grad, logits), grad_out), element)| {
-                element_backward(logits, vocab, &self.plan, element, grad_out, grad)
-            });
+            .for_each_init(
+                Scratch::new,
+                |scratch, (((grad, logits), grad_out), element)| {
+                    element_backward(logits, vocab, &self.plan, element, grad_out, scratch, grad)
+                },
+            );
         Ok(grad)
     }
 }
@@ -744,7 +862,14 @@ mod tests {
                 width,
             );
             let mut out = vec![0.0; plan.columns()];
-            element_forward(&logits, vocab, &plan, &plan.elements[0], &mut out);
+            element_forward(
+                &logits,
+                vocab,
+                &plan,
+                &plan.elements[0],
+                &mut Scratch::new(),
+                &mut out,
+            );
             let mut ngrams = vec![];
             let mut slots = vec![];
             for n in 1..=max_order {
