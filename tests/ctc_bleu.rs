@@ -637,3 +637,38 @@ fn an_invalid_order_is_refused() {
     let e = error_of(ctc_expected_counts(&logits, None, &refs, 0, 0));
     assert!(e.contains("max_order"), "{e}");
 }
+
+#[test]
+fn the_worked_example_of_the_docs() {
+    if !f64_supported("the_worked_example_of_the_docs") {
+        return;
+    }
+    // docs/loss.md §17.5: frames over {_, a, b} = ids {0, 1, 2}, reference "a b", N = 2.
+    let q = [[0.5f64, 0.5, 0.0], [0.2, 0.6, 0.2], [0.5, 0.0, 0.5]];
+    // Logits whose softmax is q: ln q, with -1e4 for 0 (exp underflows to exactly 0).
+    let values: Vec<f64> = q
+        .iter()
+        .flatten()
+        .map(|&p| if p > 0.0 { p.ln() } else { -1e4 })
+        .collect();
+    let logits = Tensor::from_vec(values, (1, 3, 3), &test_device()).unwrap();
+    let refs = references(&[vec![vec![1, 2]]], 0);
+    let stats = ctc_expected_counts(&logits, None, &refs, 0, 2).unwrap();
+    let counts = stats.counts.to_vec3::<f64>().unwrap();
+    let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    close(counts[0][0][0], 0.8); // E[a]
+    close(counts[0][0][1], 0.6); // E[b]
+    close(counts[0][1][0], 0.45); // E[a b]
+    close(to_vec1(&stats.hyp_len)[0], 1.4);
+    close(to_vec2(&stats.totals)[0][0], 1.4);
+    close(to_vec2(&stats.totals)[0][1], 0.45);
+    let cfg = BleuLossConfig {
+        max_order: 2,
+        smoothing: LossSmoothing::None,
+        ..Default::default()
+    };
+    let out = ctc_bleu_loss_from_logits(&logits, None, &refs, 0, &cfg).unwrap();
+    close(to_vec2(&out.stats.matches)[0][0], 1.4);
+    close(to_vec2(&out.stats.matches)[0][1], 0.45);
+    close(scalar(&out.loss), 2.0 / 1.4 - 1.0);
+}

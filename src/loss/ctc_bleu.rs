@@ -1,6 +1,6 @@
 //! The BLEU loss on CTC outputs: [`ctc_bleu_loss_from_logits`], its composed reference
 //! [`ctc_bleu_loss_from_logits_composed`], and the expected statistics it clips,
-//! [`ctc_expected_counts`] (docs/loss.md, §12). Each checks its arguments once (`checked`) and
+//! [`ctc_expected_counts`] (docs/loss.md, §17). Each checks its arguments once (`checked`) and
 //! runs the CTC pass (`ctc_pass`).
 
 use super::checked::ctc_bleu_call;
@@ -13,7 +13,7 @@ use candle_core::{Result, Tensor};
 /// `-log BLEU` of a CTC model's outputs against references: each frame's distribution
 /// `softmax(logits[b, t])` is drawn independently, and the hypothesis is the alignment's
 /// collapse (repeats merged, then blanks removed). The statistics are expectations over the
-/// alignments, computed exactly by dynamic programs linear in the frames (docs/loss.md, §12):
+/// alignments, computed exactly by dynamic programs linear in the frames (docs/loss.md, §17):
 /// each reference n-gram's expected count in the collapsed sequence, clipped at its reference
 /// count as [`Form::Expected`](super::Form::Expected) clips; the expected number of n-grams
 /// `E[max(|B(a)| − n + 1, 0)]`; the expected length `E[|B(a)|]`, against which the closest

@@ -1,7 +1,7 @@
 //! The pass of the BLEU loss on CTC outputs, on checked arguments (`checked::ctc_bleu_call`):
 //! the expected n-gram statistics of the collapsed sequences ([`ctc_counts_pass`]: the CPU
 //! kernel of [`CtcNgramOp`], or the same programs as composed candle ops), then the clipped
-//! matches and the score ([`ctc_finish`]), as the expected form clips (docs/loss.md, §12).
+//! matches and the score ([`ctc_finish`]), as the expected form clips (docs/loss.md, §17).
 
 use super::checked::CheckedCtcLogits;
 use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, CtcExpectedCounts};

@@ -1,4 +1,4 @@
-//! The expected n-gram statistics of a CTC output's collapsed sequence (docs/loss.md, §12 BLEU on
+//! The expected n-gram statistics of a CTC output's collapsed sequence (docs/loss.md, §17 BLEU on
 //! CTC outputs), as a candle custom op over the logits with its CPU kernel and its hand-written
 //! backward side by side.
 //!
