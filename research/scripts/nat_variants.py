@@ -271,6 +271,25 @@ def main():
                 f"  {condition:>9} {variant:>13}: {d:+.2f}  (ce {c:5.2f} → bon2 {b:5.2f}; {holm_text};"
                 f" BP share {share:.0%})"
             )
+    print("\n== Holm over every variant at once (a stricter family than the study's m = 2)")
+    for metric in ("bleu", "chrf"):
+        family = []
+        for variant in VARIANT_ORDER:
+            by_obj = table.get(("distilled", variant))
+            if not by_obj:
+                continue
+            seeds = sorted(by_obj["ce"])
+            for obj in COMPARED:
+                if obj in by_obj and len(seeds) > 1:
+                    _, p, _ = paired_t(
+                        [by_obj["ce"][s][metric] for s in seeds], [by_obj[obj][s][metric] for s in seeds]
+                    )
+                    family.append((variant, obj, p))
+        adjusted = holm([p for _, _, p in family])
+        print(f"  distilled, {metric}, m = {len(family)} (variants x objectives):")
+        for (variant, obj, p), p_holm in zip(family, adjusted):
+            print(f"    {variant:>13} {obj:>5}: p {fmt_p(p)}, Holm {fmt_p(p_holm)}")
+
     print("\n== the length beam's rescoring (mean log-probability over the first l lengths)")
     for condition in ("distilled", "raw"):
         for dedup in ("", "+dedup"):
