@@ -46,6 +46,22 @@ pub fn check_probability<T: Into<f64> + Copy + std::fmt::Display>(
     Ok(())
 }
 
+/// Where `--quick` smoke runs write when no `--out` is given: `runs/quick/<example>`, under the
+/// git-ignored `runs/`, apart from the full runs' folders (whose results some studies commit
+/// under `docs/`, and whose checkpoints other studies reuse).
+pub const QUICK_ROOT: &str = "runs/quick";
+
+/// The folder an example writes to: `out` when the user gave `--out`; otherwise, for a
+/// `--quick` run, `QUICK_ROOT/<example>` (`example` may be a relative path such as
+/// `translate/de`; never a tracked path); otherwise the full run's default `full`.
+pub fn output_dir(out: Option<PathBuf>, quick: bool, example: &str, full: PathBuf) -> PathBuf {
+    match out {
+        Some(out) => out,
+        None if quick => PathBuf::from(QUICK_ROOT).join(example),
+        None => full,
+    }
+}
+
 /// The flags shared by the studies on gettext catalogues (`translate`, `nat`): the corpus, the
 /// model, the baseline's schedule, the fine-tuning budget, the seeds and the statistics.
 #[derive(clap::Args, Debug, Clone)]
@@ -234,6 +250,43 @@ impl LengthArg {
             LengthArg::Given => LengthModel::Given,
             LengthArg::NotEos => LengthModel::NotEos { eos_id },
             LengthArg::SoftEos => LengthModel::SoftEos { eos_id },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The full runs' default folders of the examples with `--quick` (the NAT study's commits
+    /// its results).
+    const FULL_DEFAULTS: [(&str, &str); 4] = [
+        ("nat/de", "docs/nat_run"),
+        ("translate/de", "runs/translate/de"),
+        ("seq2seq", "runs/seq2seq"),
+        ("study", "runs/study"),
+    ];
+
+    #[test]
+    fn quick_runs_never_write_under_docs() {
+        for (example, full) in FULL_DEFAULTS {
+            let quick = output_dir(None, true, example, PathBuf::from(full));
+            assert!(
+                !quick.starts_with("docs"),
+                "{example} --quick writes to {}",
+                quick.display()
+            );
+            assert!(quick.starts_with("runs/quick"), "{}", quick.display());
+            assert_ne!(quick, PathBuf::from(full), "{example}");
+            assert_eq!(
+                output_dir(None, false, example, PathBuf::from(full)),
+                PathBuf::from(full)
+            );
+            let given = PathBuf::from("/tmp/somewhere");
+            assert_eq!(
+                output_dir(Some(given.clone()), true, example, PathBuf::from(full)),
+                given
+            );
         }
     }
 }

@@ -9,7 +9,7 @@
 //! ```text
 //! cargo run --release --example nat                  # the whole study (about 100 min on 2 cores)
 //! cargo run --release --example nat -- --resume      # continue an interrupted study
-//! cargo run --release --example nat -- --quick --out /tmp/nat   # a smoke run (< 1 min)
+//! cargo run --release --example nat -- --quick      # a smoke run (< 1 min), runs/quick/nat/<lang>
 //! cargo run --release --example nat -- --raw-seeds 3 --resume   # two more raw-reference seeds
 //! ```
 

@@ -5,14 +5,14 @@
 //! ```text
 //! cargo run --release --example seq2seq                  # synthetic task, 2 objectives, 1 seed
 //! cargo run --release --example seq2seq -- --seeds 3     # the full comparison (docs/seq2seq.md)
-//! cargo run --release --example seq2seq -- --quick       # smoke test, under a minute
+//! cargo run --release --example seq2seq -- --quick       # smoke test, under a minute (runs/quick/seq2seq)
 //! cargo run --release --example seq2seq -- --train train.tsv --dev dev.tsv --test test.tsv
 //! cargo run --release --features cuda --example seq2seq  # on CUDA device 0 (`-- --cpu`: CPU)
 //! ```
 //!
 //! **Data.** By default a synthetic English-like → invented-SOV translation task generated
 //! from a fixed seed (reordering, one-to-many mappings, synonyms; the research library's
-//! `task::reordering`); the generated sets are written to `runs/seq2seq/data/*.tsv`.
+//! `task::reordering`); the generated sets are written to `data/*.tsv` in the output folder.
 //! `--train/--dev/--test` read your own tab-separated files (`source<TAB>target`, one pair a
 //! line), tokenized on whitespace, or into characters with `--char` (a space becomes the token
 //! `▁`).
@@ -35,9 +35,9 @@
 //! bootstrap per seed and pooled. Scores depend on the thread count (candle's CPU
 //! reductions); `results.json` records it. See `docs/seq2seq.md`.
 //!
-//! **Outputs** (under `--out`, default `runs/seq2seq/`): `results.json`
-//! (`{"runs": [{"objective", "seed", "dev_bleu", "selected_step", "test_bleu", "test_hyp",
-//! "test_ref", "signature"}, ...], "seed_tests": ..., "bootstrap": ...}`), `test.ref` and
+//! **Outputs** (under `--out`, default `runs/seq2seq/`, `runs/quick/seq2seq/` with `--quick`):
+//! `results.json` (`{"runs": [{"objective", "seed", "dev_bleu", "selected_step", "test_bleu",
+//! "test_hyp", "test_ref", "signature"}, ...], "seed_tests": ..., "bootstrap": ...}`), `test.ref` and
 //! `test.<objective>.seed<k>.hyp` (whitespace-tokenized, one segment a line, paths relative to
 //! `results.json`: `sacrebleu test.ref -i <hyp> -tok none -b` gives `test_bleu`), `log.csv`,
 //! `curves.png`.
@@ -48,7 +48,9 @@ mod train;
 
 use anyhow::{bail, Context, Result};
 use candle_bleu::loss::BleuLossConfig;
-use candle_bleu_research::cli::{check_at_least_one, FormArg, LengthArg, SyntheticTrainingArgs};
+use candle_bleu_research::cli::{
+    check_at_least_one, output_dir, FormArg, LengthArg, SyntheticTrainingArgs,
+};
 use candle_bleu_research::data::tokens::{read_tsv, write_lines, write_tsv, TokenCorpus, Tokens};
 use candle_bleu_research::data::{EncodedCorpus, EOS};
 use candle_bleu_research::device::device;
@@ -100,8 +102,11 @@ struct Args {
     /// A tiny run (1 seed, 150 steps, small synthetic sets) for smoke tests.
     #[arg(long)]
     quick: bool,
-    /// Output folder.
-    #[arg(long, default_value = "runs/seq2seq")]
+    /// Output folder (default runs/seq2seq; with --quick, runs/quick/seq2seq).
+    #[arg(long = "out", value_name = "OUT")]
+    out_flag: Option<PathBuf>,
+    /// The output folder in use: `--out`, else the default for a full or `--quick` run.
+    #[arg(skip)]
     out: PathBuf,
 }
 
@@ -158,6 +163,12 @@ fn main() -> Result<()> {
     if args.quick {
         args.apply_quick();
     }
+    args.out = output_dir(
+        args.out_flag.take(),
+        args.quick,
+        "seq2seq",
+        PathBuf::from("runs/seq2seq"),
+    );
     args.check()?;
     let training = &args.training;
     let started = Instant::now();

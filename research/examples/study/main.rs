@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example study                 # the full study (11 objectives x 3 seeds)
-//! cargo run --release --example study -- --quick      # a smoke test, well under a minute
+//! cargo run --release --example study -- --quick      # a smoke test, well under a minute (runs/quick/study)
 //! cargo run --release --example study -- --project    # time steps, project the full run's time
 //! ```
 //!
@@ -18,10 +18,11 @@
 //! references). Scores depend on the thread count (candle's CPU reductions): `results.json`
 //! records it. See `docs/study.md`.
 //!
-//! Outputs (under `--out`, default `runs/study/`): `results.json` (`runs: [{objective, seed,
-//! dev_bleu, selected_step, test_bleu, test_hyp, test_ref, signature, measures: {...}}]`, the
-//! seed-level tests and paired bootstrap of every objective against `ce`, the measures'
-//! controls, the yardstick, the configuration), `test.ref` and `test.<objective>.seed<k>.hyp`
+//! Outputs (under `--out`, default `runs/study/`, `runs/quick/study/` with `--quick`):
+//! `results.json` (`runs: [{objective, seed, dev_bleu, selected_step, test_bleu, test_hyp,
+//! test_ref, signature, measures: {...}}]`, the seed-level tests and paired bootstrap of every
+//! objective against `ce`, the measures' controls, the yardstick, the configuration), `test.ref`
+//! and `test.<objective>.seed<k>.hyp`
 //! (whitespace-tokenized, paths relative to `results.json`: `sacrebleu test.ref -i <hyp> -tok
 //! none -b` gives `test_bleu`), `table.md`, `log.csv`, `curves.png`, `averaging.png`, and the
 //! generated data in `data/*.tsv`.
@@ -32,7 +33,7 @@ mod report;
 mod run;
 
 use anyhow::{Context, Result};
-use candle_bleu_research::cli::{check_at_least_one, LengthArg, SyntheticTrainingArgs};
+use candle_bleu_research::cli::{check_at_least_one, output_dir, LengthArg, SyntheticTrainingArgs};
 use candle_bleu_research::data::tokens::{write_lines, write_tsv};
 use candle_bleu_research::data::{EncodedCorpus, EOS};
 use candle_bleu_research::device::device;
@@ -92,8 +93,11 @@ struct Args {
     /// projected time of the whole study with these settings, and exit.
     #[arg(long)]
     project: bool,
-    /// Output folder.
-    #[arg(long, default_value = "runs/study")]
+    /// Output folder (default runs/study; with --quick, runs/quick/study).
+    #[arg(long = "out", value_name = "OUT")]
+    out_flag: Option<PathBuf>,
+    /// The output folder in use: `--out`, else the default for a full or `--quick` run.
+    #[arg(skip)]
     out: PathBuf,
 }
 
@@ -152,6 +156,12 @@ fn main() -> Result<()> {
     if args.quick {
         args.apply_quick();
     }
+    args.out = output_dir(
+        args.out_flag.take(),
+        args.quick,
+        "study",
+        PathBuf::from("runs/study"),
+    );
     args.check()?;
     let training = &args.training;
     let started = Instant::now();

@@ -19,7 +19,7 @@
 //! ```text
 //! cargo run --release --example translate                      # the whole study (≤ 2 h on 2 cores)
 //! cargo run --release --example translate -- --resume          # continue an interrupted study
-//! cargo run --release --example translate -- --quick           # a tiny smoke run (< 1 min)
+//! cargo run --release --example translate -- --quick           # a tiny smoke run (< 1 min), runs/quick/translate/<lang>
 //! cargo run --release --example translate -- --lang fr --seeds 5
 //! cargo run --release --example translate -- --output-distribution  # after a study: its models' softmax rows
 //! ```
@@ -47,7 +47,7 @@ struct Args {
     /// The flags translate shares with the NAT study (corpus, model, schedules, seeds).
     #[command(flatten)]
     common: CatalogueStudyArgs,
-    /// Output folder (default runs/translate/<lang>).
+    /// Output folder (default runs/translate/<lang>; with --quick, runs/quick/translate/<lang>).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Fine-tuning objectives, in order (the control `ce` is always run). The paired and

@@ -3,6 +3,7 @@
 //! with the control's length-penalty sweep.
 
 use anyhow::Result;
+use candle_bleu_research::cli::output_dir;
 use candle_bleu_research::data::Bpe;
 use candle_bleu_research::decode::{BeamConfig, MaxLength};
 use candle_bleu_research::model::transformer::{PositionAdd, Transformer, TransformerConfig};
@@ -76,10 +77,12 @@ impl Study {
     pub fn prepare(args: Args) -> Result<Self> {
         let common = &args.common;
         let device = candle_bleu_research::device::device(common.cpu);
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("runs/translate").join(&common.lang));
+        let out = output_dir(
+            args.out.clone(),
+            common.quick,
+            &format!("translate/{}", common.lang),
+            PathBuf::from("runs/translate").join(&common.lang),
+        );
         if out.join("runs").exists() && !common.resume && !args.output_distribution {
             println!(
                 "{} holds an earlier study: starting over (use --resume to continue it)",

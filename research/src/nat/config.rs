@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::objective::{Bon2Form, Mixing, NatObjective};
 use super::teacher::Recipe;
-use crate::cli::CatalogueStudyArgs;
+use crate::cli::{output_dir, CatalogueStudyArgs};
 
 /// The NAT study's command line.
 #[derive(clap::Parser, Debug, Clone)]
@@ -19,14 +19,16 @@ pub struct Config {
     /// Seeds on the raw (human) references: a NAT baseline and `ce`/`bon2` each.
     #[arg(long, default_value_t = 1)]
     pub raw_seeds: u64,
-    /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets.
-    #[arg(long, default_value = "docs/nat_run")]
-    pub out: PathBuf,
-    /// Checkpoints (default `runs/nat/<lang>`).
+    /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets
+    /// (default `docs/nat_run`, the committed study; with `--quick`, `runs/quick/nat/<lang>`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Checkpoints (default `runs/nat/<lang>`; with `--quick`, `runs/quick/nat/<lang>/work`).
     #[arg(long)]
     pub work: Option<PathBuf>,
     /// A finished translate study whose seed-1 `ce` model is the teacher when its corpus and
-    /// tokenizer match (default `runs/translate/<lang>`).
+    /// tokenizer match (default `runs/translate/<lang>`; with `--quick`, translate `--quick`'s
+    /// `runs/quick/translate/<lang>`).
     #[arg(long)]
     pub translate_run: Option<PathBuf>,
     /// Leave out `bleu4` (the first objective the budget cuts).
@@ -55,7 +57,44 @@ pub struct Config {
     pub speed_sentences: usize,
 }
 
+/// The full study's output folder, whose files are committed.
+pub const FULL_OUT: &str = "docs/nat_run";
+
 impl Config {
+    /// The output folder: `--out`, else [`FULL_OUT`] for the full study and
+    /// `runs/quick/nat/<lang>` for `--quick` (never a tracked path).
+    pub fn out_dir(&self) -> PathBuf {
+        output_dir(
+            self.out.clone(),
+            self.common.quick,
+            &format!("nat/{}", self.common.lang),
+            PathBuf::from(FULL_OUT),
+        )
+    }
+
+    /// The checkpoint folder: `--work`, else `runs/nat/<lang>`, or with `--quick` `work` in
+    /// the quick output folder.
+    pub fn work_dir(&self) -> PathBuf {
+        match &self.work {
+            Some(work) => work.clone(),
+            None if self.common.quick => self.out_dir().join("work"),
+            None => PathBuf::from("runs/nat").join(&self.common.lang),
+        }
+    }
+
+    /// The translate run whose teacher may be reused: `--translate-run`, else where translate
+    /// writes by default (its `--quick` folder for `--quick`).
+    pub fn translate_run_dir(&self) -> PathBuf {
+        self.translate_run.clone().unwrap_or_else(|| {
+            output_dir(
+                None,
+                self.common.quick,
+                &format!("translate/{}", self.common.lang),
+                PathBuf::from("runs/translate").join(&self.common.lang),
+            )
+        })
+    }
+
     pub(super) fn apply_quick(&mut self) {
         self.common.apply_quick();
         self.base_steps = 40;
@@ -102,5 +141,28 @@ impl Config {
                     .map(move |&mixing| NatObjective::Bon2 { form, mixing })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn quick_writes_under_runs_and_the_full_study_under_docs() {
+        let full = Config::parse_from(["nat"]);
+        assert_eq!(full.out_dir(), PathBuf::from("docs/nat_run"));
+        assert_eq!(full.work_dir(), PathBuf::from("runs/nat/de"));
+        assert_eq!(full.translate_run_dir(), PathBuf::from("runs/translate/de"));
+        let quick = Config::parse_from(["nat", "--quick", "--lang", "fr"]);
+        for dir in [quick.out_dir(), quick.work_dir(), quick.translate_run_dir()] {
+            assert!(!dir.starts_with("docs"), "{}", dir.display());
+            assert!(dir.starts_with("runs/quick"), "{}", dir.display());
+        }
+        assert_eq!(quick.out_dir(), PathBuf::from("runs/quick/nat/fr"));
+        let given = Config::parse_from(["nat", "--quick", "--out", "/tmp/nat"]);
+        assert_eq!(given.out_dir(), PathBuf::from("/tmp/nat"));
+        assert_eq!(given.work_dir(), PathBuf::from("/tmp/nat/work"));
     }
 }

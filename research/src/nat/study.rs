@@ -273,11 +273,8 @@ impl Study {
     fn prepare(cfg: Config) -> Result<Self> {
         let common = &cfg.common;
         let device = crate::device::device(common.cpu);
-        let out = cfg.out.clone();
-        let work = cfg
-            .work
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("runs/nat").join(&common.lang));
+        let out = cfg.out_dir();
+        let work = cfg.work_dir();
         if work.exists() && !common.resume {
             println!(
                 "{} holds an earlier study: starting over (use --resume to continue it)",
@@ -626,11 +623,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     cfg.check()?;
     let started = Instant::now();
     let study = Study::prepare(cfg)?;
-    let translate_run = study
-        .cfg
-        .translate_run
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs/translate").join(&study.cfg.common.lang));
+    let translate_run = study.cfg.translate_run_dir();
 
     // The plan and its estimate.
     let teacher_reused = translate_run.join("runs/seed1/ce/state.json").exists();
