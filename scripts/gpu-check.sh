@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next GPU run, in one command of about 5 minutes, on a bare GPU machine (no Rust toolchain,
+# The next GPU run, in one command of about 5.5 minutes, on a bare GPU machine (no Rust toolchain,
 # no network) from the repository root, with the binaries scripts/pack-gpu.sh packed (docs/gpu.md,
 # "Running on a GPU machine"):
 #
@@ -18,8 +18,8 @@
 # 3. ncu (where Nsight Compute exists and can read counters): gpu__time_duration.sum of every
 #    kernel of two rows, cross_entropy and ce_expected, kernels on, 1 warm-up and 1 timed step.
 #
-# A phase starts only while the time left of BUDGET_S (default 300) allows (the bench's second
-# round and ncu are skipped first). Everything goes under OUT (default $OUT, else gpu-check-out):
+# A phase starts only while the time left of BUDGET_S (default 330) allows: the bench keeps
+# NCU_S (default 60) for ncu, and its second round is skipped first. Everything goes under OUT (default $OUT, else gpu-check-out):
 # at most 3 files, console.log (all that was printed), summary.txt (test counts, the bench's
 # tables, what was skipped) and results.tar.gz (every log, JSON and CSV).
 set -uo pipefail
@@ -27,11 +27,13 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 pack="${1:-gpu/bins.tar.xz}"
 out="${OUT:-$repo_root/gpu-check-out}"
-budget="${BUDGET_S:-300}"
+budget="${BUDGET_S:-330}"
+ncu_reserve="${NCU_S:-60}"
 rounds="${ROUNDS:-2}"
 repeats="${REPEATS:-5}"
 mkdir -p "$out"
 work="$(mktemp -d)"
+exec 3>&1 4>&2
 exec > >(tee -a "$out/console.log") 2>&1
 start=$SECONDS
 left() { echo $((budget - (SECONDS - start))); }
@@ -75,12 +77,12 @@ bench="$bins/$set_name/bench_cuda"
 # 2. The bench against PyTorch, round by round while the budget allows (a round took about 90 s
 #    on the H200 on 2026-11-27; the first compiles).
 for ((r = 1; r <= rounds; r++)); do
-    if [[ $(left) -lt 100 ]]; then
+    if [[ $(left) -lt $((100 + ncu_reserve)) ]]; then
         note "bench round $r skipped: $(left) s left"
         break
     fi
-    # Stopped 30 s before the budget ends, so that ncu's note and the tar still happen.
-    timeout "$(( $(left) - 30 ))" bash benches/cuda_vs_torch.sh "$bench" "$work/bench/round-$r" \
+    # Stopped in time for ncu and the tar.
+    timeout "$(( $(left) - ncu_reserve ))" bash benches/cuda_vs_torch.sh "$bench" "$work/bench/round-$r" \
         --rounds 1 --repeats "$repeats"
     note "bench round $r done (exit $?; 124: stopped at the budget)"
     sed -n '/^logits \[/,/^raw rows/p' "$work/bench/round-$r/candle-1.log" >>"$work/summary.txt"
@@ -112,3 +114,6 @@ note "total $((SECONDS - start)) s"
 cp "$work/summary.txt" "$out/summary.txt"
 tar -C "$work" -czf "$out/results.tar.gz" --exclude=bins . 2>/dev/null
 ls -l "$out"
+# Let tee write the end of console.log before the command returns.
+exec 1>&3 2>&4
+sleep 1
