@@ -1,21 +1,29 @@
 //! The loss on a CUDA GPU, forward + backward: time and peak device memory of each step, with the
 //! crate's CUDA kernels off (the `_composed` functions: composed candle ops) and on (the fast
-//! functions, which run the kernels in a build with the `cuda-kernels` feature), beside PyTorch
+//! functions, which run the kernels with the `cuda` feature), beside PyTorch
 //! eager and `torch.compile` on the same GPU (`benches/torch_cuda.py`, read with `--torch`).
 //! `benches/cuda_vs_torch.sh` runs the two sides alternately.
 //!
 //! ```text
-//! scripts/build-cuda.sh build --release --features cuda-kernels --bench cuda   # builds here, no GPU needed
+//! scripts/build-cuda.sh build --release --features cuda --bench cuda   # builds here, no GPU needed
 //! target/cuda/release/deps/cuda-<hash> [--quick] [--repeats N] [--warmup N] [--json PATH]
 //!     [--torch PATH] [--only KEY,…] [--kernels both|off|on] [--cpu]
-//! cargo bench --features cuda-kernels --bench cuda -- --quick                  # the same through cargo
+//! cargo bench --features cuda --bench cuda -- --quick                  # the same through cargo
 //! ```
 //!
 //! `--kernels off` times the `_composed` functions (`cross_entropy_from_logits_composed`, …),
-//! `on` the fast ones, `both` (the default) each row both ways. Which build ran is in the header
-//! and the JSON (`cuda_kernels_feature`): built with `--features cuda` alone, the fast functions
-//! run the same composed ops on CUDA, so there only `off` is allowed (and is the default). With
-//! `--cpu`, `on` is the CPU kernels in either build.
+//! `on` the fast ones, `both` (the default) each row both ways. With `--cpu`, `on` is the CPU
+//! kernels.
+//!
+//! Host against device time (feature `cuda-unverified`: **not yet run on a GPU**): per timed step
+//! the bench also records a CUDA event on candle's stream before the step and one after its last
+//! launch (before the synchronize), and reads the host's wall clock when the step's code has
+//! returned, before the synchronize. Per row it prints the median of `host` (the host's time
+//! to issue every launch, allocation and host-side computation of the step), `device` (the
+//! events' elapsed time: the GPU's time from the step's first to its last launch, idle gaps
+//! included) and `wall` (the timed step, synchronize included). `host ≈ device ≈ wall` means the
+//! GPU waits on the host (launch-bound); `device ≈ wall ≫ host` means the GPU is the bottleneck.
+//! In the JSON: `host_ms_runs`, `device_ms_runs`.
 //!
 //! Rows (each with the kernels off and on where it has both), forward + backward, gradients
 //! dropped:
@@ -106,11 +114,11 @@ const USAGE: &str =
     "usage: cuda [--quick] [--repeats N] [--warmup N] [--json PATH] [--torch PATH] \
 [--only KEY,...] [--kernels both|off|on] [--cpu]
   KEY: cross_entropy, expected, lower_bound, paired, ce_expected, hidden_ce_expected, logits, hidden
-  --kernels: off = the _composed functions, on = the fast functions (the CUDA kernels need a
-  build with --features cuda-kernels; without it only off), both = each row both ways";
+  --kernels: off = the _composed functions, on = the fast functions (the crate's CUDA kernels),
+  both = each row both ways";
 
-/// Whether this binary was built with the crate's CUDA kernels.
-const KERNELS_BUILT: bool = cfg!(feature = "cuda-kernels");
+/// Whether this binary times host against device per step (CUDA events; not yet run on a GPU).
+const SPLIT_BUILT: bool = cfg!(feature = "cuda-unverified");
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
@@ -155,21 +163,9 @@ fn parse_args() -> Result<Args> {
         }
     }
     anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
-    // On CUDA without the kernels the fast functions are the composed ones: "on" would time
-    // the composed ops under the kernels' name.
-    let fast_is_kernels = KERNELS_BUILT || args.cpu;
     if args.kernels.is_empty() {
-        args.kernels = if fast_is_kernels {
-            vec![false, true]
-        } else {
-            vec![false]
-        };
+        args.kernels = vec![false, true];
     }
-    anyhow::ensure!(
-        fast_is_kernels || args.kernels == [false],
-        "--kernels on/both: this bench was built without the cuda-kernels feature, so its fast \
-         functions run the composed ops on CUDA; rebuild with --features cuda-kernels"
-    );
     Ok(args)
 }
 
@@ -457,6 +453,10 @@ fn rows_of<'a>(
 #[derive(Default)]
 struct Outcome {
     runs_ms: Vec<f64>,
+    /// Per timed step, with `cuda-unverified` on CUDA: the host's time to issue the step.
+    host_ms: Vec<f64>,
+    /// Per timed step, likewise: the CUDA events' time around the step's launches.
+    device_ms: Vec<f64>,
     peak_bytes: Option<u64>,
     peak_runs: Vec<u64>,
     error: Option<String>,
@@ -649,12 +649,24 @@ fn wanted(only: &Option<Vec<String>>, key: &str, group: &str) -> bool {
         .is_none_or(|keys| keys.iter().any(|k| k == key || k == group))
 }
 
+/// One timed step: wall ms (synchronize included), peak bytes, and with `cuda-unverified` on
+/// CUDA the host's and the events' ms (see the module docs).
+struct Timed {
+    ms: f64,
+    peak: Option<u64>,
+    split: Option<(f64, f64)>,
+}
+
 /// One step of `row`, synchronized, timed; with the memory read around it when `memory`.
-fn run_step(device: &Device, row: &Row, memory: Option<&Memory>) -> Result<(f64, Option<u64>)> {
+fn run_step(device: &Device, row: &Row, memory: Option<&Memory>) -> Result<Timed> {
     device.synchronize()?;
     let before = memory.map(Memory::before).transpose()?;
+    let events = split::Started::on(device)?;
     let start = Instant::now();
-    let result = (row.step)(row.kernels.unwrap_or(true)).and_then(|()| device.synchronize());
+    let stepped = (row.step)(row.kernels.unwrap_or(true));
+    let host_ms = start.elapsed().as_secs_f64() * 1e3;
+    let events = events.map(split::Started::stop).transpose()?;
+    let result = stepped.and_then(|()| device.synchronize());
     let ms = start.elapsed().as_secs_f64() * 1e3;
     // Read (and stop a sampler) even when the step failed.
     let peak = match (memory, before) {
@@ -662,7 +674,101 @@ fn run_step(device: &Device, row: &Row, memory: Option<&Memory>) -> Result<(f64,
         _ => Ok(None),
     };
     result?;
-    Ok((ms, peak?))
+    let split = match events {
+        Some(e) => Some((host_ms, e.elapsed_ms()?)),
+        None => None,
+    };
+    Ok(Timed {
+        ms,
+        peak: peak?,
+        split,
+    })
+}
+
+/// CUDA events around a step's launches, on candle's stream (one stream per device in candle
+/// 0.11). With the `cuda-unverified` feature only: this has not yet run on a GPU.
+#[cfg(feature = "cuda-unverified")]
+mod split {
+    use anyhow::{anyhow, Result};
+    use candle_core::cuda_backend::cudarc::driver::{sys, CudaEvent, CudaStream};
+    use candle_core::Device;
+    use std::sync::Arc;
+
+    /// Events with timing (`CU_EVENT_DEFAULT`; cudarc's default disables it).
+    fn record(stream: &CudaStream) -> Result<CudaEvent> {
+        stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| anyhow!("cuEventRecord: {e:?}"))
+    }
+
+    /// The start event, recorded before the step's first launch.
+    pub struct Started {
+        stream: Arc<CudaStream>,
+        start: CudaEvent,
+    }
+
+    impl Started {
+        /// `None` off CUDA.
+        pub fn on(device: &Device) -> Result<Option<Self>> {
+            let Device::Cuda(cuda) = device else {
+                return Ok(None);
+            };
+            let stream = cuda.cuda_stream();
+            let start = record(&stream)?;
+            Ok(Some(Self { stream, start }))
+        }
+
+        /// Records the end event, after the step's last launch (before any synchronize).
+        pub fn stop(self) -> Result<Stopped> {
+            let end = record(&self.stream)?;
+            Ok(Stopped {
+                start: self.start,
+                end,
+            })
+        }
+    }
+
+    pub struct Stopped {
+        start: CudaEvent,
+        end: CudaEvent,
+    }
+
+    impl Stopped {
+        /// The GPU's ms between the events (waits for the end event).
+        pub fn elapsed_ms(&self) -> Result<f64> {
+            self.start
+                .elapsed_ms(&self.end)
+                .map(f64::from)
+                .map_err(|e| anyhow!("cuEventElapsedTime: {e:?}"))
+        }
+    }
+}
+
+/// Without `cuda-unverified`: no events, no split.
+#[cfg(not(feature = "cuda-unverified"))]
+mod split {
+    use anyhow::Result;
+    use candle_core::Device;
+
+    pub enum Started {}
+
+    impl Started {
+        pub fn on(_device: &Device) -> Result<Option<Self>> {
+            Ok(None)
+        }
+
+        pub fn stop(self) -> Result<Stopped> {
+            match self {}
+        }
+    }
+
+    pub enum Stopped {}
+
+    impl Stopped {
+        pub fn elapsed_ms(&self) -> Result<f64> {
+            match *self {}
+        }
+    }
 }
 
 /// Warm-up, one memory step, then `repeats` rounds alternating the rows.
@@ -686,7 +792,7 @@ fn run_group(
     for (row, o) in rows.iter().zip(&mut out) {
         if o.error.is_none() {
             match run_step(device, row, Some(memory)) {
-                Ok((_, peak)) => o.peak_bytes = peak,
+                Ok(timed) => o.peak_bytes = timed.peak,
                 Err(e) => o.error = Some(format!("memory step: {e:#}")),
             }
         }
@@ -699,8 +805,12 @@ fn run_group(
             // The pool's counters cost two host calls outside the timer; the sampling fallback
             // would run a thread beside the step, so it reads the memory step only.
             match run_step(device, row, pool.then_some(memory)) {
-                Ok((ms, peak)) => {
+                Ok(Timed { ms, peak, split }) => {
                     o.runs_ms.push(ms);
+                    if let Some((host, device)) = split {
+                        o.host_ms.push(host);
+                        o.device_ms.push(device);
+                    }
                     if let Some(p) = peak {
                         o.peak_runs.push(p);
                         o.peak_bytes = o.peak_bytes.max(Some(p));
@@ -857,6 +967,8 @@ fn report(
             "min_ms": stats.map(|s| s.1),
             "max_ms": stats.map(|s| s.2),
             "runs_ms": o.runs_ms,
+            "host_ms_runs": o.host_ms,
+            "device_ms_runs": o.device_ms,
             "peak_bytes": o.peak_bytes,
             "peak_bytes_runs": o.peak_runs,
             "logits_bytes": logits_bytes,
@@ -871,6 +983,34 @@ fn report(
             },
             "error": o.error,
         }));
+    }
+    if outcomes.iter().any(|o| !o.host_ms.is_empty()) {
+        println!(
+            "{:<40} {:>4} {:>9} {:>9} {:>9} {:>7}  (medians; host: issuing the step, device: \
+             CUDA events around its launches)",
+            "host vs device", "kern", "wall ms", "host ms", "device ms", "h/wall"
+        );
+        for (row, o) in rows.iter().zip(outcomes) {
+            let median = |v: &[f64]| median_min_max(v).map(|s| s.0);
+            if let (Some(wall), Some(host), Some(dev)) =
+                (median(&o.runs_ms), median(&o.host_ms), median(&o.device_ms))
+            {
+                let kern = match row.kernels {
+                    Some(true) => "on",
+                    Some(false) => "off",
+                    None => "-",
+                };
+                println!(
+                    "{:<40} {:>4} {:>9.2} {:>9.2} {:>9.2} {:>7.2}",
+                    row.name,
+                    kern,
+                    wall,
+                    host,
+                    dev,
+                    host / wall
+                );
+            }
+        }
     }
 }
 
@@ -918,18 +1058,17 @@ fn main() -> Result<()> {
     };
     let (mut header, device_info, memory) = describe(&device)?;
     header.push(format!(
-        "build: {}; kernels on = the fast functions ({}), off = the _composed functions",
-        if KERNELS_BUILT {
-            "--features cuda-kernels"
+        "build: --features cuda{}; kernels on = the fast functions ({}), off = the _composed \
+         functions",
+        if SPLIT_BUILT {
+            ",cuda-unverified (host vs device time per step: CUDA events, not yet verified)"
         } else {
-            "--features cuda without cuda-kernels"
+            ""
         },
         if device.is_cpu() {
             "the CPU kernels"
-        } else if KERNELS_BUILT {
-            "the crate's CUDA kernels, compiled by NVRTC on first use"
         } else {
-            "composed ops on CUDA in this build"
+            "the crate's CUDA kernels, compiled by NVRTC on first use"
         }
     ));
     for line in &header {
@@ -1049,7 +1188,8 @@ fn main() -> Result<()> {
         "warmup": args.warmup,
         "repeats": args.repeats,
         "quick": args.quick,
-        "cuda_kernels_feature": KERNELS_BUILT,
+        "cuda_kernels_feature": true,
+        "cuda_unverified_feature": SPLIT_BUILT,
         "kernels": args.kernels,
         "torch_json": args.torch,
         "rows": raw,

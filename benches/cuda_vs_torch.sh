@@ -8,8 +8,8 @@
 #                            [--only KEY,...] [--torch-args "..."] [--candle-args "..."]
 #
 # BENCH_BINARY: the `cuda` bench built elsewhere (target/cuda/release/deps/cuda-<hash> from
-#   `scripts/build-cuda.sh build --release --features cuda-kernels --bench cuda`, which times each
-#   row with the crate's CUDA kernels on and off; a `--features cuda` build times them off only);
+#   `scripts/build-cuda.sh build --release --features cuda --bench cuda`, which times each row
+#   with the crate's CUDA kernels on and off; add `cuda-unverified` for host vs device time);
 #   no Rust toolchain is needed here. It needs the driver's libcuda.so.1 and the CUDA 13
 #   libraries (libcublas, libcublasLt, libcurand, libcudart, libnvrtc + libnvrtc-builtins): the
 #   script looks for them under $PYTHON's site-packages/nvidia/*/lib (the CUDA 13 wheels, e.g.

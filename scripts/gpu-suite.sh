@@ -4,29 +4,31 @@
 #
 #   scripts/gpu-suite.sh PACK OUT_DIR [STEP ...]
 #
-# PACK is bins.tar.xz (or a directory of unpacked binaries) with two builds of each binary:
-# bins/kernels/ (--features cuda-kernels,nccl: the crate's CUDA kernels) and bins/composed/
-# (--features cuda,nccl: composed candle ops on CUDA). Every step writes OUT_DIR/<step>.log and
-# the steps' last lines go to stdout. SETS (default "kernels composed") picks the builds the
-# test steps run, in that order. Steps (default: info kernels suite):
+# PACK is bins.tar.xz (or a directory of unpacked binaries) from scripts/pack-gpu.sh: bins/cuda/
+# (--features cuda,nccl: the crate's CUDA kernels, and their `_composed` references). Every step
+# writes OUT_DIR/<step>.log and the steps' last lines go to stdout. SETS (default "cuda") picks
+# the builds the test steps run (an older two-build pack: SETS="kernels composed"). The test
+# binaries run in LANES parallel lanes (default 3), one binary at a time per lane: all at once
+# (30 processes on 16 cores, 2026-11-27) made two 18-second binaries run past 170 s.
+# Steps (default: info kernels suite):
 #   info      nvidia-smi, the libraries found, the binaries' SHA-256
 #   kernels   per build: tests/cuda_kernels.rs (the GPU against the CPU: f32, f64, f16, bf16,
-#             views, the hidden-state path; fast vs composed functions; the build's choice), the
+#             views, the hidden-state path; fast vs composed functions; the kernels ran), the
 #             one-rank NCCL test and the library's unit tests (the NVRTC compile among them)
-#   suite     per build: every loss test binary with the loss's tensors on the GPU
-#             (CANDLE_BLEU_TEST_DEVICE=cuda); each binary is stopped after TEST_TIMEOUT seconds
-#             (default 300)
-#   bench     benches/cuda.rs (kernels build: kernels on and off) against benches/torch_cuda.py
-#             (benches/cuda_vs_torch.sh)
+#   suite     per build: every loss test binary (or those SUITE names) with the loss's tensors
+#             on the GPU (CANDLE_BLEU_TEST_DEVICE=cuda); each binary is stopped after
+#             TEST_TIMEOUT seconds (default 300)
+#   bench     benches/cuda.rs (kernels on and off) against benches/torch_cuda.py
+#             (benches/cuda_vs_torch.sh), from the first of SETS
 #   examples  the seq2seq example (one seed) and translate --quick (catalogues: CATALOGS=dir),
-#             from the build EXAMPLES_SET names (default kernels)
+#             from the build EXAMPLES_SET names (default: the first of SETS)
 #
 # The libraries come from the machine itself (PyTorch's CUDA wheels or a system toolkit), never
 # a link stub: the binaries link libcuda.so.1, libcublas(Lt).so.13, libcurand.so.10,
 # libcudart.so.13, libnvrtc.so.13 and, with the nccl feature, libnccl.so.2.
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 pack="$1"
@@ -34,7 +36,7 @@ out="$2"
 shift 2
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(info kernels suite)
-read -r -a sets <<<"${SETS:-kernels composed}"
+read -r -a sets <<<"${SETS:-cuda}"
 mkdir -p "$out"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -79,6 +81,32 @@ run_test() { # LOG SET/NAME [ENV=VALUE ...] -- ARGS...
     } >>"$log"
 }
 
+# run_lanes LOG [ENV=VALUE ...] -- JOB ...: each JOB "SET/NAME[|ARG ...]" (args split on
+# spaces), spread round-robin over LANES lanes (default 3) that run one binary at a time each;
+# every job logs to its own file, appended to LOG in job order once all are done. Put the
+# longest jobs first.
+run_lanes() {
+    local log="$1"
+    shift
+    local envs=()
+    while [[ $# -gt 0 && "$1" != "--" ]]; do envs+=("$1"); shift; done
+    shift
+    local jobs=("$@") lanes="${LANES:-3}" dir lane i
+    dir="$(mktemp -d)"
+    for ((lane = 0; lane < lanes; lane++)); do
+        (
+            for ((i = lane; i < ${#jobs[@]}; i += lanes)); do
+                local name="${jobs[$i]%%|*}" args=()
+                [[ "${jobs[$i]}" == *"|"* ]] && read -r -a args <<<"${jobs[$i]#*|}"
+                run_test "$dir/$i.log" "$name" "${envs[@]}" -- "${args[@]}"
+            done
+        ) &
+    done
+    wait
+    for ((i = 0; i < ${#jobs[@]}; i++)); do cat "$dir/$i.log" >>"$log"; done
+    rm -rf "$dir"
+}
+
 for step in "${steps[@]}"; do
     log="$out/$step.log"
     : >"$log"
@@ -96,38 +124,42 @@ for step in "${steps[@]}"; do
         tail -n 20 "$log"
         ;;
     kernels)
+        jobs=()
         for set in "${sets[@]}"; do
-            run_test "$log" "$set/cuda_kernels" -- --test-threads=1 --nocapture
-            run_test "$log" "$set/distributed" -- --nocapture nccl
-            run_test "$log" "$set/lib_unit" -- --test-threads=4
+            jobs+=("$set/cuda_kernels|--test-threads=1 --nocapture" "$set/distributed|--nocapture nccl"
+                "$set/lib_unit|--test-threads=4")
         done
+        run_lanes "$log" -- "${jobs[@]}"
         grep -E '^== |^test result:' "$log"
         grep -E 'FAILED|panicked|SKIPPED|NOTE|^failures:' "$log" | head -30
         ;;
     suite)
+        jobs=()
         for set in "${sets[@]}"; do
-            for name in loss_errors loss_exact loss_extreme loss_grad loss_host_copies loss_props \
-                loss_spec_reference hidden cross_entropy training_loss docs_worked_example; do
-                run_test "$log" "$set/$name" CANDLE_BLEU_TEST_DEVICE=cuda \
-                    PROPTEST_CASES="${PROPTEST_CASES:-64}" --
+            # Longest first (their times under contention on 2026-11-27).
+            for name in ${SUITE:-loss_extreme loss_spec_reference loss_exact loss_props loss_grad \
+                loss_errors loss_host_copies hidden training_loss cross_entropy docs_worked_example}; do
+                jobs+=("$set/$name")
             done
         done
+        run_lanes "$log" CANDLE_BLEU_TEST_DEVICE=cuda PROPTEST_CASES="${PROPTEST_CASES:-64}" -- \
+            "${jobs[@]}"
         grep -E '^== |^test result:' "$log"
         grep -E 'FAILED|panicked' "$log" | head -30
         ;;
     bench)
-        bash benches/cuda_vs_torch.sh "$bins/kernels/bench_cuda" "$out/bench" >>"$log" 2>&1
+        bash benches/cuda_vs_torch.sh "$bins/${sets[0]}/bench_cuda" "$out/bench" >>"$log" 2>&1
         tail -n 60 "$log"
         ;;
     examples)
         {
             echo "== seq2seq (seed 1)"
             start=$SECONDS
-            timeout 420 "$bins/${EXAMPLES_SET:-kernels}/seq2seq" --seeds 1 --out "$out/seq2seq" 2>&1
+            timeout 420 "$bins/${EXAMPLES_SET:-${sets[0]}}/seq2seq" --seeds 1 --out "$out/seq2seq" 2>&1
             echo "== exit $? after $((SECONDS - start)) s: seq2seq"
             echo "== translate --quick"
             start=$SECONDS
-            timeout 300 "$bins/${EXAMPLES_SET:-kernels}/translate" --quick --catalogs "${CATALOGS:-gpu/locale}" \
+            timeout 300 "$bins/${EXAMPLES_SET:-${sets[0]}}/translate" --quick --catalogs "${CATALOGS:-gpu/locale}" \
                 --out "$out/translate-quick" 2>&1
             echo "== exit $? after $((SECONDS - start)) s: translate --quick"
         } >>"$log"

@@ -28,7 +28,7 @@
 //! The report names the worst coordinate, so a failure at a kink is easy to tell from a bug:
 //! move the point and check again.
 
-use candle_core::{bail, DType, Device, Result, Tensor, Var};
+use candle_core::{bail, DType, Result, Tensor, Var};
 use rand09::rngs::StdRng;
 use rand09::seq::index::sample;
 use rand09::SeedableRng;
@@ -140,6 +140,9 @@ fn scalar_value(out: &Tensor) -> Result<f64> {
 /// Runs one backward pass and two evaluations of `f` per checked coordinate. A check of a
 /// tool, not a training path: it reads `x` and the gradient to the host.
 ///
+/// `f` is called on f64 tensors on `x`'s device (so it may close over other tensors on that
+/// device, e.g. references on a GPU; Metal, which has no f64, cannot run it).
+///
 /// Errors (naming the argument and its value) on a non-float or empty `x`, a NaN or infinite
 /// coordinate of `x`, `eps` not finite and > 0, negative or NaN tolerances,
 /// `max_coordinates: Some(0)`, an `f` that does not return a single value, or an error of `f`.
@@ -193,7 +196,8 @@ where
         bail!("check_gradients: `max_coordinates` must be >= 1 (or None for all), got 0");
     }
     let dims = x.dims().to_vec();
-    let point = x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+    let device = x.device().clone();
+    let point = x.to_dtype(DType::F64)?;
     let mut values = point.flatten_all()?.to_vec1::<f64>()?;
     if let Some(k) = values.iter().position(|v| !v.is_finite()) {
         bail!(
@@ -225,11 +229,7 @@ where
         _ => (0..values.len()).collect(),
     };
     let evaluate = |values: &[f64]| -> Result<f64> {
-        scalar_value(&f(&Tensor::from_slice(
-            values,
-            dims.as_slice(),
-            &Device::Cpu,
-        )?)?)
+        scalar_value(&f(&Tensor::from_slice(values, dims.as_slice(), &device)?)?)
     };
 
     let mut report = GradCheckReport {
@@ -293,6 +293,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn a_wrong_gradient_is_caught() -> Result<()> {

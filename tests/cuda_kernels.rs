@@ -1,18 +1,17 @@
-//! The loss on a CUDA GPU, against the CPU and against its composed reference. Two builds, run
-//! both (docs/gpu.md):
+//! The loss on a CUDA GPU, against the CPU and against its composed reference. On a GPU
+//! (docs/gpu.md):
 //!
 //! ```text
-//! scripts/build-cuda.sh test --release --features cuda-kernels --test cuda_kernels   # the crate's CUDA kernels
-//! scripts/build-cuda.sh test --release --features cuda --test cuda_kernels           # composed candle ops on CUDA
+//! scripts/build-cuda.sh test --release --features cuda --test cuda_kernels
 //! ```
 //!
-//! With `cuda-kernels` the fast functions (`bleu_loss_from_logits`, `cross_entropy_from_logits`,
+//! With `cuda` the fast functions (`bleu_loss_from_logits`, `cross_entropy_from_logits`,
 //! `ce_bleu_from_logits`) run the crate's CUDA kernels (`src/loss/kernels/cuda.rs`,
-//! `kernels.cu`) on CUDA tensors; with `cuda` alone they run composed candle ops, as their
-//! `_composed` references always do. Every test below holds in both builds: against the CPU they
-//! check whichever path the build runs on the GPU; kernels against composed ops compare the fast
-//! functions with the `_composed` ones on the same GPU (the same ops twice without the kernels);
-//! [`the_build_decides_whether_the_kernels_run`] checks that the kernels run exactly when built.
+//! `kernels.cu`) on CUDA tensors; their `_composed` references run composed candle ops. Against
+//! the CPU the tests check the kernels on the GPU; kernels against composed ops compare the fast
+//! functions with the `_composed` ones on the same GPU; [`the_kernels_run_on_cuda`] checks that
+//! the kernels, not the composed ops, ran. (Until 2026-11-27 the kernels were opt-in, the
+//! `cuda-kernels` feature, and this file ran from both builds on an H200: 6/6 each.)
 //!
 //! The passes of the row op are reached through the entry points that run them ([`Entry`]):
 //! the cross-entropy and the expected and lower-bound forms with id references run the row pass
@@ -22,7 +21,7 @@
 //! Without a GPU (`Device::new_cuda(0)` fails, e.g. on the link stub of
 //! `scripts/cuda-toolchain.sh`) every test prints `SKIPPED (no CUDA device)` and passes. The
 //! NVRTC compile of the kernels, which needs libnvrtc but no GPU, is a unit test of the library:
-//! `scripts/build-cuda.sh test --release --features cuda-kernels --lib kernels::cuda`. The GPU
+//! `scripts/build-cuda.sh test --release --features cuda --lib kernels::cuda`. The GPU
 //! tests take one lock, so they run one at a time whatever `--test-threads` says (one of them
 //! reads the device memory pool's high-water mark).
 #![cfg(feature = "cuda")]
@@ -141,8 +140,7 @@ const ENTRIES: [Entry; 9] = [
 /// Which function of an entry point runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Function {
-    /// `bleu_loss_from_logits`, …: the CPU kernels on the CPU; on CUDA the CUDA kernels in a
-    /// `cuda-kernels` build, composed ops otherwise.
+    /// `bleu_loss_from_logits`, …: the CPU kernels on the CPU, the CUDA kernels on CUDA.
     Fast,
     /// `bleu_loss_from_logits_composed`, …: composed candle ops everywhere.
     Composed,
@@ -430,7 +428,7 @@ const FORMS: [Option<Form>; 4] = [
 ];
 
 /// The hidden-state entry points on the GPU (composed blocks: they have no CUDA kernel) against
-/// the logits path on the GPU (the kernels in a `cuda-kernels` build) and against themselves on
+/// the logits path on the GPU (the kernels) and against themselves on
 /// the CPU: values and the gradients of `hidden`, the weight and the bias.
 #[test]
 fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
@@ -539,8 +537,7 @@ fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
 }
 
 /// The fast functions against their `_composed` references, both on the GPU (the two paths a
-/// CUDA user can get), for every entry point and pass, in f32, f64, f16 and bf16. Without the
-/// `cuda-kernels` feature both run the composed ops (the test then checks nothing more).
+/// CUDA user can get), for every entry point and pass, in f32, f64, f16 and bf16.
 #[test]
 fn kernels_match_the_composed_path_on_the_gpu() -> Result<()> {
     let Some((_lock, gpu)) = gpu() else {
@@ -611,56 +608,50 @@ fn pool_peak(
     Ok(Some(read(high)?.saturating_sub(before)))
 }
 
-/// The fast functions run the CUDA kernels exactly when the crate is built with the
-/// `cuda-kernels` feature (`cfg!(feature = "cuda-kernels")`). Seen from outside through memory:
-/// the expected form's forward pass with the kernels gathers at the ids without storing the
-/// `[B, S, V]` softmax, which the composed ops store. So its peak in the device's memory pool is
-/// under half the logits with the kernels, and at least the logits without them; a kernels
-/// build whose kernels failed to load (one warning on stderr, then the composed ops) fails
-/// here. Without the feature the fast function is the composed one: the same ops, bit for bit.
+/// The fast functions run the CUDA kernels in every `cuda` build (they are the default there
+/// since the H200 run of 2026-11-27). Seen from outside through memory: the expected form's
+/// forward pass with the kernels gathers at the ids without storing the `[B, S, V]` softmax,
+/// which the composed ops store. So its peak in the device's memory pool is under half the
+/// logits, and the `_composed` function's at least the logits; kernels that failed to load (one
+/// warning on stderr, then the composed ops) fail here.
 #[test]
-fn the_build_decides_whether_the_kernels_run() -> Result<()> {
+fn the_kernels_run_on_cuda() -> Result<()> {
     let Some((_lock, gpu)) = gpu() else {
         return Ok(());
     };
-    let kernels = cfg!(feature = "cuda-kernels");
     let (batch, seq, vocab, width) = (4, 16, 8192, 8);
     let (logits, ids) = inputs(batch, seq, vocab, width)?;
     let logits = logits.to_dtype(DType::F32)?.to_device(&gpu)?;
     let refs = References::from_ids(&ids.to_device(&gpu)?, 0)?;
     let cfg = BleuLossConfig::default();
     // Also the warm-up: the kernels compiled and loaded, the references' side built.
-    let fast = loss::bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
-    let composed = loss::bleu_loss_from_logits_composed(&logits, None, &refs, &cfg)?;
-    let scalar = |t: &Tensor| t.to_dtype(DType::F64)?.to_scalar::<f64>();
-    let (fast, composed) = (scalar(&fast.loss)?, scalar(&composed.loss)?);
-    if !kernels {
-        assert_eq!(
-            fast.to_bits(),
-            composed.to_bits(),
-            "without cuda-kernels: the fast function gave {fast}, the composed one {composed}"
-        );
-    }
+    loss::bleu_loss_from_logits(&logits, None, &refs, &cfg)?;
+    loss::bleu_loss_from_logits_composed(&logits, None, &refs, &cfg)?;
     let logits_bytes = batch * seq * vocab * 4;
-    let peak = pool_peak(&gpu, logits_bytes, || {
-        loss::bleu_loss_from_logits(&logits, None, &refs, &cfg).map(drop)
-    })?;
-    let Some(peak) = peak else {
+    let peak = |composed: bool| {
+        pool_peak(&gpu, logits_bytes, || {
+            if composed {
+                loss::bleu_loss_from_logits_composed(&logits, None, &refs, &cfg).map(drop)
+            } else {
+                loss::bleu_loss_from_logits(&logits, None, &refs, &cfg).map(drop)
+            }
+        })
+    };
+    let (Some(fast), Some(composed)) = (peak(false)?, peak(true)?) else {
         return Ok(());
     };
-    println!("cuda-kernels: {kernels}; forward peak {peak} bytes, logits {logits_bytes} bytes");
-    if kernels {
-        assert!(
-            peak < logits_bytes as u64 / 2,
-            "built with cuda-kernels, but the forward pass allocated {peak} bytes for \
-             {logits_bytes} bytes of logits: the composed ops ran (did the kernels fail to load?)"
-        );
-    } else {
-        assert!(
-            peak >= logits_bytes as u64,
-            "built without cuda-kernels, but the forward pass allocated only {peak} bytes for \
-             {logits_bytes} bytes of logits"
-        );
-    }
+    println!(
+        "forward peak: fast {fast} bytes, composed {composed} bytes, logits {logits_bytes} bytes"
+    );
+    assert!(
+        fast < logits_bytes as u64 / 2,
+        "the forward pass allocated {fast} bytes for {logits_bytes} bytes of logits: the \
+         composed ops ran (did the kernels fail to load?)"
+    );
+    assert!(
+        composed >= logits_bytes as u64,
+        "the composed forward pass allocated only {composed} bytes for {logits_bytes} bytes of \
+         logits"
+    );
     Ok(())
 }

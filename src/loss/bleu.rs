@@ -50,8 +50,8 @@ pub fn bleu_loss(
 /// softmax probabilities at the reference ids (and EOS) straight from the logits, and its
 /// backward writes the logits gradient in one pass: the `[B, S, V]` softmax is never stored.
 /// The paired form and matrix references need every probability: they use a fused softmax with
-/// a hand-written backward. Off the CPU, composed candle ops give the same numbers
-/// ([`bleu_loss_from_logits_composed`]; the CUDA kernels with the `cuda-kernels` feature).
+/// a hand-written backward. On CUDA the crate's CUDA kernels do the same (the `cuda` feature);
+/// elsewhere composed candle ops give the same numbers ([`bleu_loss_from_logits_composed`]).
 ///
 /// # Arguments
 /// * `logits` - float `[B, S, V]`; the rest as [`bleu_loss`]. NaN or Inf in `logits` is an error.

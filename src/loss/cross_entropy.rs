@@ -24,7 +24,8 @@ use candle_core::{Result, Tensor};
 ///
 /// On the CPU one custom op reads the logits once (online softmax per row: log-sum-exp, target
 /// logit, mean logit) and its hand-written backward writes the logits gradient in one pass; no
-/// `[B, S, V]` intermediate is stored. Elsewhere composed candle ops give the same numbers
+/// `[B, S, V]` intermediate is stored. On CUDA the crate's CUDA kernels do the same (the `cuda`
+/// feature); elsewhere composed candle ops give the same numbers
 /// ([`cross_entropy_from_logits_composed`]).
 ///
 /// # Arguments

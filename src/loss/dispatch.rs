@@ -7,7 +7,7 @@ use candle_core::Device;
 /// Which implementation of the passes over the logits runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// The crate's custom ops: the CPU kernels, or the CUDA kernels (feature `cuda-kernels`).
+    /// The crate's custom ops: the CPU kernels, or the CUDA kernels (feature `cuda`).
     Kernels,
     /// Composed candle ops: the reference the kernels are tested against, and what every
     /// device without kernels runs. The same numbers to rounding.
@@ -16,7 +16,8 @@ pub(crate) enum Path {
 
 impl Path {
     /// The fast path for tensors on `device`: the CPU kernels on the CPU; the CUDA kernels on
-    /// CUDA when built with the `cuda-kernels` feature and loaded; composed ops otherwise.
+    /// CUDA when loaded (the `cuda` feature builds them; a failure to compile or load warns once);
+    /// composed ops otherwise.
     pub(crate) fn for_device(device: &Device) -> Self {
         if device.is_cpu() || cuda_kernels_loaded(device) {
             Path::Kernels

@@ -127,22 +127,61 @@ pub(crate) fn all_finite(t: &Tensor, check_off_cpu: bool) -> Result<Option<bool>
 /// Whether every value of the float tensor `t` is finite, and whether every one is `>= 0`:
 /// `(finite, nonnegative)`, checked as [`all_finite`] is (`None`: not checked). `nonnegative`
 /// is `false` when `finite` is.
+///
+/// On the CPU the data is read in place. Elsewhere the sum, the sum of `t · 0` and the minimum
+/// come back in **one** counted copy of three numbers (one copy per checked tensor, as
+/// [`BleuLossConfig::check_values`](super::BleuLossConfig::check_values) documents): reading
+/// [`all_finite`]'s sum and then the minimum would be two copies, two stream stalls.
 pub(crate) fn finite_and_nonnegative(
     t: &Tensor,
     check_off_cpu: bool,
 ) -> Result<Option<(bool, bool)>> {
-    match all_finite(t, check_off_cpu)? {
-        None => Ok(None),
-        Some(false) => Ok(Some((false, false))),
-        Some(true) => {
-            let t = match t.dtype() {
-                DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?,
-                _ => t.clone(),
-            };
-            let min = read_scalar(&t.flatten_all()?.min(0)?)?;
-            Ok(Some((true, min >= 0.0)))
-        }
+    if t.device().is_cpu() {
+        return match all_finite(t, true)? {
+            None => Ok(None),
+            Some(false) => Ok(Some((false, false))),
+            Some(true) => {
+                let min = read_scalar(&float_view(t)?.flatten_all()?.min(0)?)?;
+                Ok(Some((true, min >= 0.0)))
+            }
+        };
     }
+    if !check_off_cpu {
+        return Ok(None);
+    }
+    let [sum, zeros, min] = summary_in_one_copy(t)?;
+    Ok(Some(classify(sum, zeros, min)))
+}
+
+/// `t` in a dtype the checks sum in: f32 for f16/bf16, its own otherwise.
+fn float_view(t: &Tensor) -> Result<Tensor> {
+    match t.dtype() {
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
+        _ => Ok(t.clone()),
+    }
+}
+
+/// `[sum(t), sum(t · 0), min(t)]` in one counted copy (f64 for f64 tensors, f32 otherwise:
+/// Metal has no f64).
+fn summary_in_one_copy(t: &Tensor) -> Result<[f64; 3]> {
+    let t = float_view(t)?.flatten_all()?;
+    let summary = Tensor::stack(&[t.sum_all()?, (&t * 0.0)?.sum_all()?, t.min(0)?], 0)?;
+    let values: Vec<f64> = match summary.dtype() {
+        DType::F64 => to_vec1::<f64>(&summary)?,
+        _ => to_vec1::<f32>(&summary.to_dtype(DType::F32)?)?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+    };
+    Ok([values[0], values[1], values[2]])
+}
+
+/// `(finite, nonnegative)` from `sum(t)`, `sum(t · 0)` and `min(t)`: the sum is finite when
+/// every term is (or, when it is not, `t · 0` sums to exactly 0 iff every term is finite: the
+/// sum overflowed); `nonnegative` only counts when `finite`.
+fn classify(sum: f64, zeros: f64, min: f64) -> (bool, bool) {
+    let finite = sum.is_finite() || zeros == 0.0;
+    (finite, finite && min >= 0.0)
 }
 
 /// The values of the u32 vector `t`: in place on the CPU (always), a counted copy elsewhere
@@ -188,5 +227,40 @@ impl<'a> CpuView<'a> {
             Storage::Cpu(cpu) => Ok(&cpu.as_slice::<T>()?[self.start..self.end]),
             _ => bail!("internal: CpuView of a tensor off the CPU"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The off-CPU check of a statistic, run here on CPU tensors: one counted copy per tensor,
+    /// and the same answers as the in-place CPU check, overflowing sums included.
+    #[test]
+    fn the_off_cpu_check_is_one_copy_with_the_cpu_answers() -> Result<()> {
+        let cases: [(Vec<f32>, (bool, bool)); 6] = [
+            (vec![0.0, 1.5, 3.0], (true, true)),
+            (vec![2.0, -0.5, 1.0], (true, false)),
+            (vec![1.0, f32::NAN, 2.0], (false, false)),
+            (vec![-1.0, f32::INFINITY], (false, false)),
+            (vec![3e38, 3e38, 3e38], (true, true)),
+            (vec![-3e38, -3e38, 1.0], (true, false)),
+        ];
+        for (values, want) in cases {
+            for dtype in [DType::F32, DType::F64, DType::BF16] {
+                let t = Tensor::new(values.as_slice(), &Device::Cpu)?.to_dtype(dtype)?;
+                let before = host_copies();
+                let [sum, zeros, min] = summary_in_one_copy(&t)?;
+                assert_eq!(host_copies() - before, 1, "{values:?} {dtype:?}");
+                assert_eq!(classify(sum, zeros, min), want, "{values:?} {dtype:?}");
+                assert_eq!(
+                    finite_and_nonnegative(&t, false)?,
+                    Some(want),
+                    "CPU {values:?} {dtype:?}"
+                );
+            }
+        }
+        Ok(())
     }
 }

@@ -70,8 +70,10 @@
 //!
 //! f32 and f64 hypotheses are computed in their dtype, f16 and bf16 in f32. The score
 //! ([`loss_from_stats`]) runs in f64 where the device has it and in f32 on Metal, with the same
-//! guards (a unit test runs that path on the CPU). The fused kernels are CPU kernels (and CUDA
-//! kernels behind the `cuda-kernels` feature); elsewhere composed candle ops give the same
+//! guards (a unit test runs that path on the CPU). The fused kernels are CPU kernels and CUDA
+//! kernels (with the `cuda` feature, on by default there: CUDA C compiled at run time by NVRTC,
+//! so `libnvrtc` must be found at run time; verified on an H200, docs/gpu.md); elsewhere
+//! (Metal, or CUDA if the kernels fail to compile or load) composed candle ops give the same
 //! numbers. Each fused entry point has its composed reference, public and tested against it
 //! (as candle-nn's `rms_norm_slow` is against `rms_norm`): [`bleu_loss_from_logits_composed`],
 //! [`cross_entropy_from_logits_composed`], [`ce_bleu_from_logits_composed`].
@@ -86,8 +88,7 @@
 //!   values the passes consume;
 //! - `dispatch`: the one choice between the kernels and composed candle ops;
 //! - `pipeline`: the pass over the logits and the statistics from it;
-//! - `kernels`: the row kernels over the logits (CPU, and CUDA behind the `cuda-kernels`
-//!   feature) and the hidden-state op, each a candle custom op with a hand-written backward,
+//! - `kernels`: the row kernels over the logits (CPU, and CUDA with the `cuda` feature) and the hidden-state op, each a candle custom op with a hand-written backward,
 //!   and their composed candle-op counterparts; they take plain parameters, never a loss config;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;

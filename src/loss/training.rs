@@ -24,7 +24,8 @@ use candle_core::{Result, Tensor};
 /// (every form and length model; the paired form's self-match `P Pᵀ` included) and its backward
 /// writes one logits gradient for both losses. With matrix references the BLEU side needs every
 /// probability: a fused softmax feeds it and the cross-entropy kernel reads the logits a second
-/// time. Off the CPU, composed candle ops ([`ce_bleu_from_logits_composed`]).
+/// time. On CUDA the crate's CUDA kernels do the same (the `cuda` feature); elsewhere composed
+/// candle ops ([`ce_bleu_from_logits_composed`]).
 ///
 /// # Arguments
 /// * `logits` - float `[B, S, V]`.

@@ -11,8 +11,9 @@ pub const PAD: u32 = 0;
 /// or `metal`. The GPU ones need the crate built with the matching feature (`--features cuda`
 /// / `metal`); without it the first test fails with candle's "not compiled with ... support".
 /// One device for the whole test binary: two `Device::new_cuda(0)` are two devices to candle.
-/// On CUDA the crate's kernels run when it is built with the `cuda-kernels` feature, composed
-/// candle ops otherwise.
+/// On CUDA the crate's CUDA kernels run (the `cuda` feature), the `_composed` functions
+/// composed candle ops. Every tensor a test hands the loss must be on this device: the loss
+/// refuses arguments on two devices.
 pub fn test_device() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE

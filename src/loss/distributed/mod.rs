@@ -76,8 +76,8 @@
 //! | `MpiAllReduce` | `mpi` | the ranks of an MPI communicator (rsmpi) | copied to the host, `MPI_Allreduce`, copied back |
 //! | `NcclAllReduce` | `nccl` | the ranks of an NCCL communicator (candle's cudarc) | stays on the GPU: `ncclAllReduce` on the device's stream |
 //!
-//! `NcclAllReduce` has been compiled but **has not run on a GPU** (no GPU was available to this
-//! project's sessions); see `docs/distributed.md`.
+//! `NcclAllReduce` ran with one rank on one GPU (an H200, 2026-11-27); **more than one rank has
+//! not run**; see `docs/distributed.md`.
 //!
 //! # Costs
 //!

@@ -24,7 +24,8 @@ use candle_core::{
 /// Dtypes: f32, f64, u8, u32 and i64 as such; f16 and bf16 through f32 (summed in f32, rounded
 /// once).
 ///
-/// **Status**: compiled, never run on a GPU (see `docs/distributed.md`).
+/// **Status**: one rank ran on one GPU (an H200, 2026-11-27); more than one rank has not run
+/// (see `docs/distributed.md`).
 #[derive(Debug)]
 pub struct NcclAllReduce {
     comm: Comm,

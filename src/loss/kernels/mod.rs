@@ -8,7 +8,7 @@
 //! | [`Pass::Softmax`] | `softmax(row)` (every probability: matrix references) |
 //!
 //! Each op has its `cpu_fwd` (the slice kernels of [`cpu`]) and its `cuda_fwd` (the `cuda`
-//! module, `kernels.cu`, behind the `cuda-kernels` feature) side by side; the forward op's
+//! module, `kernels.cu`, built with the `cuda` feature) side by side; the forward op's
 //! `bwd` only applies the backward op. Whether the kernels or composed candle ops run is
 //! decided in one place, the loss's `dispatch::Path`. The kernels take plain parameters (ids,
 //! targets, `1/n`) that the loss's validation has checked: they check nothing themselves,
@@ -18,7 +18,7 @@ pub(crate) mod composed;
 pub(crate) mod cpu;
 pub(crate) mod ctc_ngrams;
 pub(crate) mod ctc_ngrams_composed;
-#[cfg(feature = "cuda-kernels")]
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod float;
 pub(crate) mod gemm;
@@ -35,10 +35,10 @@ pub(crate) use cpu::CrossEntropyTerms;
 use cpu::{Gathered, TargetRows, CE_COLUMNS};
 use float::KernelFloat;
 
-/// Whether the CUDA kernels run on `device`: built with the `cuda-kernels` feature, a CUDA
+/// Whether the CUDA kernels run on `device`: built with the `cuda` feature, a CUDA
 /// device, and the kernels compiled and loaded (a failure to compile or load warns once, then
 /// the composed ops run).
-#[cfg(feature = "cuda-kernels")]
+#[cfg(feature = "cuda")]
 pub(crate) fn cuda_kernels_loaded(device: &candle_core::Device) -> bool {
     let candle_core::Device::Cuda(cuda_device) = device else {
         return false;
@@ -46,8 +46,8 @@ pub(crate) fn cuda_kernels_loaded(device: &candle_core::Device) -> bool {
     cuda::load(cuda_device)
 }
 
-/// Without the `cuda-kernels` feature, CUDA tensors take the composed ops.
-#[cfg(not(feature = "cuda-kernels"))]
+/// Without the `cuda` feature there are no CUDA tensors; nothing to load.
+#[cfg(not(feature = "cuda"))]
 pub(crate) fn cuda_kernels_loaded(_device: &candle_core::Device) -> bool {
     false
 }
@@ -154,7 +154,7 @@ pub(crate) struct RowOp {
     pass: Pass,
     ids: Option<Tensor>,
     /// The first-occurrence links of `ids` ([`GatherIds`]), for the CUDA backward.
-    #[cfg_attr(not(feature = "cuda-kernels"), allow(dead_code))]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     links: Option<Tensor>,
     targets: Option<Tensor>,
     ce: CrossEntropyTerms,
@@ -338,7 +338,7 @@ impl CustomOp1 for RowOp {
         Ok((out, self.out_shape(layout.shape())?))
     }
 
-    #[cfg(feature = "cuda-kernels")]
+    #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
         storage: &candle_core::CudaStorage,
@@ -393,7 +393,7 @@ impl CustomOp3 for RowOpBackward {
         Ok((grad, shape.clone()))
     }
 
-    #[cfg(feature = "cuda-kernels")]
+    #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
         logits: &candle_core::CudaStorage,
