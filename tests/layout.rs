@@ -377,7 +377,7 @@ fn nothing_in_the_loss_imports_from_a_layer_above() {
 #[test]
 fn the_faces_only_declare_and_reexport() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for face in ["loss/mod.rs", "exact/mod.rs"] {
+    for face in ["loss/mod.rs", "exact/mod.rs", "exact/chrf/mod.rs"] {
         let text = code(&std::fs::read_to_string(src.join(face)).unwrap());
         for line in text.lines().map(str::trim) {
             assert!(
