@@ -310,6 +310,7 @@ const LOSS_LAYERS: [&[&str]; 7] = [
     // The kernels: plain parameters, no loss config.
     &[
         "kernels/float.rs",
+        "kernels/layout.rs",
         "kernels/gemm.rs",
         "kernels/cpu.rs",
         "kernels/cuda.rs",
@@ -319,6 +320,7 @@ const LOSS_LAYERS: [&[&str]; 7] = [
         "kernels/hidden.rs",
         "kernels/ctc_ngrams.rs",
         "kernels/ctc_ngrams_composed.rs",
+        "kernels/row_op.rs",
         "kernels/mod.rs",
     ],
     // The statistics.

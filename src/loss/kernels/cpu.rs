@@ -1,5 +1,7 @@
-//! The CPU row kernels, on raw slices: the `cpu_fwd` of the ops in [`super`] and the blocks of
-//! the hidden-state loss run these.
+//! The CPU row kernels, on raw slices: the `cpu_fwd` of the row op ([`super::row_op::RowOp`])
+//! and the blocks of the hidden-state loss run these. Each pass writes rows of
+//! [`RowLayout`]'s columns (`[Z | x | ce | max | sum | weight]`), whose widths and offsets it
+//! takes from there.
 //!
 //! Two passes over rows of `V` logits, each with its backward:
 //!
@@ -17,6 +19,7 @@
 
 pub(crate) use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
+use super::layout::{RowLayout, CE_COLUMNS};
 use candle_core::Result;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -258,11 +261,6 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     ))
 }
 
-/// Columns each row of the row pass's output carries after the gathered probabilities: the
-/// row's (scaled) cross-entropy term, then what the backward needs — the row's maximum logit,
-/// its sum of `exp(logit − max)`, and the row's weight `1/n` (0 at padding or without targets).
-pub(crate) const CE_COLUMNS: usize = 4;
-
 /// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
 /// add nothing) and the label smoothing `ε`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -416,7 +414,7 @@ pub(crate) fn forward_rows_into<T: KernelFloat>(
     out: &mut [T],
 ) -> Result<()> {
     let width = gathered.width;
-    let stride = width + CE_COLUMNS;
+    let stride = RowLayout::rows(width).stride();
     let all_finite = AtomicBool::new(true);
     let with_logit_sum = rows.label_smoothing != 0.0;
     out.par_chunks_mut(stride)
@@ -587,7 +585,7 @@ fn backward_rows_columns_into<T: KernelFloat>(
     zeroed: bool,
 ) {
     let width = gathered.width;
-    let stride = width + CE_COLUMNS;
+    let stride = RowLayout::rows(width).stride();
     let eps = rows.label_smoothing;
     grad.par_chunks_mut(len)
         .zip(logits.par_chunks(len))
@@ -735,7 +733,8 @@ pub(crate) fn self_match_forward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let stride = seq + width + CE_COLUMNS;
+    let layout = RowLayout::self_match(seq, width);
+    let stride = layout.stride();
     let with_logit_sum = rows.label_smoothing != 0.0;
     let mut probs = vocab_sized_buffer::<T>(logits.len());
     let all_finite = AtomicBool::new(true);
@@ -750,13 +749,13 @@ pub(crate) fn self_match_forward_into<T: KernelFloat>(
                 all_finite.store(false, Ordering::Relaxed);
                 return;
             };
-            for (o, &id) in out_row[seq..seq + width]
+            for (o, &id) in out_row[layout.gathered_start()..layout.ce_column()]
                 .iter_mut()
                 .zip(gathered.row_ids(row_index))
             {
                 *o = p[id as usize];
             }
-            rows.columns(row, row_index, stats, &mut out_row[seq + width..]);
+            rows.columns(row, row_index, stats, &mut out_row[layout.ce_column()..]);
         });
     if !all_finite.load(Ordering::Relaxed) {
         return Err(non_finite_error("logits"));
@@ -793,7 +792,8 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let stride = seq + width + CE_COLUMNS;
+    let layout = RowLayout::self_match(seq, width);
+    let stride = layout.stride();
     let eps = rows.label_smoothing;
     // P again, from the logits and each row's max and sum kept in the output.
     let mut probs = vocab_sized_buffer::<T>(logits.len());
@@ -802,7 +802,7 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .zip(logits.par_chunks(vocab))
         .enumerate()
         .for_each(|(local, (p, row))| {
-            let stats = &out[local * stride + seq + width..][..CE_COLUMNS];
+            let stats = &out[local * stride + layout.ce_column()..][..CE_COLUMNS];
             let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
             // `p = exp(row − max) · inv_sum`: the dense loop of `dense_gradient` with offset 0.
             dense_gradient_dispatch(p, row, inv_sum, max, T::ZERO);
@@ -829,12 +829,12 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .for_each(|(local, (g, p))| {
             let row_index = first_row + local;
             let grads = &grad_out[local * stride..][..stride];
-            let ce_grad = grads[seq + width] * out[local * stride + seq + width + 3];
+            let ce_grad = grads[layout.ce_column()] * out[local * stride + layout.ce_column() + 3];
             jacobian_row_in_place(
                 p,
                 g,
                 gathered.row_ids(row_index),
-                &grads[seq..seq + width],
+                &grads[layout.gathered_start()..layout.ce_column()],
                 ce_grad,
                 rows.target(row_index),
                 eps,
@@ -866,7 +866,8 @@ mod tests {
         gathered: Gathered,
         rows: &TargetRows,
     ) -> Vec<T> {
-        let mut out = vec![T::ZERO; logits.len() / vocab * (gathered.width + CE_COLUMNS)];
+        let stride = RowLayout::rows(gathered.width).stride();
+        let mut out = vec![T::ZERO; logits.len() / vocab * stride];
         forward_rows_into(logits, vocab, gathered, rows, 0, &mut out).unwrap();
         out
     }
