@@ -19,7 +19,7 @@
 
 pub(crate) use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
-use super::layout::{RowLayout, CE_COLUMNS};
+use super::layout::RowLayout;
 use candle_core::Result;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -385,7 +385,13 @@ fn forward_row<T: KernelFloat>(
     for (o, &id) in out_row[..width].iter_mut().zip(row_ids) {
         *o = T::exp_nonpositive(row[id as usize] - max) * inv_sum;
     }
-    rows.columns(row, row_index, (max, sum, logit_sum), &mut out_row[width..]);
+    let ce_column = RowLayout::rows(width).ce_column();
+    rows.columns(
+        row,
+        row_index,
+        (max, sum, logit_sum),
+        &mut out_row[ce_column..],
+    );
     true
 }
 
@@ -404,7 +410,7 @@ wide_vectors! {
 /// The row pass over the rows `first_row..` of the batch, whose logits are `logits`, into `out`
 /// (one output row per logits row): `[x_0 … x_{K−1} | ce | max | sum | weight]` with
 /// `x_k = softmax(logits[r])[ids[r / rows_per_batch, k]]` (none when `width` = 0) and the
-/// cross-entropy columns ([`CE_COLUMNS`]). Errors on NaN or Inf in `logits`.
+/// cross-entropy columns ([`CE_COLUMNS`](super::layout::CE_COLUMNS)). Errors on NaN or Inf in `logits`.
 pub(crate) fn forward_rows_into<T: KernelFloat>(
     logits: &[T],
     vocab: usize,
@@ -444,8 +450,9 @@ pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     label_smoothing: f64,
     vocab: usize,
 ) -> (T, T, T) {
-    let (sum, weight) = (stats[width + 2], stats[width + 3]);
-    let ce_grad = grads[width] * weight;
+    let layout = RowLayout::rows(width);
+    let (sum, weight) = (stats[layout.sum_column()], stats[layout.weight_column()]);
+    let ce_grad = grads[layout.ce_column()] * weight;
     let mut weighted = T::ZERO;
     for k in 0..width {
         weighted += grads[k] * stats[k];
@@ -585,7 +592,8 @@ fn backward_rows_columns_into<T: KernelFloat>(
     zeroed: bool,
 ) {
     let width = gathered.width;
-    let stride = RowLayout::rows(width).stride();
+    let layout = RowLayout::rows(width);
+    let stride = layout.stride();
     let eps = rows.label_smoothing;
     grad.par_chunks_mut(len)
         .zip(logits.par_chunks(len))
@@ -594,7 +602,7 @@ fn backward_rows_columns_into<T: KernelFloat>(
             let row_index = first_row + local;
             let stats = &out[local * stride..][..stride];
             let grads = &grad_out[local * stride..][..stride];
-            let max = stats[width + 1];
+            let max = stats[layout.max_column()];
             let (scale, offset, ce_grad) =
                 row_gradient_coefficients(stats, grads, width, eps, vocab);
             let row_ids = gathered.row_ids(row_index);
@@ -802,8 +810,11 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .zip(logits.par_chunks(vocab))
         .enumerate()
         .for_each(|(local, (p, row))| {
-            let stats = &out[local * stride + layout.ce_column()..][..CE_COLUMNS];
-            let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
+            let stats = &out[local * stride..][..stride];
+            let (max, inv_sum) = (
+                stats[layout.max_column()],
+                T::ONE / stats[layout.sum_column()],
+            );
             // `p = exp(row − max) · inv_sum`: the dense loop of `dense_gradient` with offset 0.
             dense_gradient_dispatch(p, row, inv_sum, max, T::ZERO);
         });
@@ -829,7 +840,7 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .for_each(|(local, (g, p))| {
             let row_index = first_row + local;
             let grads = &grad_out[local * stride..][..stride];
-            let ce_grad = grads[layout.ce_column()] * out[local * stride + layout.ce_column() + 3];
+            let ce_grad = grads[layout.ce_column()] * out[local * stride + layout.weight_column()];
             jacobian_row_in_place(
                 p,
                 g,

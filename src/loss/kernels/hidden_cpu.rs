@@ -564,10 +564,14 @@ fn mark_skipped<T: KernelFloat>(
     tiles: &[(usize, usize)],
     skipped: &mut [bool],
 ) {
+    let layout = RowLayout::rows(width);
     let thresholds: Vec<T> = out
         .chunks_exact(stride)
         .map(|row| {
-            let (max, sum) = (row[width + 1].to_f64(), row[width + 2].to_f64());
+            let (max, sum) = (
+                row[layout.max_column()].to_f64(),
+                row[layout.sum_column()].to_f64(),
+            );
             T::from_f64(max + (tau * sum).ln())
         })
         .collect();

@@ -98,6 +98,22 @@ impl RowLayout {
         self.self_match_columns() + self.gathered
     }
 
+    /// The kernels' statistic columns after `ce`: the row's maximum logit, its sum of
+    /// `exp(logit − max)` and its weight `1/n`.
+    pub(crate) fn max_column(&self) -> usize {
+        self.ce_column() + 1
+    }
+
+    /// See [`Self::max_column`].
+    pub(crate) fn sum_column(&self) -> usize {
+        self.ce_column() + 2
+    }
+
+    /// See [`Self::max_column`].
+    pub(crate) fn weight_column(&self) -> usize {
+        self.ce_column() + 3
+    }
+
     /// Columns per row.
     pub(crate) fn stride(&self) -> usize {
         self.ce_column() + 1 + self.statistics
@@ -137,6 +153,12 @@ mod tests {
             (paired.gathered_start(), paired.ce_column(), paired.stride()),
             (5, 8, 12)
         );
+        let statistics = (
+            paired.max_column(),
+            paired.sum_column(),
+            paired.weight_column(),
+        );
+        assert_eq!(statistics, (9, 10, 11));
         assert_eq!(paired.without_statistics().stride(), 9);
         assert_eq!(RowLayout::of_pass(Pass::Softmax, 5, 3), RowLayout::rows(0));
         assert_eq!(RowLayout::of_pass(Pass::SelfMatch, 5, 3), paired);
