@@ -3,10 +3,11 @@
 //! kernels never import a loss configuration or the dispatch, and a face (`mod.rs`) only
 //! declares and re-exports.
 //!
-//! Edges are read as text, the way a reader follows them: every `use` path and every
-//! `crate::`/`super::`/`self::` path outside comments and unit-test modules, resolved to the
-//! file of the longest module prefix it names (a name taken through a face is an edge to that
-//! `mod.rs`).
+//! Edges are read as text, the way a reader follows them: every `use` path, every
+//! `crate::`/`super::`/`self::` path and every bare path through a module the file declares
+//! (`cuda::forward` in the file that says `mod cuda;`) outside comments and unit-test modules,
+//! resolved to the file of the longest module prefix it names (a name taken through a face is
+//! an edge to that `mod.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -141,6 +142,11 @@ fn import_graph_in(src: &Path, folder: &str) -> BTreeMap<String, BTreeSet<String
                 .any(|p| word.starts_with(p))
             {
                 paths.push(word.to_string());
+            } else if word.contains("::")
+                && declared.contains(word.split("::").next().unwrap_or_default())
+            {
+                // A path through a child module this file declares, without `self::`.
+                paths.push(format!("self::{word}"));
             }
         }
         let mut edges = BTreeSet::new();
@@ -270,6 +276,40 @@ fn the_reader_finds_a_cycle_through_a_face() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// A bare path through a declared child module (`a::run()` in the file that says `mod a;`) is
+/// an edge too: a face that defines a name its child imports and calls the child back by such a
+/// path (the old `kernels/mod.rs` and `kernels/cuda.rs`) is a cycle.
+#[test]
+fn the_reader_finds_a_cycle_through_a_bare_child_path() {
+    let root = std::env::temp_dir().join(format!("candle-bleu-layout-bare-{}", std::process::id()));
+    let src = root.join("src");
+    std::fs::create_dir_all(src.join("m")).unwrap();
+    let write = |path: &str, text: &str| std::fs::write(src.join(path), text).unwrap();
+    write(
+        "m/mod.rs",
+        "mod a;\npub struct Op;\nimpl Op {\n    fn call(&self) {\n        a::run(self);\n    }\n}\n",
+    );
+    write("m/a.rs", "use super::Op;\npub fn run(_: &Op) {}\n");
+    let graph = import_graph_in(&src, "m");
+    assert_eq!(
+        graph["mod.rs"],
+        BTreeSet::from(["a.rs".to_string()]),
+        "{graph:?}"
+    );
+    let found = cycle(&graph).expect("mod.rs calls a.rs, which imports mod.rs");
+    assert_eq!(found.len(), 2, "{found:?}");
+    // Passing what the child needs instead of the type it would import: no cycle.
+    write("m/a.rs", "pub fn run(_: usize) {}\n");
+    write(
+        "m/mod.rs",
+        "mod a;\npub struct Op(usize);\nimpl Op {\n    fn call(&self) {\n        a::run(self.0);\n    }\n}\n",
+    );
+    let graph = import_graph_in(&src, "m");
+    assert_eq!(graph["mod.rs"], BTreeSet::from(["a.rs".to_string()]));
+    assert_eq!(cycle(&graph), None);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
     let graph = import_graph("loss");
@@ -310,6 +350,7 @@ const LOSS_LAYERS: [&[&str]; 7] = [
     // The kernels: plain parameters, no loss config.
     &[
         "kernels/float.rs",
+        "kernels/layout.rs",
         "kernels/gemm.rs",
         "kernels/cpu.rs",
         "kernels/cuda.rs",
@@ -319,6 +360,7 @@ const LOSS_LAYERS: [&[&str]; 7] = [
         "kernels/hidden.rs",
         "kernels/ctc_ngrams.rs",
         "kernels/ctc_ngrams_composed.rs",
+        "kernels/row_op.rs",
         "kernels/mod.rs",
     ],
     // The statistics.
@@ -377,7 +419,12 @@ fn nothing_in_the_loss_imports_from_a_layer_above() {
 #[test]
 fn the_faces_only_declare_and_reexport() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for face in ["loss/mod.rs", "exact/mod.rs"] {
+    for face in [
+        "loss/mod.rs",
+        "loss/kernels/mod.rs",
+        "exact/mod.rs",
+        "exact/chrf/mod.rs",
+    ] {
         let text = code(&std::fs::read_to_string(src.join(face)).unwrap());
         for line in text.lines().map(str::trim) {
             assert!(

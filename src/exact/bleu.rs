@@ -6,36 +6,20 @@ use std::hash::Hash;
 use super::config::{
     check_max_order, invalid, BleuConfig, BleuCounts, BleuScore, MetricError, SmoothMethod,
 };
+use super::corpus::{check_corpus, check_sentence, EmptyCorpus};
 use super::nltk::{self, NltkStats};
 use super::sacre;
 use super::stats::StatsCounter;
 
 /// Checks `max_order >= 1`, that `hyps` and `refs` are parallel and every segment has a
-/// reference.
+/// reference ([`check_corpus`]; an empty corpus has empty statistics).
 fn validate_corpus<T>(
     hyps: &[Vec<T>],
     refs: &[Vec<Vec<T>>],
     max_order: usize,
 ) -> Result<(), MetricError> {
     check_max_order("max_order", max_order)?;
-    if hyps.len() != refs.len() {
-        return Err(invalid(
-            "refs",
-            format!(
-                "must have one entry (a list of references) per hypothesis: {} hypotheses, {} \
-                 reference lists",
-                hyps.len(),
-                refs.len()
-            ),
-        ));
-    }
-    if let Some(i) = refs.iter().position(|r| r.is_empty()) {
-        return Err(invalid(
-            "refs",
-            format!("segment {i} has no reference (refs[{i}] is empty)"),
-        ));
-    }
-    Ok(())
+    check_corpus(hyps.len(), refs, EmptyCorpus::Allowed)
 }
 
 /// Per-segment statistics of a corpus, orders `1..=max_order`: `stats[i]` are those of
@@ -128,6 +112,15 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
     max_order: usize,
 ) -> Result<NltkStats, MetricError> {
     validate_corpus(hyps, refs, max_order)?;
+    Ok(nltk_stats_unchecked(hyps, refs, max_order))
+}
+
+/// [`nltk_corpus_stats`] of a validated corpus.
+fn nltk_stats_unchecked<T: Eq + Hash>(
+    hyps: &[Vec<T>],
+    refs: &[Vec<Vec<T>>],
+    max_order: usize,
+) -> NltkStats {
     let mut stats = NltkStats::new(max_order);
     let mut counter = StatsCounter::new_unchecked(max_order);
     let mut segment = BleuCounts::zeros(max_order);
@@ -147,7 +140,7 @@ pub fn nltk_corpus_stats<T: Eq + Hash>(
             stats.push_segment(&segment);
         }
     }
-    Ok(stats)
+    stats
 }
 
 /// Checks that summed statistics have `cfg.max_order` orders.
@@ -277,21 +270,17 @@ pub fn corpus_bleu<T: Eq + Hash + Sync>(
     cfg: &BleuConfig,
 ) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
-    if hyps.is_empty() {
-        return Err(invalid(
-            "hyps",
-            "the corpus is empty (sacrebleu raises IndexError, NLTK ZeroDivisionError)",
-        ));
-    }
+    check_corpus(
+        hyps.len(),
+        refs,
+        EmptyCorpus::Refused("sacrebleu raises IndexError, NLTK ZeroDivisionError"),
+    )?;
     match cfg.smoothing {
         SmoothMethod::Nltk(_) => {
-            let stats = nltk_corpus_stats(hyps, refs, cfg.max_order)?;
+            let stats = nltk_stats_unchecked(hyps, refs, cfg.max_order);
             score_nltk_stats(&stats, cfg)
         }
-        _ => {
-            validate_corpus(hyps, refs, cfg.max_order)?;
-            score_from_stats(&corpus_stats_sum(hyps, refs, cfg.max_order), cfg)
-        }
+        _ => score_from_stats(&corpus_stats_sum(hyps, refs, cfg.max_order), cfg),
     }
 }
 
@@ -323,12 +312,7 @@ pub fn sentence_bleu<T: Eq + Hash>(
     cfg: &BleuConfig,
 ) -> Result<BleuScore, MetricError> {
     cfg.validate()?;
-    if refs.is_empty() {
-        return Err(invalid(
-            "refs",
-            "the sentence has no reference (refs is empty)",
-        ));
-    }
+    check_sentence(refs.len())?;
     let mut counter = StatsCounter::new_unchecked(cfg.max_order);
     match cfg.smoothing {
         SmoothMethod::Nltk(_) => {

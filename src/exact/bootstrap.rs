@@ -61,7 +61,8 @@ use num_rational::BigRational;
 use num_traits::ToPrimitive;
 
 use super::bleu::score_from_stats;
-use super::chrf::{f_score, f_score_f32, ChrfConfig, ChrfCounts};
+use super::chrf::config::{ChrfConfig, ChrfCounts};
+use super::chrf::score::{f_score, f_score_f32};
 use super::config::{invalid, BleuConfig, BleuCounts, MetricError, SmoothMethod};
 use super::numpy_rng::{NumpyBools, NumpyPcg64};
 use super::sacre::{brevity_penalty, my_log};

@@ -54,6 +54,7 @@ mod bleu;
 pub mod bootstrap;
 pub mod chrf;
 mod config;
+mod corpus;
 mod nltk;
 mod numpy_rng;
 mod sacre;

@@ -1,7 +1,7 @@
 //! The one choice between the crate's kernels and composed candle ops, for the logits path and
 //! the hidden-state path alike: [`Path`].
 
-use super::kernels::cuda_kernels_loaded;
+use super::kernels::row_op::cuda_kernels_loaded;
 use candle_core::Device;
 
 /// Which implementation of the passes over the logits runs.

@@ -35,6 +35,7 @@ use super::kernels::composed::masked_targets;
 use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
 use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
 use super::kernels::hidden_cpu::{CpuBlocks, RowSpec};
+use super::kernels::layout::RowLayout;
 use super::pipeline::{
     finish, hypothesis_pass, inputs_from_gathered, training_loss, HypothesisInputs,
 };
@@ -42,20 +43,28 @@ use super::references::{ReferenceSide, ReferenceTokens, References, TrainingTarg
 use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::Linear;
 
-/// The per-row outputs `[B, S, C]` of the hidden states' logits (`HiddenRowsOp`): the CPU
-/// kernels where the checked path runs them, composed candle ops otherwise.
+/// The per-row outputs `[B, S, C]` of the hidden states' logits (`HiddenRowsOp`) and their
+/// columns: the CPU kernels where the checked path runs them, composed candle ops otherwise
+/// (the same columns without the kernels' statistics).
 fn hidden_rows(
     inputs: &CheckedHidden,
     ids: Option<&Tensor>,
     targets: Option<&CheckedTargets>,
     paired: bool,
     cfg: &HiddenConfig,
-) -> Result<Tensor> {
+) -> Result<(Tensor, RowLayout)> {
     let (batch, seq, vocab) = (inputs.batch, inputs.seq, inputs.vocab);
     let block_rows = cfg.block_rows(vocab, if paired { seq } else { 1 });
     let width = ids.map_or(Ok(0), |ids| ids.dim(1))?;
+    let kernels_layout = if paired {
+        RowLayout::self_match(seq, width)
+    } else {
+        RowLayout::rows(width)
+    };
+    let layout;
     let device = inputs.hidden.device();
     let blocks = if inputs.path.runs_hidden_kernels(device) {
+        layout = kernels_layout;
         let read = |t: &Tensor, what: &str| -> Result<Vec<u32>> {
             let t = t.contiguous()?;
             let view = CpuView::new(&t, what)?;
@@ -74,14 +83,13 @@ fn hidden_rows(
         HiddenBlocks::Cpu(CpuBlocks {
             spec: RowSpec {
                 ids: ids.unwrap_or_default(),
-                width,
+                layout,
                 targets: rows_targets,
                 pad_id,
                 label_smoothing,
                 inv_count,
                 seq,
                 vocab,
-                paired,
             },
             block_rows,
             block_elements: cfg.block_elements,
@@ -89,6 +97,7 @@ fn hidden_rows(
             filter_below: cfg.filter_below,
         })
     } else {
+        layout = kernels_layout.without_statistics();
         let rows = ComposedRows {
             ids: ids
                 .map(|ids| {
@@ -105,8 +114,7 @@ fn hidden_rows(
                 })
                 .transpose()?,
             label_smoothing: targets.map_or(0.0, |t| t.terms.label_smoothing),
-            seq,
-            paired,
+            layout,
         };
         HiddenBlocks::Composed(ComposedBlocks::forward(
             &inputs.hidden,
@@ -122,23 +130,19 @@ fn hidden_rows(
     };
     let bias = bias_input(inputs.bias.as_ref(), inputs.dtype, device)?;
     let out = inputs.hidden.apply_op3(&inputs.weight, &bias, op)?;
-    out.reshape((batch, seq, ()))
+    Ok((out.reshape((batch, seq, ()))?, layout))
 }
 
 /// The hypothesis inputs (and the cross-entropy column) from [`hidden_rows`]'s output.
 fn split_rows(
-    out: &Tensor,
+    (out, layout): &(Tensor, RowLayout),
     ids_width: usize,
-    gather_width: usize,
-    paired: bool,
     cfg: &BleuLossConfig,
 ) -> Result<(HypothesisInputs, Tensor)> {
-    let seq = out.dim(1)?;
-    let first = if paired { seq } else { 0 };
-    let self_match = paired.then(|| out.narrow(2, 0, seq)).transpose()?;
-    let gathered = out.narrow(2, first, gather_width)?;
+    let self_match = layout.self_match_part(out)?;
+    let gathered = layout.gathered_part(out)?;
     let inputs = inputs_from_gathered(&gathered, ids_width, self_match, cfg)?;
-    Ok((inputs, out.narrow(2, first + gather_width, 1)?))
+    Ok((inputs, layout.cross_entropy_part(out)?))
 }
 
 /// Mean token cross-entropy of `softmax(proj(hidden))` against `targets`, without storing the
@@ -201,8 +205,8 @@ fn cross_entropy_from_hidden_on(
 ) -> Result<Tensor> {
     let inputs = hidden_call(hidden, proj, &cfg.hidden, path, false)?;
     let targets = hidden_targets(&inputs, targets, &cfg.ce)?;
-    let out = hidden_rows(&inputs, None, Some(&targets), false, &cfg.hidden)?;
-    out.narrow(2, 0, 1)?.sum_all()
+    let (out, layout) = hidden_rows(&inputs, None, Some(&targets), false, &cfg.hidden)?;
+    layout.cross_entropy_part(&out)?.sum_all()
 }
 
 /// The ids the blocks gather at, `[B, W]` with the `eos_id` column under the EOS length models:
@@ -266,8 +270,8 @@ fn bleu_loss_from_hidden_on(
     };
     let paired = bleu.form == Form::Paired;
     let gather_ids = cached_gather_ids(&side)?;
-    let out = hidden_rows(&inputs, Some(gather_ids), None, paired, hidden_cfg)?;
-    let (hyp, _) = split_rows(&out, ids.dim(1)?, gather_ids.dim(1)?, paired, bleu)?;
+    let rows = hidden_rows(&inputs, Some(gather_ids), None, paired, hidden_cfg)?;
+    let (hyp, _) = split_rows(&rows, ids.dim(1)?, bleu)?;
     finish(hyp, &side, hyp_lengths, bleu)
 }
 
@@ -348,8 +352,8 @@ fn ce_bleu_from_hidden_on(
     };
     let paired = bleu.form == Form::Paired;
     let gather_ids = cached_gather_ids(&side)?;
-    let out = hidden_rows(&inputs, Some(gather_ids), Some(&tokens), paired, hidden_cfg)?;
-    let (hyp, ce_column) = split_rows(&out, ids.dim(1)?, gather_ids.dim(1)?, paired, bleu)?;
+    let rows = hidden_rows(&inputs, Some(gather_ids), Some(&tokens), paired, hidden_cfg)?;
+    let (hyp, ce_column) = split_rows(&rows, ids.dim(1)?, bleu)?;
     let cross_entropy = Some(ce_column.sum_all()?);
     training_loss(hyp, cross_entropy, &side, hyp_lengths, bleu, bleu_weight)
 }

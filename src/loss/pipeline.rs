@@ -6,13 +6,15 @@
 //! The path of `logits` through [`ce_bleu_from_logits`](super::training::ce_bleu_from_logits):
 //! `checked::training_call` → the reference side
 //! ([`References::side`](super::references::References)) → [`hypothesis_pass`] (one op over the
-//! logits: [`super::kernels::RowOp`]) → [`finish`] (length weights, clipped matches, score).
+//! logits: [`super::kernels::row_op::RowOp`], its output split by
+//! [`RowLayout`](super::kernels::layout::RowLayout)) → [`finish`] (length weights, clipped
+//! matches, score).
 
 use super::checked::{CheckedHypotheses, CheckedTargets};
 use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, Form, TrainingLoss};
 use super::dispatch::Path;
 use super::kernels::composed::{self, gather_columns};
-use super::kernels::{GatherIds, RowOp};
+use super::kernels::row_op::{GatherIds, RowOp};
 use super::references::{ReferenceSide, ReferenceTokens};
 use super::{forms, length, score};
 use candle_core::{bail, Result, Tensor, D};
@@ -126,16 +128,14 @@ pub(crate) fn logits_pass(
     let (_, seq, _) = logits.dims3()?;
     let terms = targets.map(|t| (t.targets, t.terms, t.inv_count()));
     let op = RowOp::rows(self_match, ids, terms)?;
-    let (self_columns, width) = op.columns(seq)?;
+    let layout = op.layout(seq)?;
     let out = op.apply(logits)?;
     Ok(LogitsPass {
-        gathered: ids
-            .map(|_| out.narrow(2, self_columns, width))
-            .transpose()?,
-        self_match: self_match.then(|| out.narrow(2, 0, seq)).transpose()?,
+        gathered: ids.map(|_| layout.gathered_part(&out)).transpose()?,
+        self_match: layout.self_match_part(&out)?,
         probs: None,
         cross_entropy: targets
-            .map(|_| out.narrow(2, self_columns + width, 1)?.sum_all())
+            .map(|_| layout.cross_entropy_part(&out)?.sum_all())
             .transpose()?,
     })
 }

@@ -1,5 +1,7 @@
-//! The CPU row kernels, on raw slices: the `cpu_fwd` of the ops in [`super`] and the blocks of
-//! the hidden-state loss run these.
+//! The CPU row kernels, on raw slices: the `cpu_fwd` of the row op ([`super::row_op::RowOp`])
+//! and the blocks of the hidden-state loss run these. Each pass writes rows of
+//! [`RowLayout`]'s columns (`[Z | x | ce | max | sum | weight]`), whose widths and offsets it
+//! takes from there.
 //!
 //! Two passes over rows of `V` logits, each with its backward:
 //!
@@ -17,6 +19,7 @@
 
 pub(crate) use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
+use super::layout::RowLayout;
 use candle_core::Result;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -258,11 +261,6 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     ))
 }
 
-/// Columns each row of the row pass's output carries after the gathered probabilities: the
-/// row's (scaled) cross-entropy term, then what the backward needs — the row's maximum logit,
-/// its sum of `exp(logit − max)`, and the row's weight `1/n` (0 at padding or without targets).
-pub(crate) const CE_COLUMNS: usize = 4;
-
 /// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
 /// add nothing) and the label smoothing `ε`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -387,7 +385,13 @@ fn forward_row<T: KernelFloat>(
     for (o, &id) in out_row[..width].iter_mut().zip(row_ids) {
         *o = T::exp_nonpositive(row[id as usize] - max) * inv_sum;
     }
-    rows.columns(row, row_index, (max, sum, logit_sum), &mut out_row[width..]);
+    let ce_column = RowLayout::rows(width).ce_column();
+    rows.columns(
+        row,
+        row_index,
+        (max, sum, logit_sum),
+        &mut out_row[ce_column..],
+    );
     true
 }
 
@@ -406,7 +410,7 @@ wide_vectors! {
 /// The row pass over the rows `first_row..` of the batch, whose logits are `logits`, into `out`
 /// (one output row per logits row): `[x_0 … x_{K−1} | ce | max | sum | weight]` with
 /// `x_k = softmax(logits[r])[ids[r / rows_per_batch, k]]` (none when `width` = 0) and the
-/// cross-entropy columns ([`CE_COLUMNS`]). Errors on NaN or Inf in `logits`.
+/// cross-entropy columns ([`CE_COLUMNS`](super::layout::CE_COLUMNS)). Errors on NaN or Inf in `logits`.
 pub(crate) fn forward_rows_into<T: KernelFloat>(
     logits: &[T],
     vocab: usize,
@@ -416,7 +420,7 @@ pub(crate) fn forward_rows_into<T: KernelFloat>(
     out: &mut [T],
 ) -> Result<()> {
     let width = gathered.width;
-    let stride = width + CE_COLUMNS;
+    let stride = RowLayout::rows(width).stride();
     let all_finite = AtomicBool::new(true);
     let with_logit_sum = rows.label_smoothing != 0.0;
     out.par_chunks_mut(stride)
@@ -446,8 +450,9 @@ pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     label_smoothing: f64,
     vocab: usize,
 ) -> (T, T, T) {
-    let (sum, weight) = (stats[width + 2], stats[width + 3]);
-    let ce_grad = grads[width] * weight;
+    let layout = RowLayout::rows(width);
+    let (sum, weight) = (stats[layout.sum_column()], stats[layout.weight_column()]);
+    let ce_grad = grads[layout.ce_column()] * weight;
     let mut weighted = T::ZERO;
     for k in 0..width {
         weighted += grads[k] * stats[k];
@@ -587,7 +592,8 @@ fn backward_rows_columns_into<T: KernelFloat>(
     zeroed: bool,
 ) {
     let width = gathered.width;
-    let stride = width + CE_COLUMNS;
+    let layout = RowLayout::rows(width);
+    let stride = layout.stride();
     let eps = rows.label_smoothing;
     grad.par_chunks_mut(len)
         .zip(logits.par_chunks(len))
@@ -596,7 +602,7 @@ fn backward_rows_columns_into<T: KernelFloat>(
             let row_index = first_row + local;
             let stats = &out[local * stride..][..stride];
             let grads = &grad_out[local * stride..][..stride];
-            let max = stats[width + 1];
+            let max = stats[layout.max_column()];
             let (scale, offset, ce_grad) =
                 row_gradient_coefficients(stats, grads, width, eps, vocab);
             let row_ids = gathered.row_ids(row_index);
@@ -735,7 +741,8 @@ pub(crate) fn self_match_forward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let stride = seq + width + CE_COLUMNS;
+    let layout = RowLayout::self_match(seq, width);
+    let stride = layout.stride();
     let with_logit_sum = rows.label_smoothing != 0.0;
     let mut probs = vocab_sized_buffer::<T>(logits.len());
     let all_finite = AtomicBool::new(true);
@@ -750,13 +757,13 @@ pub(crate) fn self_match_forward_into<T: KernelFloat>(
                 all_finite.store(false, Ordering::Relaxed);
                 return;
             };
-            for (o, &id) in out_row[seq..seq + width]
+            for (o, &id) in out_row[layout.gathered_start()..layout.ce_column()]
                 .iter_mut()
                 .zip(gathered.row_ids(row_index))
             {
                 *o = p[id as usize];
             }
-            rows.columns(row, row_index, stats, &mut out_row[seq + width..]);
+            rows.columns(row, row_index, stats, &mut out_row[layout.ce_column()..]);
         });
     if !all_finite.load(Ordering::Relaxed) {
         return Err(non_finite_error("logits"));
@@ -793,7 +800,8 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let stride = seq + width + CE_COLUMNS;
+    let layout = RowLayout::self_match(seq, width);
+    let stride = layout.stride();
     let eps = rows.label_smoothing;
     // P again, from the logits and each row's max and sum kept in the output.
     let mut probs = vocab_sized_buffer::<T>(logits.len());
@@ -802,8 +810,11 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .zip(logits.par_chunks(vocab))
         .enumerate()
         .for_each(|(local, (p, row))| {
-            let stats = &out[local * stride + seq + width..][..CE_COLUMNS];
-            let (max, inv_sum) = (stats[1], T::ONE / stats[2]);
+            let stats = &out[local * stride..][..stride];
+            let (max, inv_sum) = (
+                stats[layout.max_column()],
+                T::ONE / stats[layout.sum_column()],
+            );
             // `p = exp(row − max) · inv_sum`: the dense loop of `dense_gradient` with offset 0.
             dense_gradient_dispatch(p, row, inv_sum, max, T::ZERO);
         });
@@ -829,12 +840,12 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .for_each(|(local, (g, p))| {
             let row_index = first_row + local;
             let grads = &grad_out[local * stride..][..stride];
-            let ce_grad = grads[seq + width] * out[local * stride + seq + width + 3];
+            let ce_grad = grads[layout.ce_column()] * out[local * stride + layout.weight_column()];
             jacobian_row_in_place(
                 p,
                 g,
                 gathered.row_ids(row_index),
-                &grads[seq..seq + width],
+                &grads[layout.gathered_start()..layout.ce_column()],
                 ce_grad,
                 rows.target(row_index),
                 eps,
@@ -866,7 +877,8 @@ mod tests {
         gathered: Gathered,
         rows: &TargetRows,
     ) -> Vec<T> {
-        let mut out = vec![T::ZERO; logits.len() / vocab * (gathered.width + CE_COLUMNS)];
+        let stride = RowLayout::rows(gathered.width).stride();
+        let mut out = vec![T::ZERO; logits.len() / vocab * stride];
         forward_rows_into(logits, vocab, gathered, rows, 0, &mut out).unwrap();
         out
     }

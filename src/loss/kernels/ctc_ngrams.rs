@@ -37,9 +37,8 @@
 //! (the adjoint of each recursion above), and applies the softmax's Jacobian.
 
 use super::cpu::{self, wide_vectors, LANES};
-use super::dispatch_float;
 use super::float::KernelFloat;
-use super::{contiguous_slice, unsupported_dtype};
+use super::row_op::{contiguous_slice, dispatch_float, unsupported_dtype};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor,
 };

@@ -1,5 +1,7 @@
-//! The CUDA side of [`RowOp`] and [`RowOpBackward`] (`cuda_fwd`), built with the `cuda`
-//! feature (the deprecated alias `cuda-kernels` is the same).
+//! The CUDA side of the row op and its backward (`RowOp` and `RowOpBackward`'s `cuda_fwd`, in
+//! `row_op.rs`), built only with the `cuda` feature. The op passes what the kernels
+//! read as a [`RowArgsIn`] (its parameters and its [`RowLayout`]): this file imports nothing of
+//! the op's.
 //!
 //! Verified on a GPU (an H200, 2026-11-27: `tests/cuda_kernels.rs` against the CPU and the
 //! composed ops; docs/gpu.md), so CUDA tensors take them by default. The kernels (`kernels.cu` beside this file) are CUDA C compiled at run time
@@ -12,7 +14,8 @@
 //! infinite logit gives NaN outputs (the CPU op errors; an error here would need a copy to the
 //! host).
 
-use super::{Pass, RowOp};
+use super::cpu::CrossEntropyTerms;
+use super::layout::{Pass, RowLayout};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     result, sys, CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -200,6 +203,19 @@ impl HeldU32 {
     }
 }
 
+/// What the kernels read of a row op: its pass, the output layout, the tensors it holds (u32
+/// ids `[B, K]`, their first-occurrence links, targets `[B, S]`) and its cross-entropy terms.
+pub(crate) struct RowArgsIn<'a> {
+    pub pass: Pass,
+    pub layout: RowLayout,
+    pub ids: Option<&'a Tensor>,
+    pub links: Option<&'a Tensor>,
+    pub targets: Option<&'a Tensor>,
+    pub ce: CrossEntropyTerms,
+    /// `1 / n` for the `n` non-pad targets (0 without targets).
+    pub inv_count: f64,
+}
+
 /// The scalar arguments every row kernel shares.
 struct RowArgs {
     rows: usize,
@@ -211,7 +227,7 @@ struct RowArgs {
     pad_id: u32,
 }
 
-fn row_args(op: &RowOp, layout: &Layout) -> Result<RowArgs> {
+fn row_args(op: &RowArgsIn<'_>, layout: &Layout) -> Result<RowArgs> {
     let dims = layout.shape().dims();
     let vocab = dims.last().copied().unwrap_or(1);
     let rows = layout.shape().elem_count() / vocab.max(1);
@@ -223,7 +239,7 @@ fn row_args(op: &RowOp, layout: &Layout) -> Result<RowArgs> {
         rows,
         rows_per_batch: dim_u32(seq, "sequence length")?,
         vocab: dim_u32(vocab, "vocabulary size")?,
-        width: dim_u32(op.columns(seq)?.1, "id width")?,
+        width: dim_u32(op.layout.gathered, "id width")?,
         has_targets: u32::from(op.targets.is_some()),
         has_pad: u32::from(op.ce.pad_id.is_some()),
         pad_id: op.ce.pad_id.unwrap_or(0),
@@ -275,21 +291,29 @@ fn softmax_rows<T: DeviceRepr>(
     Ok(probs)
 }
 
-/// `cuda_fwd` of [`RowOp`]: the output of `op`'s pass (see [`RowOp`]) in the logits' dtype.
-pub(crate) fn forward(op: &RowOp, logits: &CudaStorage, layout: &Layout) -> Result<CudaStorage> {
+/// `RowOp`'s `cuda_fwd`: the output of `op`'s pass in the logits' dtype, rows of
+/// `op.layout` (every probability for the softmax pass).
+pub(crate) fn forward(
+    op: &RowArgsIn<'_>,
+    logits: &CudaStorage,
+    layout: &Layout,
+) -> Result<CudaStorage> {
     let device = logits.device().clone();
     let args = row_args(op, layout)?;
-    let out_len = op.out_shape(layout.shape())?.elem_count();
-    let (self_columns, width) = match op.pass {
-        Pass::Softmax => (0, 0),
-        _ => op.columns(args.rows_per_batch as usize)?,
+    let (self_columns, stride) = (op.layout.self_match_columns(), op.layout.stride());
+    // The softmax pass returns its probabilities before this is used.
+    let out_len = match op.pass {
+        Pass::Softmax => 0,
+        _ => {
+            let (batch, seq, _) = layout.shape().dims3()?;
+            batch * seq * stride
+        }
     };
-    let stride = self_columns + width + super::CE_COLUMNS;
     let ids = HeldU32 {
-        tensor: op.ids.clone(),
+        tensor: op.ids.cloned(),
     };
     let targets = HeldU32 {
-        tensor: op.targets.clone(),
+        tensor: op.targets.cloned(),
     };
     let (probs, out) = with_float_slice!(logits, |slice, suffix, T| {
         let view = contiguous_view(slice, layout, "logits")?;
@@ -353,26 +377,21 @@ pub(crate) fn forward(op: &RowOp, logits: &CudaStorage, layout: &Layout) -> Resu
     Ok(out)
 }
 
-/// `cuda_fwd` of [`RowOpBackward`](super::RowOpBackward): the logits gradient of `op`'s pass
-/// from `(logits, out, grad_out)`.
+/// `RowOpBackward`'s `cuda_fwd`: the logits gradient of `op`'s pass from
+/// `(logits, out, grad_out)`.
 pub(crate) fn backward(
-    op: &RowOp,
+    op: &RowArgsIn<'_>,
     (logits, logits_layout): (&CudaStorage, &Layout),
     (out, out_layout): (&CudaStorage, &Layout),
     (grad_out, grad_layout): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage> {
     let device = logits.device().clone();
     let args = row_args(op, logits_layout)?;
-    let seq = args.rows_per_batch as usize;
-    let (self_columns, width) = match op.pass {
-        Pass::Softmax => (0, 0),
-        _ => op.columns(seq)?,
-    };
-    let stride = dim_u32(self_columns + width + super::CE_COLUMNS, "row")?;
-    let offset = dim_u32(self_columns, "row")?;
+    let stride = dim_u32(op.layout.stride(), "row")?;
+    let offset = dim_u32(op.layout.gathered_start(), "row")?;
     let eps_f64 = op.ce.label_smoothing;
-    let held = |t: &Option<Tensor>| HeldU32 { tensor: t.clone() };
-    let (ids, links, targets) = (held(&op.ids), held(&op.links), held(&op.targets));
+    let held = |t: Option<&Tensor>| HeldU32 { tensor: t.cloned() };
+    let (ids, links, targets) = (held(op.ids), held(op.links), held(op.targets));
     // The dense gradient of P for the self-match pass: (dZ + dZᵀ) P, with P recomputed.
     let dense_and_probs = match op.pass {
         Pass::SelfMatch => Some(self_match_dense(

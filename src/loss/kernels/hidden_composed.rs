@@ -2,13 +2,16 @@
 //! the outputs are computed detached, block by block, and attached to `hidden`, the weight and
 //! the bias by the op ([`super::hidden::HiddenRowsOp`]), whose backward recomputes each block
 //! as candle ops and back-propagates through that block alone — so this path keeps the
-//! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact.
+//! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact. A row
+//! holds [`RowLayout`]'s columns without the kernels' statistics (`[Z | x | ce]`).
 
+use super::layout::RowLayout;
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Storage, Tensor, Var, D};
 
 /// The rows' outputs as candle ops, for devices without the CPU kernels:
-/// `[Z (paired form) | x | ce]` per row, the kernels' layout without their statistics.
+/// `[Z (paired form) | x | ce]` per row, the kernels' layout without their statistics
+/// ([`RowLayout::without_statistics`]).
 pub(crate) struct ComposedRows {
     /// u32 `[R, width]`: each row's gathered ids.
     pub ids: Option<Tensor>,
@@ -16,8 +19,9 @@ pub(crate) struct ComposedRows {
     /// padding).
     pub targets: Option<(Tensor, Tensor)>,
     pub label_smoothing: f64,
-    pub seq: usize,
-    pub paired: bool,
+    /// The columns of a row: `Z` (`S` of them, paired form), the gathered ids' and `ce`; no
+    /// statistics.
+    pub layout: RowLayout,
 }
 
 impl ComposedRows {
@@ -25,12 +29,12 @@ impl ComposedRows {
     pub(crate) fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor> {
         let n = logits.dim(0)?;
         let mut columns = Vec::with_capacity(3);
-        if self.paired || self.ids.is_some() {
+        if self.layout.paired() || self.ids.is_some() {
             let probs = candle_nn::ops::softmax(logits, D::Minus1)?;
-            if self.paired {
-                let element_probs = probs.reshape((n / self.seq, self.seq, ()))?;
+            if let Some(seq) = self.layout.self_match {
+                let element_probs = probs.reshape((n / seq, seq, ()))?;
                 let self_match = element_probs.matmul(&element_probs.t()?)?;
-                columns.push(self_match.reshape((n, self.seq))?);
+                columns.push(self_match.reshape((n, seq))?);
             }
             if let Some(ids) = &self.ids {
                 columns.push(probs.gather(&ids.narrow(0, start, n)?.contiguous()?, 1)?);

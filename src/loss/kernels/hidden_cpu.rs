@@ -6,16 +6,18 @@
 //! ([`CpuBlocks::backward_vocab_tiles`]), else in the forward's blocks of whole rows. With
 //! gradient filtering (Cut Cross-Entropy's), tiles of `rows × vocab_tile` whose probabilities
 //! all lie below `τ` skip the dense part of `G`; the bound on the error is in
-//! `HiddenConfig`'s documentation.
+//! `HiddenConfig`'s documentation. The rows' outputs have the row op's columns
+//! ([`RowLayout`], held by [`RowSpec`]).
 
 use super::cpu::{
     backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
     row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
-    Gathered, TargetRows, CE_COLUMNS,
+    Gathered, TargetRows,
 };
 use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
-use super::{contiguous_slice, dispatch_float};
+use super::layout::RowLayout;
+use super::row_op::{contiguous_slice, dispatch_float};
 use crate::loss::host::CpuView;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
@@ -24,9 +26,11 @@ use rayon::prelude::*;
 /// What one call's rows compute besides the softmax statistics, owned by the CPU op: plain
 /// values the loss's validation has checked (ids and targets `< V`, `inv_count = 1/n`).
 pub(crate) struct RowSpec {
-    /// u32 `[B, width]`: the gathered ids of each element (reference ids, then EOS).
+    /// u32 `[B, layout.gathered]`: the gathered ids of each element (reference ids, then EOS).
     pub ids: Vec<u32>,
-    pub width: usize,
+    /// The output rows' columns: the self-match `Z` of the paired form, the gathered ids', the
+    /// cross-entropy and its statistics ([`RowLayout::rows`] or [`RowLayout::self_match`]).
+    pub layout: RowLayout,
     /// u32 `[B·S]` cross-entropy targets; `None` for the BLEU loss alone.
     pub targets: Option<Vec<u32>>,
     pub pad_id: Option<u32>,
@@ -34,28 +38,13 @@ pub(crate) struct RowSpec {
     pub inv_count: f64,
     pub seq: usize,
     pub vocab: usize,
-    /// The self-match pass (`Z = P Pᵀ` columns first) instead of the row pass.
-    pub paired: bool,
 }
 
 impl RowSpec {
-    /// Columns before the gathered ones: the self-match `Z` of the paired form.
-    fn self_match_columns(&self) -> usize {
-        if self.paired {
-            self.seq
-        } else {
-            0
-        }
-    }
-
-    pub(crate) fn stride(&self) -> usize {
-        self.self_match_columns() + self.width + CE_COLUMNS
-    }
-
     fn gathered(&self) -> Gathered<'_> {
         Gathered {
             ids: &self.ids,
-            width: self.width,
+            width: self.layout.gathered,
             rows_per_batch: self.seq,
         }
     }
@@ -167,7 +156,7 @@ impl CpuBlocks {
         dim: usize,
     ) -> Result<Vec<T>> {
         let spec = &self.spec;
-        let (vocab, stride) = (spec.vocab, spec.stride());
+        let (vocab, stride) = (spec.vocab, spec.layout.stride());
         let rows = hidden.len() / dim;
         let block = self.block_rows.min(rows);
         let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
@@ -179,7 +168,7 @@ impl CpuBlocks {
             let hidden_block = &hidden[start * dim..][..n * dim];
             block_logits(hidden_block, weight, bias, (n, dim, vocab), logits);
             let out = &mut out[start * stride..][..n * stride];
-            let pass = if spec.paired {
+            let pass = if spec.layout.paired() {
                 self_match_forward_into(logits, vocab, gathered, &target_rows, start, out)
             } else {
                 forward_rows_into(logits, vocab, gathered, &target_rows, start, out)
@@ -207,7 +196,7 @@ impl CpuBlocks {
         dim: usize,
     ) -> Gradients<T> {
         // The paired form is not filtered (see `HiddenConfig`).
-        if self.spec.paired || self.filter_below.is_some() {
+        if self.spec.layout.paired() || self.filter_below.is_some() {
             self.backward_row_blocks(hidden, weight, bias, out, grad_out, dim)
         } else {
             self.backward_vocab_tiles(hidden, weight, bias, out, grad_out, dim)
@@ -227,13 +216,13 @@ impl CpuBlocks {
         dim: usize,
     ) -> Gradients<T> {
         let spec = &self.spec;
-        let (vocab, stride) = (spec.vocab, spec.stride());
+        let (vocab, stride) = (spec.vocab, spec.layout.stride());
         let rows = hidden.len() / dim;
         let block = self.block_rows.min(rows);
         let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
         let mut grads = Gradients::zeros(rows, dim, vocab, bias.is_some());
         // The paired form is not filtered (see `HiddenConfig`).
-        let filter = self.filter_below.filter(|_| !spec.paired);
+        let filter = self.filter_below.filter(|_| !spec.layout.paired());
         // Without filtering one product spans the whole vocabulary (running them a tile at a
         // time measured the same within noise, BENCHMARKS.md, and sums `dH` in another order).
         let tile = match filter {
@@ -259,7 +248,7 @@ impl CpuBlocks {
             block_logits(hidden_block, weight, bias, (n, dim, vocab), logits);
             let out = &out[start * stride..][..n * stride];
             let grad_out = &grad_out[start * stride..][..n * stride];
-            if spec.paired {
+            if spec.layout.paired() {
                 self_match_backward_into(
                     logits,
                     vocab,
@@ -287,7 +276,7 @@ impl CpuBlocks {
                 mark_skipped(
                     logits,
                     out,
-                    (stride, spec.width, vocab),
+                    (stride, spec.layout.gathered, vocab),
                     tau,
                     &tiles,
                     &mut skipped,
@@ -359,7 +348,7 @@ impl CpuBlocks {
         dim: usize,
     ) -> Gradients<T> {
         let spec = &self.spec;
-        let (vocab, stride) = (spec.vocab, spec.stride());
+        let (vocab, stride) = (spec.vocab, spec.layout.stride());
         let rows = hidden.len() / dim;
         let (gathered, target_rows) = (spec.gathered(), spec.target_rows());
         let tile = vocab.min((self.block_elements / rows.max(1)).max(self.vocab_tile));
@@ -427,7 +416,7 @@ impl CpuBlocks {
         grads: &mut Gradients<T>,
     ) {
         let spec = &self.spec;
-        let (vocab, stride, width) = (spec.vocab, spec.stride(), spec.width);
+        let (vocab, stride, width) = (spec.vocab, spec.layout.stride(), spec.layout.gathered);
         let eps = spec.label_smoothing;
         let dim = weight.len() / vocab;
         let n = block.hidden_block.len() / dim;
@@ -501,7 +490,7 @@ impl CpuBlocks {
             let b = bias.map(|(s, l)| contiguous_slice::<T>(s, l, "proj.bias")).transpose()?;
             Ok(candle_core::WithDType::to_cpu_storage_owned(self.forward(h, w, b, dim)?))
         })?;
-        Ok((out, Shape::from((rows, self.spec.stride()))))
+        Ok((out, Shape::from((rows, self.spec.layout.stride()))))
     }
 
     pub(crate) fn cpu_backward(
@@ -575,10 +564,14 @@ fn mark_skipped<T: KernelFloat>(
     tiles: &[(usize, usize)],
     skipped: &mut [bool],
 ) {
+    let layout = RowLayout::rows(width);
     let thresholds: Vec<T> = out
         .chunks_exact(stride)
         .map(|row| {
-            let (max, sum) = (row[width + 1].to_f64(), row[width + 2].to_f64());
+            let (max, sum) = (
+                row[layout.max_column()].to_f64(),
+                row[layout.sum_column()].to_f64(),
+            );
             T::from_f64(max + (tau * sum).ln())
         })
         .collect();
@@ -632,14 +625,13 @@ mod tests {
             for with_bias in [false, true] {
                 let spec = || RowSpec {
                     ids: ids.clone(),
-                    width,
+                    layout: RowLayout::rows(width),
                     targets: with_targets.then(|| targets.clone()),
                     pad_id: with_targets.then_some(targets[2]),
                     label_smoothing: if with_targets { 0.1 } else { 0.0 },
                     inv_count: 1.0 / rows as f64,
                     seq,
                     vocab,
-                    paired: false,
                 };
                 let bias = with_bias.then_some(&bias_values[..]);
                 let reference = CpuBlocks {
