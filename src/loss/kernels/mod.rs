@@ -16,6 +16,8 @@
 
 pub(crate) mod composed;
 pub(crate) mod cpu;
+pub(crate) mod ctc_composed;
+pub(crate) mod ctc_cpu;
 #[cfg(feature = "cuda-kernels")]
 pub(crate) mod cuda;
 pub(crate) mod float;
