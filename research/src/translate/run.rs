@@ -237,6 +237,12 @@ pub struct RunSpec<O = Objective> {
     pub eval_every: usize,
     /// Stop after this many evaluations without a new best (none: run the whole budget).
     pub patience: Option<usize>,
+    /// Only evaluations at this step or later are selection candidates, and only they count
+    /// towards `patience` (a warm-up window, as the seq2seq study scores its best dev
+    /// evaluation after the warm-up). 0: every evaluation, the starting point of a fine-tune
+    /// included.
+    #[serde(default)]
+    pub select_from: usize,
     /// Learning rate.
     pub schedule: Schedule,
 }
@@ -376,6 +382,8 @@ pub fn train_run<O: RunObjective>(
             state
         }
     };
+    // A window longer than the budget still selects the last evaluation.
+    let select_from = spec.select_from.min(spec.max_steps);
     let (mut loss_sum, mut ce_sum, mut since) = (0.0, 0.0, 0usize);
     while state.step < spec.max_steps {
         let step = state.step;
@@ -399,7 +407,7 @@ pub fn train_run<O: RunObjective>(
                 train_ce: Some(ce_sum / since as f64),
             });
             (loss_sum, ce_sum, since) = (0.0, 0.0, 0);
-            if dev > state.best_dev_bleu {
+            if state.step >= select_from && dev > state.best_dev_bleu {
                 state.best_dev_bleu = dev;
                 state.best_step = state.step;
                 save_vars(varmap, &best_weights(&spec.dir))?;
@@ -407,7 +415,7 @@ pub fn train_run<O: RunObjective>(
             let since_best = state
                 .evals
                 .iter()
-                .filter(|e| e.step > state.best_step)
+                .filter(|e| e.step > state.best_step && e.step >= select_from)
                 .count();
             if spec.patience.is_some_and(|p| since_best >= p) || state.step == spec.max_steps {
                 state.done = true;
