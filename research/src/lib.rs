@@ -23,6 +23,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod ctc_nat;
 pub mod data;
 pub mod decode;
 pub mod device;
