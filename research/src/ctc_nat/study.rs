@@ -129,7 +129,7 @@ impl Study {
         let device = crate::device::device(common.cpu);
         let out = cfg.out();
         let work = cfg.work();
-        if work.exists() && !common.resume {
+        if work.exists() && !common.resume && !cfg.plan_only {
             println!(
                 "{} holds an earlier study: starting over (use --resume to continue it)",
                 work.display()
@@ -138,7 +138,7 @@ impl Study {
         }
         std::fs::create_dir_all(&out)?;
         std::fs::create_dir_all(&work)?;
-        if !common.resume {
+        if !common.resume && !cfg.plan_only {
             let _ = std::fs::remove_file(out.join("log.csv"));
         }
         let data = prepare(
@@ -591,6 +591,9 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         println!("  {part:<36} {m:6.1} min");
     }
     println!("  {:<36} {total:6.1} min", "total");
+    if cfg.plan_only {
+        return Ok(());
+    }
     let mut tracker = Tracker::open(&study.out, &kinds)?;
     for (kind, seconds) in step_estimates(cfg) {
         tracker.progress.estimate(&kind, seconds);
