@@ -10,7 +10,7 @@ const AR_MS_PER_STEP: f64 = 150.0;
 /// A CTC NAT training step at batch 64 on 2 cores, ms per unit of the upsampling ratio (the
 /// decoder and the tied output layer run on `r·S` frames; the CTC and BLEU kernels are under
 /// 10 % of a step). From the ratio pilot (docs/ctc_nat.md): a CTC step at r = 1, 2, 3 cost
-/// 1 : 1.65 : 2.4, and r = 1 is taken as the vanilla NAT's measured 130 ms; the machine was
+/// 1 : 1.7 : 2.4, and r = 1 is taken as the vanilla NAT's measured 130 ms; the machine was
 /// shared during the pilot, so this is an estimate the progress line replaces as it measures.
 const CTC_MS_PER_STEP_PER_RATIO: f64 = 115.0;
 /// A BLEU-on-CTC step relative to a CTC step (pilot: 1863 against 1909 ms on the shared
