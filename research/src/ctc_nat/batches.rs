@@ -10,7 +10,7 @@
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 
-use crate::model::ctc_nat::CtcNat;
+use crate::model::ctc_nat::{CtcNat, BLANK};
 use crate::model::nat::DecoderInputs;
 use crate::nat::batches::pad_rows;
 use crate::translate::batches::IdPairs;
@@ -26,12 +26,13 @@ pub fn feasible(target: &[u32], frames: usize) -> bool {
 }
 
 /// `pairs` without those a CTC NAT at `frames(S)` frames cannot align (and without an empty
-/// side), and how many were left out.
+/// side, or a target holding the blank — never the case: the teacher's search excludes BOS and
+/// BPE never emits a special id), and how many were left out.
 pub fn feasible_pairs(pairs: &IdPairs, frames: impl Fn(usize) -> usize) -> (IdPairs, usize) {
     let mut kept = IdPairs::default();
     let mut dropped = 0;
     for (s, t) in pairs.src.iter().zip(&pairs.tgt) {
-        if s.is_empty() || t.is_empty() || !feasible(t, frames(s.len())) {
+        if s.is_empty() || t.is_empty() || t.contains(&BLANK) || !feasible(t, frames(s.len())) {
             dropped += 1;
         } else {
             kept.src.push(s.clone());
