@@ -325,6 +325,7 @@ fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
                 "training.rs",
                 "hidden.rs",
                 "cross_entropy.rs",
+                "ctc.rs",
             ] {
                 assert!(
                     !edges.contains(forbidden),
@@ -353,6 +354,8 @@ const LOSS_LAYERS: [&[&str]; 7] = [
         "kernels/layout.rs",
         "kernels/gemm.rs",
         "kernels/cpu.rs",
+        "kernels/ctc_cpu.rs",
+        "kernels/ctc_composed.rs",
         "kernels/cuda.rs",
         "kernels/composed.rs",
         "kernels/hidden_cpu.rs",
@@ -382,6 +385,9 @@ const LOSS_LAYERS: [&[&str]; 7] = [
         "training.rs",
         "hidden.rs",
         "ctc_bleu.rs",
+        "ctc.rs",
+        "training.rs",
+        "hidden.rs",
     ],
     // Data-parallel training, on top of the entry points.
     &[

@@ -12,7 +12,8 @@ the mean ± sd over seeds and, where the file has a `ce` control, the seed-level
 each objective against it (scipy's `ttest_rel`) with Holm's correction over the objectives, for
 comparison with the study's own `paired_t_vs_ce` / `holm_adjusted_p_vs_ce`. Runs that carry a
 `condition` and a `variant` (the NAT study: distilled/raw/ar, length beam and duplicate removal)
-are grouped by them, and each group's objectives are compared with that group's `ce`. Exits non-zero if a
+are grouped by them, and each group's objectives are compared with that group's `ce` (the CTC
+NAT study's control is `ctc`: its `study` field is `ctc_nat`). Exits non-zero if a
 score differs from the reported one by more than 1e-9 (sacrebleu rounds nothing internally).
 """
 import gzip
@@ -83,7 +84,8 @@ def rescore(results_path):
     for group, by_objective in scores.items():
         if group:
             print(f"-- {group}")
-        control = by_objective.get("ce")
+        control_name = "ctc" if "ce" not in by_objective and "ctc" in by_objective else "ce"
+        control = by_objective.get(control_name)
         for metric in ("bleu", "chrf"):
             rows, pvalues = [], []
             for objective, by_seed in by_objective.items():
@@ -92,7 +94,7 @@ def rescore(results_path):
                     continue
                 sd = statistics.stdev(values) if len(values) > 1 else 0.0
                 row = [objective, statistics.mean(values), sd, None, None]
-                if control and objective not in ("ce", "baseline"):
+                if control and objective not in (control_name, "baseline"):
                     seeds = sorted(set(by_seed) & set(control))
                     a = [by_seed[s][metric] for s in seeds]
                     b = [control[s][metric] for s in seeds]

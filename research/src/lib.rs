@@ -6,8 +6,10 @@
 //!   deterministic train/dev/test split and byte-level BPE subwords; token-level pairs and
 //!   vocabularies; batches of ids.
 //! - [`model`]: the Transformer encoder–decoder every example trains, its greedy decoding,
-//!   the non-autoregressive model on its layers and the soft (differentiable) free-running
-//!   decoder.
+//!   the non-autoregressive model on its layers, its CTC variant (`model::ctc_nat`) and the
+//!   soft (differentiable) free-running decoder.
+//! - [`nat`], [`ctc_nat`]: the non-autoregressive translation studies (vanilla NAT with a
+//!   length predictor; CTC NAT), their teacher, distillation, objectives and reports.
 //! - [`task`]: the synthetic translation tasks of the `seq2seq` and `study` examples.
 //! - [`train`]: learning-rate schedule, optimiser, in-memory checkpoints, step timing.
 //! - [`eval`]: exact BLEU (`candle_bleu::exact`), sacrebleu's paired bootstrap, the
@@ -23,6 +25,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod ctc_nat;
 pub mod data;
 pub mod decode;
 pub mod device;

@@ -17,6 +17,7 @@ use super::config::{
 use super::dispatch::Path;
 use super::host;
 use super::kernels::cpu::CrossEntropyTerms;
+use super::kernels::ctc_cpu::CtcAlignments;
 use super::references::References;
 use super::score;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -529,6 +530,303 @@ fn finite(name: &str, t: &Tensor, check_off_cpu: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+// =============================================================================================
+// CTC: the arguments of `ctc_loss`, `ctc_loss_from_logits`, their composed references and
+// `ctc_greedy_decode`. Lengths and targets are read to the host (counted copies: the alignment
+// structure is built there); the pieces below are meant for every CTC entry point.
+// =============================================================================================
+
+/// Checked arguments of a CTC loss: the input in its compute dtype, the alignments the kernels
+/// take, the target lengths (for the mean) and the path.
+pub(crate) struct CheckedCtc {
+    /// The input `[B, T', V]` in its compute dtype (f32 for f16/bf16), contiguous.
+    pub input: Tensor,
+    pub alignments: CtcAlignments,
+    pub target_lengths: Vec<usize>,
+    pub path: Path,
+}
+
+/// Checks a batch-first CTC input `name` (`log_probs` or `logits`): float `[B, T', V]` with
+/// `B, T', V >= 1`. Returns the compute dtype (f32 for f16/bf16) and `(B, T', V)`.
+pub(crate) fn ctc_input_shape(name: &str, t: &Tensor) -> Result<(DType, (usize, usize, usize))> {
+    let dims = match t.dims() {
+        &[b, frames, v] => (b, frames, v),
+        dims => bail!(
+            "`{name}` must be batch-first [B, T', V] (PyTorch's ctc_loss takes time-first [T, B, V]), got shape {dims:?}"
+        ),
+    };
+    let dtype = float_compute_dtype(name, t)?;
+    if dims.0 == 0 || dims.1 == 0 || dims.2 == 0 {
+        bail!(
+            "`{name}` has an empty dimension: shape {:?}; B, T' and V must be >= 1",
+            t.dims()
+        );
+    }
+    Ok((dtype, dims))
+}
+
+/// The values of the integer tensor `name` (u32, i32 or i64, any shape) as i64, in one counted
+/// copy to the host, after checking its dtype, its shape (`shape`, described in `expected`) and
+/// its device.
+fn ctc_integers(
+    name: &str,
+    t: &Tensor,
+    shape: &[usize],
+    expected: &str,
+    device: &Device,
+) -> Result<Vec<i64>> {
+    if !matches!(t.dtype(), DType::U32 | DType::I32 | DType::I64) || t.dims() != shape {
+        bail!(
+            "`{name}` must be u32, i32 or i64 {expected}, got {:?} with shape {:?}",
+            t.dtype(),
+            t.dims()
+        );
+    }
+    if !t.device().same_device(device) {
+        bail!(
+            "`{name}` is on {:?} but the input is on {device:?}",
+            t.device()
+        );
+    }
+    let flat = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::U32 => host::to_vec1::<u32>(&flat)?
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        DType::I32 => host::to_vec1::<i32>(&flat)?
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        _ => host::to_vec1::<i64>(&flat)?,
+    })
+}
+
+/// Checked lengths `name` (u32, i32 or i64 `[B]`, each in `0..=limit`, the size of the
+/// dimension `limit_name`), on the host.
+fn ctc_lengths(
+    name: &str,
+    lengths: &Tensor,
+    batch: usize,
+    (limit, limit_name): (usize, &str),
+    described: &str,
+    device: &Device,
+) -> Result<Vec<usize>> {
+    let values = ctc_integers(
+        name,
+        lengths,
+        &[batch],
+        &format!("[{batch}] ({described})"),
+        device,
+    )?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(b, &length)| {
+            if length < 0 {
+                bail!("`{name}[{b}]` = {length} is negative");
+            }
+            if length as usize > limit {
+                bail!("`{name}[{b}]` = {length} exceeds {limit_name} = {limit} ({described})");
+            }
+            Ok(length as usize)
+        })
+        .collect()
+}
+
+/// Checked `input_lengths` of a CTC input `[B, T', V]` (described in `described`): u32, i32 or
+/// i64 `[B]` on `device`, each in `0..=T'`, as host values (one counted copy).
+pub(crate) fn ctc_input_lengths(
+    input_lengths: &Tensor,
+    (batch, frames): (usize, usize),
+    described: &str,
+    device: &Device,
+) -> Result<Vec<usize>> {
+    ctc_lengths(
+        "input_lengths",
+        input_lengths,
+        batch,
+        (frames, "T'"),
+        described,
+        device,
+    )
+}
+
+/// Checks that `blank` is in the vocabulary `V` (of the input described in `described`).
+pub(crate) fn ctc_blank(blank: u32, vocab: usize, described: &str) -> Result<()> {
+    if blank as usize >= vocab {
+        bail!("`blank` {blank} is out of the vocabulary (V = {vocab}, {described})");
+    }
+    Ok(())
+}
+
+/// Checked CTC targets: `targets` u32, i32 or i64 `[B, L]` on `device`, `target_lengths` likewise
+/// `[B]`, each `<= L`; the first `target_lengths[b]` ids of row `b` each `< V` and not `blank`
+/// (the rest is padding, not read). Returns each element's target on the host and the lengths
+/// (two counted copies).
+pub(crate) fn ctc_targets(
+    targets: &Tensor,
+    target_lengths: &Tensor,
+    (batch, vocab): (usize, usize),
+    blank: u32,
+    described: &str,
+    device: &Device,
+) -> Result<(Vec<Vec<u32>>, Vec<usize>)> {
+    let width = match targets.dims() {
+        &[b, width] if b == batch => width,
+        dims => bail!(
+            "`targets` must be padded [B, L] with B = {batch} ({described}), got shape {dims:?}"
+        ),
+    };
+    let lengths = ctc_lengths(
+        "target_lengths",
+        target_lengths,
+        batch,
+        (width, "L, the width of `targets`"),
+        described,
+        device,
+    )?;
+    let ids = ctc_integers(
+        "targets",
+        targets,
+        &[batch, width],
+        &format!("[{batch}, {width}]"),
+        device,
+    )?;
+    let mut out = Vec::with_capacity(batch);
+    for (b, &length) in lengths.iter().enumerate() {
+        let row = &ids[b * width..b * width + length];
+        let mut target = Vec::with_capacity(length);
+        for (j, &id) in row.iter().enumerate() {
+            if id < 0 || id as usize >= vocab {
+                bail!("`targets[{b}, {j}]` = {id} is out of the vocabulary (V = {vocab}, {described})");
+            }
+            if id == i64::from(blank) {
+                bail!(
+                    "`targets[{b}, {j}]` = {id} is the blank: targets hold labels only (`target_lengths[{b}]` = {length})"
+                );
+            }
+            target.push(id as u32);
+        }
+        out.push(target);
+    }
+    Ok((out, lengths))
+}
+
+/// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
+/// checked: the input, the targets and both lengths, each input length `>= 1`, the blank. On
+/// the CPU, where the path's kernel does not check them in its own pass, the frames within the
+/// input lengths are checked for NaN and `+inf` (and `-inf` from logits); off the CPU values are
+/// not checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ctc_call(
+    name: &str,
+    input: &Tensor,
+    targets: &Tensor,
+    input_lengths: &Tensor,
+    target_lengths: &Tensor,
+    (blank, zero_infinity): (u32, bool),
+    from_logits: bool,
+    path: Path,
+) -> Result<CheckedCtc> {
+    let (dtype, (batch, frames, vocab)) = ctc_input_shape(name, input)?;
+    let described = format!("`{name}` shape {:?}", input.dims());
+    let device = input.device();
+    ctc_blank(blank, vocab, &described)?;
+    let lengths = ctc_input_lengths(input_lengths, (batch, frames), &described, device)?;
+    if let Some(b) = lengths.iter().position(|&l| l == 0) {
+        bail!("`input_lengths[{b}]` = 0: every element needs at least one frame to align");
+    }
+    let (targets, target_lengths) = ctc_targets(
+        targets,
+        target_lengths,
+        (batch, vocab),
+        blank,
+        &described,
+        device,
+    )?;
+    let input = input.to_dtype(dtype)?.contiguous()?;
+    if device.is_cpu() && !path.runs_ctc_kernels(device) {
+        ctc_finite_frames(name, &input, &lengths, from_logits)?;
+    }
+    Ok(CheckedCtc {
+        input,
+        alignments: CtcAlignments {
+            targets,
+            input_lengths: lengths,
+            blank,
+            zero_infinity,
+        },
+        target_lengths,
+        path,
+    })
+}
+
+/// Errors if a frame within the input lengths of the CPU tensor `input` (`[B, T', V]`, f32 or
+/// f64) holds NaN or `+inf`, or from logits `-inf`, read in place.
+fn ctc_finite_frames(
+    name: &str,
+    input: &Tensor,
+    lengths: &[usize],
+    from_logits: bool,
+) -> Result<()> {
+    let (_, frames, vocab) = input.dims3()?;
+    let bad = |x: f64| x.is_nan() || x == f64::INFINITY || (from_logits && x == f64::NEG_INFINITY);
+    fn first_bad(
+        mut values: impl Iterator<Item = f64>,
+        bad: impl Fn(f64) -> bool,
+    ) -> Option<usize> {
+        values.position(bad)
+    }
+    let found = match input.dtype() {
+        DType::F64 => host::with_cpu_slice::<f64, _>(input, |s| {
+            Ok(lengths.iter().enumerate().find_map(|(b, &l)| {
+                let frames_of = &s[b * frames * vocab..(b * frames + l) * vocab];
+                first_bad(frames_of.iter().copied(), bad).map(|i| (b, i / vocab))
+            }))
+        })?,
+        _ => host::with_cpu_slice::<f32, _>(input, |s| {
+            Ok(lengths.iter().enumerate().find_map(|(b, &l)| {
+                let frames_of = &s[b * frames * vocab..(b * frames + l) * vocab];
+                first_bad(frames_of.iter().map(|&x| f64::from(x)), bad).map(|i| (b, i / vocab))
+            }))
+        })?,
+    };
+    if let Some((b, t)) = found {
+        let what = if from_logits {
+            "NaN or infinite values"
+        } else {
+            "NaN or +inf"
+        };
+        bail!(
+            "`{name}` contains {what} at batch element {b}, frame {t} (shape {:?}); the CTC loss needs {}",
+            input.dims(),
+            if from_logits {
+                "finite logits"
+            } else {
+                "log-probabilities that are finite or -inf"
+            }
+        );
+    }
+    Ok(())
+}
+
+/// The arguments of `ctc_greedy_decode`, checked: `logits` `[B, T', V]` (any float dtype), the
+/// blank, and the input lengths (`T'` each without them). Returns the lengths on the host.
+pub(crate) fn ctc_decode_call(
+    logits: &Tensor,
+    input_lengths: Option<&Tensor>,
+    blank: u32,
+) -> Result<Vec<usize>> {
+    let (_, (batch, frames, vocab)) = ctc_input_shape("logits", logits)?;
+    let described = format!("`logits` shape {:?}", logits.dims());
+    ctc_blank(blank, vocab, &described)?;
+    match input_lengths {
+        Some(lengths) => ctc_input_lengths(lengths, (batch, frames), &described, logits.device()),
+        None => Ok(vec![frames; batch]),
+    }
 }
 
 // ---- BLEU on CTC outputs ----------------------------------------------------------------------

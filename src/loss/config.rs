@@ -350,3 +350,32 @@ pub struct HiddenCrossEntropyConfig {
     /// Block sizes and gradient filtering.
     pub hidden: HiddenConfig,
 }
+
+/// How [`ctc_loss`](super::ctc_loss) reduces the batch (PyTorch's `reduction`). Not the BLEU
+/// loss's [`Reduction`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CtcReduction {
+    /// Each element's loss divided by its target length (clamped to `>= 1`), then the mean over
+    /// the batch: PyTorch's `reduction = "mean"`. A scalar.
+    #[default]
+    Mean,
+    /// The sum of the elements' losses. A scalar.
+    Sum,
+    /// No reduction: the loss of each element, `[B]`.
+    None,
+}
+
+/// Configuration of [`ctc_loss`](super::ctc_loss) and
+/// [`ctc_loss_from_logits`](super::ctc_loss_from_logits). Default: blank 0, `Mean`,
+/// `zero_infinity = false` (PyTorch's defaults).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CtcConfig {
+    /// The blank's id, any `< V`. Default 0.
+    pub blank: u32,
+    /// How the batch is reduced.
+    pub reduction: CtcReduction,
+    /// Infinite losses (elements no alignment can produce: too few frames for the target and
+    /// its repeats, or zero probabilities) and their gradients become 0. Otherwise such an
+    /// element's loss is `+inf` (its gradient is 0; PyTorch gives NaN there). Default `false`.
+    pub zero_infinity: bool,
+}

@@ -43,4 +43,10 @@ impl Path {
     pub(crate) fn runs_hidden_kernels(self, device: &Device) -> bool {
         self == Path::Kernels && device.is_cpu()
     }
+
+    /// Whether the CTC op runs its CPU kernel on `device`: it has no CUDA kernel, so elsewhere
+    /// composed candle ops run whatever the path.
+    pub(crate) fn runs_ctc_kernels(self, device: &Device) -> bool {
+        self == Path::Kernels && device.is_cpu()
+    }
 }

@@ -56,6 +56,8 @@
 //! | [`bleu_loss_from_hidden`], id references | 0, as from logits |
 //! | [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked) |
 //! | [`loss_from_stats`] | 0 |
+//! | [`ctc_loss`], [`ctc_loss_from_logits`] and their composed references | 3 (`targets`, `input_lengths`, `target_lengths`: the alignments are built on the host) |
+//! | [`ctc_greedy_decode`] | 1 (the argmax ids), + 1 with `input_lengths` |
 //! | backward passes | 0 |
 //!
 //! The reference side is built on the host from the ids `from_ids` read, uploaded once and
@@ -91,6 +93,8 @@
 //! - `kernels`: the row kernels over the logits (CPU, and CUDA with the `cuda` feature) and the hidden-state op, each a candle custom op with a hand-written backward,
 //!   and their composed candle-op counterparts; they take plain parameters, never a loss config;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
+//! - [`ctc_loss`], [`ctc_loss_from_logits`]: the CTC loss (PyTorch's `F.ctc_loss`, batch-first,
+//!   with the true gradient of its input) and [`ctc_greedy_decode`];
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
@@ -103,6 +107,7 @@ mod bleu;
 mod checked;
 mod config;
 mod cross_entropy;
+mod ctc;
 mod ctc_bleu;
 mod ctc_pass;
 mod dispatch;
@@ -120,11 +125,15 @@ mod training;
 
 pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CtcExpectedCounts, Form,
-    HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing,
-    Reduction, TrainingLoss, TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CtcConfig, CtcExpectedCounts,
+    CtcReduction, Form, HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig, LengthModel,
+    LossSmoothing, Reduction, TrainingLoss, TrainingLossConfig,
 };
 pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
+pub use ctc::{
+    ctc_greedy_decode, ctc_loss, ctc_loss_composed, ctc_loss_from_logits,
+    ctc_loss_from_logits_composed,
+};
 pub use ctc_bleu::{
     ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed, ctc_expected_counts,
 };

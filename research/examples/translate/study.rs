@@ -265,6 +265,7 @@ impl Study {
                 max_steps: args.base_steps,
                 eval_every: args.base_eval_every,
                 patience: Some(args.patience),
+                select_from: 0,
                 schedule: Schedule::InverseSqrt {
                     peak: args.common.lr,
                     warmup: args.common.warmup,
@@ -289,6 +290,7 @@ impl Study {
             max_steps: self.args.common.finetune_steps,
             eval_every: self.args.common.finetune_eval_every,
             patience: None,
+            select_from: 0,
             schedule: Schedule::Constant(self.args.common.finetune_lr),
         }
     }

@@ -10,6 +10,7 @@ use crate::data::tokens::Vocab;
 use crate::data::{source_tensor, Encoded};
 use transformer::Transformer;
 
+pub mod ctc_nat;
 pub mod nat;
 pub mod soft_decode;
 pub mod transformer;

@@ -73,6 +73,18 @@ pub fn seed_level_tests(
     objectives: &[&str],
     seeds: &[u64],
 ) -> Result<Value> {
+    seed_level_tests_vs(records, "ce", condition, variant, objectives, seeds)
+}
+
+/// [`seed_level_tests`] against the objective `control` (the CTC NAT's `ctc`).
+pub fn seed_level_tests_vs(
+    records: &[NatRecord],
+    control: &str,
+    condition: &str,
+    variant: &str,
+    objectives: &[&str],
+    seeds: &[u64],
+) -> Result<Value> {
     let value = |objective: &str, seed: u64, metric: &str| -> f64 {
         records
             .iter()
@@ -89,7 +101,7 @@ pub fn seed_level_tests(
     };
     let mut out = serde_json::Map::new();
     for metric in ["test_bleu", "test_chrf"] {
-        let control: Vec<f64> = seeds.iter().map(|&s| value("ce", s, metric)).collect();
+        let baseline: Vec<f64> = seeds.iter().map(|&s| value(control, s, metric)).collect();
         let systems: Vec<(String, Vec<f64>)> = objectives
             .iter()
             .map(|o| {
@@ -101,7 +113,7 @@ pub fn seed_level_tests(
             .collect();
         out.insert(
             metric.into(),
-            serde_json::to_value(seed_tests(&control, &systems)?)?,
+            serde_json::to_value(seed_tests(&baseline, &systems)?)?,
         );
     }
     Ok(Value::Object(out))
@@ -115,9 +127,20 @@ pub fn bootstraps(
     seeds: &[u64],
     resamples: usize,
 ) -> Result<Vec<Value>> {
+    bootstraps_vs(segments, "ce", objectives, seeds, resamples)
+}
+
+/// [`bootstraps`] against the objective `control` (the CTC NAT's `ctc`).
+pub fn bootstraps_vs(
+    segments: &BTreeMap<(String, u64), SegmentStats>,
+    control: &str,
+    objectives: &[&str],
+    seeds: &[u64],
+    resamples: usize,
+) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     for &seed in seeds {
-        let Some(control) = segments.get(&("ce".to_string(), seed)) else {
+        let Some(control) = segments.get(&(control.to_string(), seed)) else {
             continue;
         };
         for o in objectives {
@@ -157,7 +180,8 @@ pub fn summary(records: &[NatRecord]) -> Value {
     Value::Array(rows)
 }
 
-fn find<'a>(
+/// The summary row of `(condition, objective, variant)`.
+pub fn find<'a>(
     summary: &'a Value,
     condition: &str,
     objective: &str,
@@ -168,7 +192,8 @@ fn find<'a>(
     })
 }
 
-fn mean_sd_text(row: Option<&Value>, metric: &str, digits: usize) -> String {
+/// `mean ± sd` of `metric` in a summary row (the mean alone for one seed, `—` for none).
+pub fn mean_sd_text(row: Option<&Value>, metric: &str, digits: usize) -> String {
     match row {
         Some(r) if r["seeds"].as_u64().unwrap_or(0) > 1 => format!(
             "{:.digits$} ± {:.digits$}",
@@ -183,7 +208,8 @@ fn mean_sd_text(row: Option<&Value>, metric: &str, digits: usize) -> String {
     }
 }
 
-fn delta_text(tests: &Value, metric: &str, objective: &str) -> String {
+/// `objective`'s difference from `ce` in `metric` with its test, or `—`.
+pub fn delta_text(tests: &Value, metric: &str, objective: &str) -> String {
     tests[metric]
         .as_array()
         .and_then(|ts| ts.iter().find(|t| t["objective"] == objective))

@@ -368,7 +368,7 @@ impl Study {
             self.nat,
             self.cfg.recipe(),
             &self.data,
-            translate_run,
+            Some(translate_run),
             &self.out,
             &self.work,
             tracker,
@@ -417,6 +417,7 @@ impl Study {
                     max_steps: cfg.base_steps,
                     eval_every: cfg.base_eval_every,
                     patience: Some(cfg.patience),
+                    select_from: 0,
                     schedule: Schedule::InverseSqrt {
                         peak: cfg.common.lr,
                         warmup: cfg.common.warmup,
@@ -448,6 +449,7 @@ impl Study {
             max_steps: common.finetune_steps,
             eval_every: common.finetune_eval_every,
             patience: None,
+            select_from: 0,
             schedule: Schedule::Constant(common.finetune_lr),
         }
     }

@@ -237,6 +237,12 @@ pub struct RunSpec<O = Objective> {
     pub eval_every: usize,
     /// Stop after this many evaluations without a new best (none: run the whole budget).
     pub patience: Option<usize>,
+    /// Only evaluations at this step or later are selection candidates, and only they count
+    /// towards `patience` (a warm-up window, as the seq2seq study scores its best dev
+    /// evaluation after the warm-up). 0: every evaluation, the starting point of a fine-tune
+    /// included.
+    #[serde(default)]
+    pub select_from: usize,
     /// Learning rate.
     pub schedule: Schedule,
 }
@@ -376,6 +382,8 @@ pub fn train_run<O: RunObjective>(
             state
         }
     };
+    // A window longer than the budget still selects the last evaluation.
+    let select_from = spec.select_from.min(spec.max_steps);
     let (mut loss_sum, mut ce_sum, mut since) = (0.0, 0.0, 0usize);
     while state.step < spec.max_steps {
         let step = state.step;
@@ -399,7 +407,7 @@ pub fn train_run<O: RunObjective>(
                 train_ce: Some(ce_sum / since as f64),
             });
             (loss_sum, ce_sum, since) = (0.0, 0.0, 0);
-            if dev > state.best_dev_bleu {
+            if state.step >= select_from && dev > state.best_dev_bleu {
                 state.best_dev_bleu = dev;
                 state.best_step = state.step;
                 save_vars(varmap, &best_weights(&spec.dir))?;
@@ -407,7 +415,7 @@ pub fn train_run<O: RunObjective>(
             let since_best = state
                 .evals
                 .iter()
-                .filter(|e| e.step > state.best_step)
+                .filter(|e| e.step > state.best_step && e.step >= select_from)
                 .count();
             if spec.patience.is_some_and(|p| since_best >= p) || state.step == spec.max_steps {
                 state.done = true;
@@ -552,4 +560,64 @@ fn mrt_risk(
     let costs = Tensor::from_vec(costs, (sources, k), device)?;
     let valid = Tensor::from_vec(valid, (sources, k), device)?;
     risk(&log_probs, &costs, &valid, setup.mrt_alpha)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+    use std::cell::Cell;
+
+    /// Only evaluations from `select_from` on are selected and count towards the patience.
+    #[test]
+    fn selection_window() -> Result<()> {
+        let device = Device::Cpu;
+        let pairs = IdPairs {
+            src: vec![vec![4]; 4],
+            tgt: vec![vec![5]; 4],
+        };
+        let batches = Batches::new(&pairs, 2, 1)?;
+        let dev_by_step = [50.0, 40.0, 10.0, 20.0, 15.0, 12.0, 11.0, 10.0];
+        let run = |select_from: usize, name: &str| -> Result<RunState<()>> {
+            let dir = std::env::temp_dir().join(format!(
+                "candle-bleu-select-window-{}-{name}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            let mut varmap = VarMap::new();
+            let w = varmap.get((1,), "w", candle_nn::Init::Const(1.0), DType::F32, &device)?;
+            let spec = RunSpec {
+                dir: dir.clone(),
+                seed: 1,
+                batch_seed: 1,
+                objective: (),
+                init: None,
+                max_steps: 8,
+                eval_every: 1,
+                patience: Some(2),
+                select_from,
+                schedule: Schedule::Constant(1e-3),
+            };
+            let evals = Cell::new(0usize);
+            let dev = || {
+                evals.set(evals.get() + 1);
+                Ok(dev_by_step[evals.get() - 1])
+            };
+            let mut step = |_: &[usize], _: usize| {
+                let loss = w.sum_all()?;
+                Ok((loss.clone(), loss))
+            };
+            let state = train_run(&spec, &mut varmap, &batches, &dev, &mut step, &mut |_| {})?;
+            std::fs::remove_dir_all(&dir)?;
+            Ok(state)
+        };
+        // Without a window: best at step 1, stopped after 2 evaluations without a new best.
+        let plain = run(0, "plain")?;
+        assert_eq!((plain.best_step, plain.step), (1, 3));
+        // From step 3: best at step 4 (20), stopped at step 6.
+        let windowed = run(3, "window")?;
+        assert_eq!((windowed.best_step, windowed.step), (4, 6));
+        assert_eq!(windowed.best_dev_bleu, 20.0);
+        Ok(())
+    }
 }

@@ -650,6 +650,29 @@ wide_vectors! {
         = dense_gradient;
 }
 
+/// `grad_row[v] = scale · exp(row[v] − lse)` for `lse >= max(row)`: `scale · softmax(row)` when
+/// `lse` is the row's log-sum-exp (the CTC kernel's dense gradient term).
+pub(crate) fn scaled_softmax_into<T: KernelFloat>(grad_row: &mut [T], row: &[T], scale: T, lse: T) {
+    dense_gradient_dispatch(grad_row, row, scale, lse, T::ZERO);
+}
+
+#[inline(always)]
+fn row_stats_body<T: KernelFloat>(row: &[T]) -> (T, T, T, bool) {
+    row_softmax_stats(row, false)
+}
+
+wide_vectors! {
+    /// [`row_softmax_stats`] without the logit sum.
+    fn row_stats_dispatch(row: &[T]) -> (T, T, T, bool) = row_stats_body;
+}
+
+/// `log Σ_v exp(row[v])` (in f64, from the row's maximum and exp-sum in `T`) in one read of the
+/// row, or `None` if the row holds NaN or Inf.
+pub(crate) fn row_log_sum_exp<T: KernelFloat>(row: &[T]) -> Option<f64> {
+    let (max, sum, _, finite) = row_stats_dispatch(row);
+    finite.then(|| max.to_f64() + sum.to_f64().ln())
+}
+
 /// The softmax Jacobian applied in place to one row's gradient: `g` holds the dense gradient of
 /// the probabilities `p` and becomes the logits gradient
 /// `p ⊙ (g + h·w − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`

@@ -8,6 +8,8 @@
 
 pub(crate) mod composed;
 pub(crate) mod cpu;
+pub(crate) mod ctc_composed;
+pub(crate) mod ctc_cpu;
 pub(crate) mod ctc_ngrams;
 pub(crate) mod ctc_ngrams_composed;
 #[cfg(feature = "cuda")]

@@ -1,0 +1,171 @@
+//! The CTC NAT study's command line and its `--quick` values and checks.
+
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+
+use super::objective::CtcObjective;
+use crate::cli::CatalogueStudyArgs;
+use crate::nat::objective::Mixing;
+use crate::nat::teacher::Recipe;
+
+/// Which teacher distils the training targets.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeacherChoice {
+    /// Translate's recipe trained to its dev plateau (`Recipe::PLATEAU`), in `--teacher-dir`
+    /// (reused there by every run with the same corpus and tokenizer).
+    Plateau,
+    /// The NAT study's teacher: a finished translate run's seed-1 `ce` model when it matches
+    /// (`--translate-run`), else translate's 4000-step recipe in `--teacher-dir`.
+    Translate,
+}
+
+/// The CTC NAT study's command line.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    about = "Does the BLEU loss on CTC outputs help a CTC non-autoregressive translator? (English→LANG gettext catalogues)"
+)]
+pub struct Config {
+    /// The flags the CTC NAT shares with the translate and NAT studies (corpus, model sizes,
+    /// schedules, seeds; `--label-smoothing` is unused).
+    #[command(flatten)]
+    pub common: CatalogueStudyArgs,
+    /// The upsampling ratio `r`: a source of `S` subwords gives `r·S` decoder frames. 2 from
+    /// the ratio pilot (docs/ctc_nat.md): better dev BLEU than 3 at equal steps and about 1.5×
+    /// cheaper a step, for 1.2 % of the distilled pairs left out (0.13 % at 3).
+    #[arg(long, default_value_t = 2)]
+    pub ratio: usize,
+    /// Output folder: results.json, table.md, log.csv, gzipped outputs, the distilled targets
+    /// (default `docs/ctc_nat_run`; with `--quick`, `runs/ctc_nat_quick`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Checkpoints (default `runs/ctc_nat/<lang>`; with `--quick`, `runs/ctc_nat_quick/work`).
+    #[arg(long)]
+    pub work: Option<PathBuf>,
+    /// The teacher.
+    #[arg(long, value_enum, default_value_t = TeacherChoice::Plateau)]
+    pub teacher: TeacherChoice,
+    /// Where a trained teacher is kept across runs (default `runs/teacher/<lang>/plateau` or
+    /// `.../translate`; with `--quick`, under the work folder).
+    #[arg(long)]
+    pub teacher_dir: Option<PathBuf>,
+    /// With `--teacher translate`: a finished translate study whose seed-1 `ce` model is the
+    /// teacher when its corpus and tokenizer match (default `runs/translate/<lang>`).
+    #[arg(long)]
+    pub translate_run: Option<PathBuf>,
+    /// Leave out `ctc+bleu4` (the first objective the budget cuts).
+    #[arg(long)]
+    pub no_bleu4: bool,
+    /// CTC baseline: step cap (4000 to fit the 150-minute budget, docs/ctc_nat.md).
+    #[arg(long, default_value_t = 4000)]
+    pub base_steps: usize,
+    /// CTC baseline: dev evaluation every this many steps.
+    #[arg(long, default_value_t = 500)]
+    pub base_eval_every: usize,
+    /// CTC baseline: evaluations (from `--select-from` on) without a new best dev BLEU before
+    /// stopping.
+    #[arg(long, default_value_t = 3)]
+    pub patience: usize,
+    /// CTC baseline: only checkpoints from this step on are selected (a warm-up window, as in
+    /// the seq2seq study): the NAT study selected a step-500 baseline that mostly copied its
+    /// source (docs/nat.md).
+    #[arg(long, default_value_t = 1500)]
+    pub select_from: usize,
+    /// λ of the mixed objectives `CTC + λ·L` in seed 1's grid (with `L` alone).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub lambdas: Vec<f64>,
+    /// Sentences of the batch-1 speed measurement.
+    #[arg(long, default_value_t = 200)]
+    pub speed_sentences: usize,
+    /// A pilot instead of the study: seed 1's CTC baseline for `--base-steps` (no early stop,
+    /// no selection window) on these distilled targets (a `distilled.ids.gz` of the same corpus
+    /// and tokenizer, e.g. the NAT study's `docs/nat_run/distilled.ids.gz`), then
+    /// `--finetune-steps` of `ctc` and of `ctc+bon2` at the first `--lambdas`; dev BLEU and ms per
+    /// step to `pilot.json` in `--out`. No teacher, no test set.
+    #[arg(long)]
+    pub pilot_distilled: Option<PathBuf>,
+    /// Print the plan and its time estimate, then stop (the corpus, tokenizer and test
+    /// references are still written to `--out`; nothing is removed or trained).
+    #[arg(long)]
+    pub plan_only: bool,
+}
+
+impl Config {
+    pub(super) fn apply_quick(&mut self) {
+        self.common.apply_quick();
+        self.base_steps = 40;
+        self.base_eval_every = 20;
+        self.select_from = 20;
+        self.common.finetune_eval_every = 5;
+        self.speed_sentences = self.speed_sentences.min(20);
+    }
+
+    pub(super) fn check(&self) -> Result<()> {
+        self.common.check()?;
+        if self.ratio == 0 || self.ratio > 8 {
+            bail!("--ratio must be in 1..=8, got {}", self.ratio);
+        }
+        if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
+            bail!("--lambdas must be finite and > 0, got {l}");
+        }
+        if self.base_eval_every == 0 || self.base_steps == 0 {
+            bail!("--base-steps and --base-eval-every must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// The output folder.
+    pub fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            PathBuf::from(if self.common.quick {
+                "runs/ctc_nat_quick"
+            } else {
+                "docs/ctc_nat_run"
+            })
+        })
+    }
+
+    /// The checkpoint folder.
+    pub fn work(&self) -> PathBuf {
+        self.work.clone().unwrap_or_else(|| {
+            if self.common.quick {
+                self.out().join("work")
+            } else {
+                PathBuf::from("runs/ctc_nat").join(&self.common.lang)
+            }
+        })
+    }
+
+    /// The folder whose `teacher/` holds the trained teacher.
+    pub fn teacher_dir(&self) -> PathBuf {
+        self.teacher_dir.clone().unwrap_or_else(|| {
+            let name = match self.teacher {
+                TeacherChoice::Plateau => "plateau",
+                TeacherChoice::Translate => "translate",
+            };
+            if self.common.quick {
+                self.out().join("teacher").join(name)
+            } else {
+                PathBuf::from("runs/teacher")
+                    .join(&self.common.lang)
+                    .join(name)
+            }
+        })
+    }
+
+    /// The teacher's recipe.
+    pub fn recipe(&self) -> Recipe {
+        match (self.common.quick, self.teacher) {
+            (true, _) => Recipe::QUICK,
+            (false, TeacherChoice::Plateau) => Recipe::PLATEAU,
+            (false, TeacherChoice::Translate) => Recipe::TRANSLATE,
+        }
+    }
+
+    /// Seed 1's grid: `ctc+bon2` alone and at every λ.
+    pub fn grid(&self) -> Vec<CtcObjective> {
+        std::iter::once(Mixing::Pure)
+            .chain(self.lambdas.iter().map(|&l| Mixing::WithCe(l)))
+            .map(|mixing| CtcObjective::Bon2 { mixing })
+            .collect()
+    }
+}

@@ -1,0 +1,809 @@
+//! The CTC NAT study's driver ([`run_study`]) and its phases; `docs/ctc_nat.md` describes the
+//! design. The corpus, teacher, distillation, batches order, training loop, statistics and
+//! files are the NAT study's and the translate study's ([`crate::nat`], [`crate::translate`]).
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+use candle_nn::VarMap;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::batches::{feasible_pairs, infeasible_count, make_ctc_batch};
+use super::config::{Config, TeacherChoice};
+use super::decode::decode_ctc;
+use super::objective::{step_loss, CtcObjective};
+use super::plan::{plan, step_estimates, BASELINE, FINETUNE_BLEU, FINETUNE_CTC};
+use crate::checkpoint::{load_json, save_json};
+use crate::data::{BOS, EOS, PAD};
+use crate::decode::{BeamConfig, Specials};
+use crate::model::ctc_nat::{CtcNat, BLANK};
+use crate::model::transformer::{Dropout, PositionAdd, TransformerConfig};
+use crate::nat::decode::{repetition_share, timed};
+use crate::nat::files::{read_lines_gz, write_lines_gz};
+use crate::nat::objective::Mixing;
+use crate::nat::report::{
+    bootstraps_vs, delta_text, find, mean_sd_text, seed_level_tests_vs, summary, NatRecord,
+};
+use crate::nat::teacher::{distill, parse_ids, teacher, Teacher, TeacherStamp};
+use crate::progress::format_duration;
+use crate::translate::batches::{Batches, IdPairs};
+use crate::translate::data::{prepare, DataConfig, StudyData};
+use crate::translate::evaluate::{
+    bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
+    CHRF_SIGNATURE,
+};
+use crate::translate::run::{
+    best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
+};
+use crate::translate::track::Tracker;
+
+/// The longest source or target, in subwords with BOS and EOS (the teacher's positions; the
+/// CTC NAT has `r` times as many).
+const MAX_LEN: usize = 128;
+/// The control every objective is compared with.
+const CONTROL: &str = "ctc";
+/// The one decoding of the CTC NAT.
+const VARIANT: &str = "greedy";
+
+/// The setting the whole study shares.
+struct Study {
+    cfg: Config,
+    data: StudyData,
+    /// The teacher's sizes.
+    teacher: TransformerConfig,
+    /// The CTC NAT's sizes (the teacher's, with `r·MAX_LEN` positions).
+    ctc: TransformerConfig,
+    device: Device,
+    out: PathBuf,
+    work: PathBuf,
+    seeds: Vec<u64>,
+    beam: BeamConfig,
+}
+
+/// Every run's state by (name, seed); seed 1's grid runs are named `grid:<label>`.
+type States = BTreeMap<(String, u64), RunState<CtcObjective>>;
+
+/// The training pairs and what was left out.
+struct TrainingPairs {
+    teacher: Teacher,
+    distilled: IdPairs,
+    /// Distilled pairs left out: no CTC alignment in `r·S` frames, or an empty side.
+    dropped_distilled: usize,
+    /// The raw training references `r·S` frames cannot align (for comparison; not trained on).
+    infeasible_raw: usize,
+    /// Dev and test references longer (with repeats) than their source's frames.
+    infeasible_dev: usize,
+    infeasible_test: usize,
+}
+
+fn specials() -> Specials {
+    Specials {
+        bos: BOS,
+        eos: EOS,
+        pad: PAD,
+    }
+}
+
+/// A record with `scores` and the files, the rest to be filled.
+fn record(
+    scores: &TextScores,
+    objective: &str,
+    condition: &str,
+    variant: &str,
+    file: String,
+) -> NatRecord {
+    NatRecord {
+        objective: objective.into(),
+        condition: condition.into(),
+        variant: variant.into(),
+        length_beam: None,
+        dedup: false,
+        seed: 1,
+        config: String::new(),
+        dev_bleu: f64::NAN,
+        best_step: 0,
+        steps: 0,
+        test_bleu: scores.bleu,
+        test_chrf: scores.chrf,
+        test_chrf_pp: scores.chrf_pp,
+        test_bleu_without_bp: scores.bleu_without_bp,
+        test_length_ratio: scores.length_ratio,
+        repetition_share: 0.0,
+        length_accuracy: None,
+        test_hyp: file,
+        test_ref: "test.ref.gz".into(),
+        bleu_signature: BLEU_SIGNATURE.into(),
+        chrf_signature: CHRF_SIGNATURE.into(),
+        ms_per_step: f64::NAN,
+        train_seconds: 0.0,
+        eval_seconds: 0.0,
+    }
+}
+
+impl Study {
+    fn prepare(cfg: Config) -> Result<Self> {
+        let common = &cfg.common;
+        let device = crate::device::device(common.cpu);
+        let out = cfg.out();
+        let work = cfg.work();
+        if work.exists() && !common.resume && !cfg.plan_only {
+            println!(
+                "{} holds an earlier study: starting over (use --resume to continue it)",
+                work.display()
+            );
+            std::fs::remove_dir_all(&work)?;
+        }
+        std::fs::create_dir_all(&out)?;
+        std::fs::create_dir_all(&work)?;
+        if !common.resume && !cfg.plan_only {
+            let _ = std::fs::remove_file(out.join("log.csv"));
+        }
+        let data = prepare(
+            &DataConfig {
+                catalogs: &common.catalogs,
+                lang: &common.lang,
+                bpe_vocab: common.bpe_vocab,
+                quick: common.quick,
+                max_len: MAX_LEN,
+            },
+            &out,
+        )?;
+        write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
+        let vocab = data.bpe.vocab_size();
+        let teacher = TransformerConfig {
+            src_vocab: vocab,
+            tgt_vocab: vocab,
+            d_model: common.d_model,
+            heads: 4,
+            d_ff: 4 * common.d_model,
+            encoder_layers: common.layers,
+            decoder_layers: common.layers,
+            max_len: MAX_LEN,
+            dropout: common.dropout,
+            tie_all: true,
+            positions: PositionAdd::Broadcast,
+        };
+        Ok(Self {
+            ctc: TransformerConfig {
+                max_len: cfg.ratio * MAX_LEN,
+                ..teacher
+            },
+            seeds: (1..=common.seeds).collect(),
+            beam: BeamConfig {
+                beam: common.beam,
+                ..BeamConfig::default()
+            },
+            cfg,
+            data,
+            teacher,
+            device,
+            out,
+            work,
+        })
+    }
+
+    fn load(&self, weights: &Path) -> Result<CtcNat> {
+        let mut varmap = VarMap::new();
+        let model = CtcNat::new(self.ctc, self.cfg.ratio, &varmap, 0, &self.device)?;
+        crate::checkpoint::load_vars(&mut varmap, weights)?;
+        Ok(model)
+    }
+
+    fn detok(&self, ids: &[u32]) -> String {
+        self.data.bpe.decode(ids).unwrap_or_default()
+    }
+
+    /// Frames of a source of `s` tokens.
+    fn frames(&self, s: usize) -> usize {
+        crate::model::ctc_nat::frames(s, self.cfg.ratio, self.ctc.max_len)
+    }
+
+    /// Dev BLEU of `model`, greedy CTC decoding (the selection criterion).
+    fn dev_bleu(&self, model: &CtcNat) -> Result<f64> {
+        let ids = decode_ctc(model, &self.data.dev.ids.src, 64, PAD, &self.device)?;
+        let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+        bleu(&hyps, &self.data.dev.references)
+    }
+
+    fn run_dir(&self, seed: u64, name: &str) -> PathBuf {
+        self.work.join(format!("seed{seed}")).join(name)
+    }
+
+    /// Trains (or resumes, or loads) one run on `pairs`.
+    fn train(
+        &self,
+        tracker: &mut Tracker,
+        label: &str,
+        kind: &str,
+        spec: &RunSpec<CtcObjective>,
+        pairs: &IdPairs,
+    ) -> Result<RunState<CtcObjective>> {
+        let mut varmap = VarMap::new();
+        let model = CtcNat::new(self.ctc, self.cfg.ratio, &varmap, spec.seed, &self.device)?;
+        let batches = Batches::new(pairs, self.cfg.common.batch_size, spec.batch_seed)?;
+        let dev = || self.dev_bleu(&model);
+        let mut step = |indices: &[usize], step: usize| {
+            let batch = make_ctc_batch(&model, pairs, indices, PAD, &self.device)?;
+            let mut dropout = Dropout::new(self.ctc.dropout, mix(spec.seed, 1, step));
+            step_loss(&model, &batch, spec.objective, PAD, &mut dropout)
+        };
+        tracker.train(label, kind, spec, |on_step| {
+            train_run(spec, &mut varmap, &batches, &dev, &mut step, on_step)
+        })
+    }
+
+    /// The teacher's steps still to train (0 when a finished one matches).
+    fn teacher_steps_left(&self) -> Result<usize> {
+        let dir = self.cfg.teacher_dir().join("teacher");
+        let stamp: Option<TeacherStamp> = load_json(&dir.join("teacher.json"))?;
+        let state: Option<RunState> = load_json(&dir.join("state.json"))?;
+        let matches = stamp.is_some_and(|s| {
+            s.recipe == self.cfg.recipe() && s.corpus_sha256 == self.data.summary.sha256
+        });
+        let translate_reused = self.cfg.teacher == TeacherChoice::Translate
+            && self
+                .translate_run()
+                .join("runs/seed1/ce/state.json")
+                .exists();
+        Ok(match state {
+            _ if translate_reused => 0,
+            Some(s) if matches && s.done => 0,
+            Some(s) if matches => self.cfg.recipe().steps.saturating_sub(s.step),
+            _ => self.cfg.recipe().steps,
+        })
+    }
+
+    fn translate_run(&self) -> PathBuf {
+        self.cfg
+            .translate_run
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs/translate").join(&self.cfg.common.lang))
+    }
+
+    /// Part 1: the teacher and the distilled targets, the infeasible pairs dropped.
+    fn teacher_and_distillation(&self, tracker: &mut Tracker) -> Result<TrainingPairs> {
+        let translate_run = self.translate_run();
+        let teacher = teacher(
+            self.teacher,
+            self.cfg.recipe(),
+            &self.data,
+            (self.cfg.teacher == TeacherChoice::Translate).then_some(translate_run.as_path()),
+            &self.out,
+            &self.cfg.teacher_dir(),
+            tracker,
+            &self.device,
+        )?;
+        tracker.progress.println(&format!(
+            "teacher: {} (dev BLEU {:.2})",
+            teacher.origin, teacher.dev_bleu
+        ));
+        let distilled = distill(
+            &teacher,
+            self.teacher,
+            &self.data,
+            self.beam,
+            &self.out,
+            tracker,
+            &self.device,
+        )?;
+        let frames = |s: usize| self.frames(s);
+        let (distilled, dropped_distilled) = feasible_pairs(&distilled, frames);
+        let pairs = TrainingPairs {
+            teacher,
+            distilled,
+            dropped_distilled,
+            infeasible_raw: infeasible_count(&self.data.train.ids, frames),
+            infeasible_dev: infeasible_count(&self.data.dev.ids, frames),
+            infeasible_test: infeasible_count(&self.data.test.ids, frames),
+        };
+        tracker.progress.println(&format!(
+            "distilled targets: {} pairs kept, {} left out (no alignment in {}·S frames, or empty); references beyond their frames: raw train {}, dev {}, test {}",
+            pairs.distilled.len(), pairs.dropped_distilled, self.cfg.ratio, pairs.infeasible_raw, pairs.infeasible_dev, pairs.infeasible_test
+        ));
+        Ok(pairs)
+    }
+
+    /// Part 2: the CTC baselines, to their dev plateau after the selection window.
+    fn train_baselines(&self, tracker: &mut Tracker, pairs: &IdPairs) -> Result<States> {
+        let cfg = &self.cfg;
+        let mut states = States::new();
+        for &seed in &self.seeds {
+            let spec = RunSpec {
+                dir: self.run_dir(seed, "baseline"),
+                seed,
+                batch_seed: seed,
+                objective: CtcObjective::Ctc,
+                init: None,
+                max_steps: cfg.base_steps,
+                eval_every: cfg.base_eval_every,
+                patience: Some(cfg.patience),
+                select_from: cfg.select_from,
+                schedule: Schedule::InverseSqrt {
+                    peak: cfg.common.lr,
+                    warmup: cfg.common.warmup,
+                },
+            };
+            let label = format!("seed {seed} CTC baseline");
+            let state = self.train(tracker, &label, BASELINE, &spec, pairs)?;
+            states.insert(("baseline".into(), seed), state);
+        }
+        Ok(states)
+    }
+
+    /// A fine-tuning run of `objective` from `seed`'s baseline: the same batches and dropout
+    /// masks for every objective of a seed (paired), the starting point a candidate.
+    fn finetune(&self, seed: u64, objective: CtcObjective) -> RunSpec<CtcObjective> {
+        let common = &self.cfg.common;
+        RunSpec {
+            dir: self.run_dir(seed, &objective.label()),
+            seed,
+            batch_seed: seed.wrapping_mul(1000) + 7,
+            objective,
+            init: Some(best_weights(&self.run_dir(seed, "baseline"))),
+            max_steps: common.finetune_steps,
+            eval_every: common.finetune_eval_every,
+            patience: None,
+            select_from: 0,
+            schedule: Schedule::Constant(common.finetune_lr),
+        }
+    }
+
+    fn finetune_run(
+        &self,
+        tracker: &mut Tracker,
+        seed: u64,
+        objective: CtcObjective,
+        pairs: &IdPairs,
+    ) -> Result<RunState<CtcObjective>> {
+        let spec = self.finetune(seed, objective);
+        let kind = if objective == CtcObjective::Ctc {
+            FINETUNE_CTC
+        } else {
+            FINETUNE_BLEU
+        };
+        let label = format!("seed {seed} {}", objective.label());
+        self.train(tracker, &label, kind, &spec, pairs)
+    }
+
+    /// Test output of a CTC NAT: its record and segment statistics.
+    fn test(
+        &self,
+        name: &str,
+        state: &RunState<CtcObjective>,
+    ) -> Result<(NatRecord, SegmentStats)> {
+        let model = self.load(&best_weights(&state.spec.dir))?;
+        let test = &self.data.test;
+        let ids = decode_ctc(&model, &test.ids.src, 64, PAD, &self.device)?;
+        let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+        let file = format!(
+            "test.distilled.{name}.seed{}.{VARIANT}.hyp.gz",
+            state.spec.seed
+        );
+        write_lines_gz(&self.out.join(&file), &hyps)?;
+        let scores = score(&hyps, &test.references)?;
+        Ok((
+            NatRecord {
+                seed: state.spec.seed,
+                config: state.spec.objective.label(),
+                dev_bleu: state.best_dev_bleu,
+                best_step: state.best_step,
+                steps: state.step,
+                repetition_share: repetition_share(&ids),
+                ms_per_step: state.ms_per_step(),
+                train_seconds: state.train_seconds,
+                eval_seconds: state.eval_seconds,
+                ..record(&scores, name, "distilled", VARIANT, file)
+            },
+            segment_stats(&hyps, &test.references)?,
+        ))
+    }
+
+    /// The reference points: the source copied as the hypothesis, the teacher greedy and beam.
+    fn reference_points(&self, teacher: &Teacher) -> Result<Vec<NatRecord>> {
+        let test = &self.data.test;
+        write_lines_gz(&self.out.join("test.copy.hyp.gz"), &test.sources)?;
+        let mut records = vec![NatRecord {
+            config: "the source sentence".into(),
+            ..record(
+                &score(&test.sources, &test.references)?,
+                "copy",
+                "copy",
+                "source",
+                "test.copy.hyp.gz".into(),
+            )
+        }];
+        let model = load_model(self.teacher, &teacher.weights, &self.device)?;
+        for (search, variant) in [
+            (Search::Greedy, "greedy".to_string()),
+            (Search::Beam(self.beam), format!("beam{}", self.beam.beam)),
+        ] {
+            let ids = decode_ids(&model, &test.ids.src, specials(), search, 100, &self.device)?;
+            let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+            let file = format!("test.teacher.{variant}.hyp.gz");
+            write_lines_gz(&self.out.join(&file), &hyps)?;
+            records.push(NatRecord {
+                config: teacher.origin.clone(),
+                dev_bleu: teacher.dev_bleu,
+                repetition_share: repetition_share(&ids),
+                ..record(
+                    &score(&hyps, &test.references)?,
+                    "teacher",
+                    "ar",
+                    &variant,
+                    file,
+                )
+            });
+        }
+        Ok(records)
+    }
+
+    /// Speed: seed 1's CTC baseline and the teacher, the same threads, in this process, on the
+    /// test set at batch 64 and on `--speed-sentences` at batch 1.
+    fn speed(&self, teacher: &Teacher) -> Result<Vec<serde_json::Value>> {
+        let sources = &self.data.test.ids.src;
+        let ctc = self.load(&best_weights(&self.run_dir(1, "baseline")))?;
+        let ar = load_model(self.teacher, &teacher.weights, &self.device)?;
+        let few = self.cfg.speed_sentences.min(sources.len());
+        // One untimed batch of each first (allocations, caches).
+        let warm = &sources[..sources.len().min(8)];
+        decode_ctc(&ctc, warm, 8, PAD, &self.device)?;
+        decode_ids(&ar, warm, specials(), Search::Greedy, 8, &self.device)?;
+        let mut speed = Vec::new();
+        for (batch, sources) in [(64usize, &sources[..]), (1, &sources[..few])] {
+            let (seconds, per_second) = timed(sources.len(), || {
+                decode_ctc(&ctc, sources, batch, PAD, &self.device).map(|_| ())
+            })?;
+            speed.push(json!({"model": "ctc nat", "search": "greedy", "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
+            for (search, label) in [
+                (Search::Greedy, "greedy".to_string()),
+                (Search::Beam(self.beam), format!("beam {}", self.beam.beam)),
+            ] {
+                let (seconds, per_second) = timed(sources.len(), || {
+                    decode_ids(&ar, sources, specials(), search, batch, &self.device).map(|_| ())
+                })?;
+                speed.push(json!({"model": "ar", "search": label, "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
+            }
+        }
+        Ok(speed)
+    }
+}
+
+/// The grid's objective with the best dev BLEU (the first among equals).
+fn best_of(grid: &[(CtcObjective, f64)]) -> CtcObjective {
+    let mut best = (grid[0].0, f64::NEG_INFINITY);
+    for &(o, d) in grid {
+        if d > best.1 {
+            best = (o, d);
+        }
+    }
+    best.0
+}
+
+fn grid_text(grid: &[(CtcObjective, f64)]) -> String {
+    grid.iter()
+        .map(|(o, d)| format!("{} {d:.2}", o.label()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The pilot of `--pilot-distilled`: seed 1's baseline and two short fine-tunes on the given
+/// distilled targets; dev BLEU and costs to `pilot.json`.
+fn run_pilot(study: &Study, distilled: &Path) -> Result<()> {
+    let cfg = &study.cfg;
+    let lines = read_lines_gz(distilled)?;
+    let sources = &study.data.train.ids.src;
+    if lines.len() != sources.len() {
+        bail!(
+            "{}: {} lines for {} training sources (another corpus or tokenizer?)",
+            distilled.display(),
+            lines.len(),
+            sources.len()
+        );
+    }
+    let targets = lines
+        .iter()
+        .map(|l| parse_ids(l))
+        .collect::<Result<Vec<_>>>()?;
+    let pairs = IdPairs {
+        src: sources.clone(),
+        tgt: targets,
+    };
+    let (pairs, dropped) = feasible_pairs(&pairs, |s| study.frames(s));
+    println!(
+        "pilot r = {}: {} distilled pairs kept, {dropped} left out",
+        cfg.ratio,
+        pairs.len()
+    );
+    let finetune = cfg.common.finetune_steps;
+    let mixing = Mixing::WithCe(cfg.lambdas[0]);
+    let mut tracker = Tracker::open(
+        &study.out,
+        &[
+            (BASELINE.to_string(), cfg.base_steps),
+            (FINETUNE_CTC.to_string(), finetune),
+            (FINETUNE_BLEU.to_string(), finetune),
+        ],
+    )?;
+    for (kind, seconds) in step_estimates(cfg) {
+        tracker.progress.estimate(&kind, seconds);
+    }
+    let spec = RunSpec {
+        dir: study.run_dir(1, "baseline"),
+        seed: 1,
+        batch_seed: 1,
+        objective: CtcObjective::Ctc,
+        init: None,
+        max_steps: cfg.base_steps,
+        eval_every: cfg.base_eval_every,
+        patience: None,
+        select_from: 0,
+        schedule: Schedule::InverseSqrt {
+            peak: cfg.common.lr,
+            warmup: cfg.common.warmup,
+        },
+    };
+    let base = study.train(&mut tracker, "pilot CTC baseline", BASELINE, &spec, &pairs)?;
+    let control = study.finetune_run(&mut tracker, 1, CtcObjective::Ctc, &pairs)?;
+    let bon2 = study.finetune_run(&mut tracker, 1, CtcObjective::Bon2 { mixing }, &pairs)?;
+    let run = |s: &RunState<CtcObjective>| {
+        json!({"objective": s.spec.objective.label(), "steps": s.step, "ms_per_step": s.ms_per_step(),
+               "best_step": s.best_step, "best_dev_bleu": s.best_dev_bleu, "eval_seconds": s.eval_seconds,
+               "dev_by_step": s.evals.iter().map(|e| json!([e.step, e.dev_bleu, e.train_loss])).collect::<Vec<_>>()})
+    };
+    let pilot = json!({"ratio": cfg.ratio, "distilled": distilled, "pairs_kept": pairs.len(), "dropped": dropped,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "runs": [run(&base), run(&control), run(&bon2)]});
+    save_json(&pilot, &study.out.join("pilot.json"))?;
+    tracker.progress.finish();
+    println!("{}", serde_json::to_string_pretty(&pilot)?);
+    Ok(())
+}
+
+/// Runs the study `cfg` describes (see `docs/ctc_nat.md`).
+pub fn run_study(mut cfg: Config) -> Result<()> {
+    if cfg.common.quick {
+        cfg.apply_quick();
+    }
+    cfg.check()?;
+    let started = Instant::now();
+    let study = Study::prepare(cfg)?;
+    let cfg = &study.cfg;
+    if let Some(distilled) = &cfg.pilot_distilled {
+        return run_pilot(&study, distilled);
+    }
+
+    let teacher_steps = study.teacher_steps_left()?;
+    let (kinds, planned_minutes) = plan(cfg, study.data.train.ids.len(), teacher_steps);
+    let total: f64 = planned_minutes.iter().map(|m| m.1).sum();
+    println!(
+        "plan: {} seeds, r = {}, baseline cap {} steps (selection from step {}), grid {}, fine-tunes {} steps; estimated from measured costs on 2 cores:",
+        cfg.common.seeds,
+        cfg.ratio,
+        cfg.base_steps,
+        cfg.select_from,
+        cfg.grid().iter().map(CtcObjective::label).collect::<Vec<_>>().join(" "),
+        cfg.common.finetune_steps
+    );
+    for (part, m) in &planned_minutes {
+        println!("  {part:<36} {m:6.1} min");
+    }
+    println!("  {:<36} {total:6.1} min", "total");
+    if cfg.plan_only {
+        return Ok(());
+    }
+    let mut tracker = Tracker::open(&study.out, &kinds)?;
+    for (kind, seconds) in step_estimates(cfg) {
+        tracker.progress.estimate(&kind, seconds);
+    }
+
+    let mut costs: Vec<(String, f64)> = Vec::new();
+    let part = Instant::now();
+    let pairs = study.teacher_and_distillation(&mut tracker)?;
+    costs.push((
+        "teacher and distillation".into(),
+        part.elapsed().as_secs_f64(),
+    ));
+    let part = Instant::now();
+    let mut states = study.train_baselines(&mut tracker, &pairs.distilled)?;
+    costs.push(("CTC baselines".into(), part.elapsed().as_secs_f64()));
+
+    let part = Instant::now();
+    let mut grid = Vec::new();
+    for objective in cfg.grid() {
+        let state = study.finetune_run(&mut tracker, 1, objective, &pairs.distilled)?;
+        grid.push((objective, state.best_dev_bleu));
+        states.insert((format!("grid:{}", objective.label()), 1), state);
+    }
+    let bon2 = best_of(&grid);
+    let CtcObjective::Bon2 { mixing } = bon2 else {
+        bail!("internal: the grid holds ctc+bon2 objectives only")
+    };
+    tracker.progress.println(&format!(
+        "ctc+bon2 on seed 1's dev set: {} → {}",
+        grid_text(&grid),
+        bon2.label()
+    ));
+    costs.push(("λ grid (seed 1)".into(), part.elapsed().as_secs_f64()));
+    let part = Instant::now();
+    let mut objectives = vec![CtcObjective::Ctc, bon2];
+    if !cfg.no_bleu4 {
+        objectives.push(CtcObjective::Bleu4 { mixing });
+    }
+    for &seed in &study.seeds {
+        for &objective in &objectives {
+            let state = study.finetune_run(&mut tracker, seed, objective, &pairs.distilled)?;
+            states.insert((objective.name().into(), seed), state);
+        }
+    }
+    costs.push(("fine-tunes".into(), part.elapsed().as_secs_f64()));
+
+    let part = Instant::now();
+    tracker.progress.show("decoding the test set", true);
+    let mut records = study.reference_points(&pairs.teacher)?;
+    let mut segments = BTreeMap::new();
+    for ((name, seed), state) in &states {
+        if name.starts_with("grid:") {
+            continue;
+        }
+        let (record, segs) = study.test(name, state)?;
+        records.push(record);
+        segments.insert((name.clone(), *seed), segs);
+    }
+    let speed = study.speed(&pairs.teacher)?;
+    costs.push((
+        "test decodes and speed".into(),
+        part.elapsed().as_secs_f64(),
+    ));
+
+    let compared: Vec<&str> = objectives
+        .iter()
+        .map(CtcObjective::name)
+        .filter(|o| *o != CONTROL)
+        .collect();
+    let tests = seed_level_tests_vs(
+        &records,
+        CONTROL,
+        "distilled",
+        VARIANT,
+        &compared,
+        &study.seeds,
+    )?;
+    let boot = bootstraps_vs(
+        &segments,
+        CONTROL,
+        &compared,
+        &study.seeds,
+        cfg.common.bootstrap,
+    )?;
+    let summary = summary(&records);
+    let names: Vec<&str> = std::iter::once("baseline")
+        .chain(objectives.iter().map(CtcObjective::name))
+        .collect();
+    let table = render(
+        &study, &pairs, &records, &summary, &tests, &names, &grid, &speed,
+    );
+    let baselines: Vec<serde_json::Value> = states
+        .iter()
+        .filter(|((name, _), _)| name == "baseline")
+        .map(|((_, seed), s)| {
+            json!({"seed": seed, "steps": s.step, "best_step": s.best_step, "dev_bleu": s.best_dev_bleu,
+                   "stopped_early": s.step < cfg.base_steps,
+                   "dev_by_step": s.evals.iter().map(|e| json!([e.step, e.dev_bleu])).collect::<Vec<_>>()})
+        })
+        .collect();
+    let results = json!({
+        "study": "ctc_nat",
+        "language": cfg.common.lang,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "commit": option_env!("GIT_COMMIT"),
+        "corpus": study.data.summary,
+        "bpe_vocab": study.data.bpe.vocab_size(),
+        "model": {"d_model": study.ctc.d_model, "layers": study.ctc.encoder_layers, "heads": study.ctc.heads, "d_ff": study.ctc.d_ff,
+                  "dropout": study.ctc.dropout, "tied_embeddings": true, "ratio": cfg.ratio, "max_frames": study.ctc.max_len,
+                  "blank": BLANK, "blank_token": "<s> (BOS; never an input or target of the NAT)"},
+        "teacher": pairs.teacher,
+        "teacher_recipe": format!("{:?}", cfg.recipe()),
+        "distillation": {"pairs_kept": pairs.distilled.len(), "dropped_no_alignment_or_empty": pairs.dropped_distilled,
+                         "raw_train_references_without_alignment": pairs.infeasible_raw,
+                         "dev_references_beyond_frames": pairs.infeasible_dev, "test_references_beyond_frames": pairs.infeasible_test,
+                         "beam": cfg.common.beam},
+        "protocol": {"seeds": cfg.common.seeds, "batch_size": cfg.common.batch_size,
+                     "baseline": {"objective": "ctc (mean)", "peak_lr": cfg.common.lr, "warmup": cfg.common.warmup, "step_cap": cfg.base_steps,
+                                  "eval_every": cfg.base_eval_every, "patience": cfg.patience, "select_from": cfg.select_from},
+                     "finetune": {"steps": cfg.common.finetune_steps, "eval_every": cfg.common.finetune_eval_every, "lr": cfg.common.finetune_lr},
+                     "selection": "best dev BLEU, greedy CTC decoding; fine-tunes: the starting checkpoint included",
+                     "variant": VARIANT},
+        "baselines": baselines,
+        "bon2_grid": grid.iter().map(|(o, d)| json!({"objective": o, "label": o.label(), "dev_bleu": d})).collect::<Vec<_>>(),
+        "bon2": bon2,
+        "runs": records,
+        "summary": summary,
+        "paired_t_vs_ctc": tests,
+        "paired_bootstrap_vs_ctc": boot,
+        "speed": speed,
+        "costs_seconds": costs.iter().map(|(p, s)| json!({"part": p, "seconds": s})).collect::<Vec<_>>(),
+        "planned_minutes": planned_minutes.iter().map(|(p, m)| json!({"part": p, "minutes": m})).collect::<Vec<_>>(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "threads": std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| format!("default ({})", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))),
+    });
+    save_json(&results, &study.out.join("results.json"))?;
+    std::fs::write(study.out.join("table.md"), &table)?;
+    tracker.progress.finish();
+    println!("\n{table}");
+    println!(
+        "total {}; outputs in {}",
+        format_duration(started.elapsed().as_secs_f64()),
+        study.out.display()
+    );
+    Ok(())
+}
+
+/// table.md: the CTC NAT's objectives (mean ± sd over seeds, Δ vs `ctc` with the seed-level
+/// test), the reference points, the grid, the speed and the dropped pairs.
+#[allow(clippy::too_many_arguments)]
+fn render(
+    study: &Study,
+    pairs: &TrainingPairs,
+    records: &[NatRecord],
+    summary: &serde_json::Value,
+    tests: &serde_json::Value,
+    names: &[&str],
+    grid: &[(CtcObjective, f64)],
+    speed: &[serde_json::Value],
+) -> String {
+    let mut t = format!(
+        "Test set; CTC NAT (r = {}) outputs by greedy CTC decoding; mean ± sd over seeds; Δ vs `ctc` with the seed-level paired t-test, Holm's correction and the difference detectable at 80 % power.\n\n",
+        study.cfg.ratio
+    );
+    t.push_str("| distilled | BLEU | Δ BLEU vs ctc | chrF | Δ chrF vs ctc | length ratio | repeated tokens |\n|---|---|---|---|---|---|---|\n");
+    for o in names {
+        let row = find(summary, "distilled", o, VARIANT);
+        let _ = writeln!(
+            t,
+            "| {o} | {} | {} | {} | {} | {} | {} |",
+            mean_sd_text(row, "test_bleu", 2),
+            delta_text(tests, "test_bleu", o),
+            mean_sd_text(row, "test_chrf", 2),
+            delta_text(tests, "test_chrf", o),
+            mean_sd_text(row, "test_length_ratio", 3),
+            mean_sd_text(row, "repetition_share", 3),
+        );
+    }
+    t.push('\n');
+    for r in records.iter().filter(|r| r.condition != "distilled") {
+        let _ = writeln!(
+            t,
+            "{} {} ({}): BLEU {:.2}, chrF {:.2}, length ratio {:.3}  ",
+            r.objective, r.variant, r.config, r.test_bleu, r.test_chrf, r.test_length_ratio
+        );
+    }
+    let _ = write!(
+        t,
+        "\nctc+bon2 on seed 1's dev set (BLEU, greedy): {}\n\nspeed (sentences/s):",
+        grid_text(grid)
+    );
+    for s in speed {
+        let _ = write!(
+            t,
+            " {} {} batch {}: {:.1};",
+            s["model"].as_str().unwrap_or(""),
+            s["search"].as_str().unwrap_or(""),
+            s["batch"],
+            s["sentences_per_second"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\n\ndistilled training pairs: {} kept, {} left out (no CTC alignment in {}·S frames, or empty); references beyond their frames: raw train {}, dev {}, test {}",
+        pairs.distilled.len(),
+        pairs.dropped_distilled,
+        study.cfg.ratio,
+        pairs.infeasible_raw,
+        pairs.infeasible_dev,
+        pairs.infeasible_test
+    );
+    t
+}
