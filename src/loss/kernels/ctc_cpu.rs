@@ -130,7 +130,10 @@ impl<T: KernelFloat> Element<'_, T> {
         let states = self.states.len();
         let mut alpha = vec![f64::NEG_INFINITY; self.frames * states];
         let (lo, hi) = self.window(0);
-        alpha[lo..hi].copy_from_slice(&em[lo..hi]);
+        if lo < hi {
+            // (lo >= hi: too few frames for the target, no state is on a path.)
+            alpha[lo..hi].copy_from_slice(&em[lo..hi]);
+        }
         for t in 1..self.frames {
             let (prev, row) = alpha.split_at_mut(t * states);
             let prev = &prev[(t - 1) * states..];
@@ -173,7 +176,7 @@ impl<T: KernelFloat> Element<'_, T> {
         let mut beta = vec![f64::NEG_INFINITY; states];
         let mut next = vec![f64::NEG_INFINITY; states];
         let (lo, hi) = self.window(self.frames - 1);
-        for b in &mut beta[lo..hi] {
+        for b in beta.iter_mut().take(hi).skip(lo) {
             *b = 0.0;
         }
         let scale_t = T::from_f64(scale);
