@@ -19,7 +19,7 @@
 //! ([`CtcAlignments`]); it checks only the values it reads (NaN and `+inf`, and from logits any
 //! infinity).
 
-use super::cpu::{row_log_sum_exp, scaled_softmax_into};
+use super::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
 use super::float::KernelFloat;
 use super::{contiguous_slice, dispatch_float};
 use candle_core::backend::BackendStorage;
@@ -346,7 +346,7 @@ impl CtcOp {
         if out.len() != batch * width || grad_out.len() != batch * width {
             bail!("internal: the CTC backward got an output of the wrong size");
         }
-        let mut grad = vec![T::ZERO; x.len()];
+        let mut grad = vocab_sized_buffer::<T>(x.len());
         grad.par_chunks_mut((frames * vocab).max(1))
             .enumerate()
             .for_each(|(b, grad_element)| {
