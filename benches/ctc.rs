@@ -40,8 +40,14 @@ impl Inputs {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(33);
         let device = Device::Cpu;
-        device.set_seed(33)?;
-        let logits = Tensor::randn(0f32, 1.0, (batch, frames, vocab), &device)?;
+        // N(0, 1) by Box-Muller, seeded (candle's CPU randn takes no seed).
+        let logits: Vec<f32> = (0..batch * frames * vocab)
+            .map(|_| {
+                let (u, v): (f32, f32) = (rng.gen_range(f32::EPSILON..1.0), rng.gen());
+                (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+            })
+            .collect();
+        let logits = Tensor::from_vec(logits, (batch, frames, vocab), &device)?;
         let targets: Vec<u32> = (0..batch * length)
             .map(|_| rng.gen_range(1..vocab as u32))
             .collect();
@@ -129,7 +135,10 @@ fn main() -> Result<()> {
     let runs: usize = argument("--runs").map_or(5, |r| r.parse().expect("--runs N"));
     let shape: [usize; 4] = match argument("--shape") {
         Some(s) => {
-            let v: Vec<usize> = s.split(',').map(|x| x.parse().expect("--shape B,T,V,L")).collect();
+            let v: Vec<usize> = s
+                .split(',')
+                .map(|x| x.parse().expect("--shape B,T,V,L"))
+                .collect();
             [v[0], v[1], v[2], v[3]]
         }
         None => [32, 128, 8000, 48],
