@@ -547,6 +547,13 @@ fn greedy_decode_by_hand() -> Result<()> {
         ctc_greedy_decode(&probs, None, 2)?,
         vec![vec![0, 1, 3], vec![0, 3, 0, 1]]
     );
+    // Half precision decodes alike (the argmax runs in the input's dtype).
+    for dtype in [DType::F16, DType::BF16] {
+        assert_eq!(
+            ctc_greedy_decode(&logits.to_dtype(dtype)?, Some(&lengths), 0)?,
+            vec![vec![2, 2, 1, 3], vec![3, 1]]
+        );
+    }
     // A zero length decodes to nothing.
     let lengths = Tensor::new(&[0u32, 1], &dev)?;
     assert_eq!(

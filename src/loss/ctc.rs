@@ -14,7 +14,7 @@ use super::dispatch::Path;
 use super::host;
 use super::kernels::ctc_composed::{ctc_losses, without_padding_frames};
 use super::kernels::ctc_cpu::CtcOp;
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor, D};
 
 /// The CTC loss of batch-first log-probabilities: PyTorch's
 /// `F.ctc_loss(log_probs.transpose(0, 1), targets, input_lengths, target_lengths, blank,
@@ -269,10 +269,6 @@ pub fn ctc_greedy_decode(
     blank: u32,
 ) -> Result<Vec<Vec<u32>>> {
     let lengths = ctc_decode_call(logits, input_lengths, blank)?;
-    let logits = match logits.dtype() {
-        DType::F16 | DType::BF16 => logits.to_dtype(DType::F32)?,
-        _ => logits.clone(),
-    };
     let best = host::to_vec2::<u32>(&logits.argmax(D::Minus1)?)?;
     Ok(best
         .iter()
