@@ -476,7 +476,7 @@ fn a_blank_outside_the_vocabulary_is_refused() {
         4,
         &BleuLossConfig::default(),
     ));
-    assert!(e.contains("`blank` = 4") && e.contains("V = 4"), "{e}");
+    assert!(e.contains("`blank` 4") && e.contains("V = 4"), "{e}");
 }
 
 #[test]
@@ -567,7 +567,7 @@ fn input_lengths_of_another_dtype_or_shape_are_refused() {
     let (logits, refs) = small_case();
     let cfg = BleuLossConfig::default();
     for lengths in [
-        Tensor::new(&[5i64, 5], &test_device()).unwrap(),
+        Tensor::new(&[5f32, 5.0], &test_device()).unwrap(),
         Tensor::new(&[5u32, 5, 5], &test_device()).unwrap(),
     ] {
         let e = error_of(ctc_bleu_loss_from_logits(
@@ -577,7 +577,10 @@ fn input_lengths_of_another_dtype_or_shape_are_refused() {
             0,
             &cfg,
         ));
-        assert!(e.contains("`input_lengths` must be u32 [2]"), "{e}");
+        assert!(
+            e.contains("`input_lengths` must be u32, i32 or i64 [2]"),
+            "{e}"
+        );
     }
 }
 
@@ -671,4 +674,42 @@ fn the_worked_example_of_the_docs() {
     close(to_vec2(&out.stats.matches)[0][0], 1.4);
     close(to_vec2(&out.stats.matches)[0][1], 0.45);
     close(scalar(&out.loss), 2.0 / 1.4 - 1.0);
+}
+
+#[test]
+fn input_lengths_in_i32_and_i64_give_the_same_loss_as_u32() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(38);
+    let (batch, frames, vocab, blank) = (2, 7, 5, 0u32);
+    let refs = references(&random_refs(&mut rng, batch, 1, 4, vocab, blank), blank);
+    let (_, logits) = random_logits(&mut rng, (batch, frames, vocab), 2.0);
+    let cfg = BleuLossConfig::default();
+    let loss = |lengths: Tensor| {
+        scalar(
+            &ctc_bleu_loss_from_logits(&logits, Some(&lengths), &refs, blank, &cfg)
+                .unwrap()
+                .loss,
+        )
+    };
+    let want = loss(Tensor::new(&[7u32, 4], &test_device()).unwrap());
+    assert_eq!(loss(Tensor::new(&[7i64, 4], &test_device()).unwrap()), want);
+    assert_eq!(loss(Tensor::new(&[7i32, 4], &test_device()).unwrap()), want);
+    assert_ne!(loss(Tensor::new(&[7u32, 5], &test_device()).unwrap()), want);
+}
+
+#[test]
+fn negative_input_lengths_are_refused() {
+    let (logits, refs) = small_case();
+    let lengths = Tensor::new(&[5i64, -1], &test_device()).unwrap();
+    let cfg = BleuLossConfig {
+        check_values: true,
+        ..Default::default()
+    };
+    let e = error_of(ctc_bleu_loss_from_logits(
+        &logits,
+        Some(&lengths),
+        &refs,
+        0,
+        &cfg,
+    ));
+    assert!(e.contains("`input_lengths[1]` = -1 is negative"), "{e}");
 }

@@ -380,7 +380,8 @@ fn frames_beyond_input_lengths_have_zero_gradient() -> Result<()> {
     Ok(())
 }
 
-/// Padding frames may hold anything, NaN included: they are not read.
+/// Padding frames may hold anything, NaN included: they are not read, and their gradient is 0
+/// (the composed path masks them before its `log_softmax`, whose backward would spread NaN).
 #[test]
 fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
     let dev = Device::Cpu;
@@ -392,12 +393,24 @@ fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
     let (il, tl) = (Tensor::new(&[2u32], &dev)?, Tensor::new(&[1u32], &dev)?);
     let cfg = CtcConfig::default();
     let reference = ctc_loss_from_logits(&x.narrow(1, 0, 2)?, &targets, &il, &tl, &cfg)?;
-    for f in [ctc_loss_from_logits as Loss, ctc_loss_from_logits_composed] {
-        let loss = f(&x, &targets, &il, &tl, &cfg)?.to_scalar::<f64>()?;
-        assert!(
-            (loss - reference.to_scalar::<f64>()?).abs() < 1e-14,
-            "{loss}"
-        );
+    let all: [(&str, Loss); 4] = [
+        ("ctc_loss", ctc_loss),
+        ("ctc_loss_composed", ctc_loss_composed),
+        ("ctc_loss_from_logits", ctc_loss_from_logits),
+        (
+            "ctc_loss_from_logits_composed",
+            ctc_loss_from_logits_composed,
+        ),
+    ];
+    for (name, f) in all {
+        let (loss, grad) = loss_and_grad(|x| f(x, &targets, &il, &tl, &cfg), &x, &[])?;
+        if name.contains("logits") {
+            let expected = reference.to_scalar::<f64>()?;
+            assert!((loss[0] - expected).abs() < 1e-14, "{name}: {loss:?}");
+        }
+        assert!(loss[0].is_finite(), "{name}: {loss:?}");
+        assert!(grad[..6].iter().all(|g| g.is_finite()), "{name}: {grad:?}");
+        assert!(grad[6..].iter().all(|&g| g == 0.0), "{name}: {grad:?}");
     }
     Ok(())
 }
@@ -534,6 +547,13 @@ fn greedy_decode_by_hand() -> Result<()> {
         ctc_greedy_decode(&probs, None, 2)?,
         vec![vec![0, 1, 3], vec![0, 3, 0, 1]]
     );
+    // Half precision decodes alike (the argmax runs in the input's dtype).
+    for dtype in [DType::F16, DType::BF16] {
+        assert_eq!(
+            ctc_greedy_decode(&logits.to_dtype(dtype)?, Some(&lengths), 0)?,
+            vec![vec![2, 2, 1, 3], vec![3, 1]]
+        );
+    }
     // A zero length decodes to nothing.
     let lengths = Tensor::new(&[0u32, 1], &dev)?;
     assert_eq!(

@@ -567,16 +567,15 @@ pub(crate) fn ctc_input_shape(name: &str, t: &Tensor) -> Result<(DType, (usize, 
     Ok((dtype, dims))
 }
 
-/// The values of the integer tensor `name` (u32, i32 or i64, any shape) as i64, in one counted
-/// copy to the host, after checking its dtype, its shape (`shape`, described in `expected`) and
-/// its device.
-fn ctc_integers(
+/// Checks that `name` is a u32, i32 or i64 tensor of `shape` (described as `expected`) on
+/// `device`, without reading it.
+fn ctc_integer_tensor(
     name: &str,
     t: &Tensor,
     shape: &[usize],
     expected: &str,
     device: &Device,
-) -> Result<Vec<i64>> {
+) -> Result<()> {
     if !matches!(t.dtype(), DType::U32 | DType::I32 | DType::I64) || t.dims() != shape {
         bail!(
             "`{name}` must be u32, i32 or i64 {expected}, got {:?} with shape {:?}",
@@ -590,6 +589,20 @@ fn ctc_integers(
             t.device()
         );
     }
+    Ok(())
+}
+
+/// The values of the integer tensor `name` (u32, i32 or i64, any shape) as i64, in one counted
+/// copy to the host, after checking its dtype, its shape (`shape`, described in `expected`) and
+/// its device.
+fn ctc_integers(
+    name: &str,
+    t: &Tensor,
+    shape: &[usize],
+    expected: &str,
+    device: &Device,
+) -> Result<Vec<i64>> {
+    ctc_integer_tensor(name, t, shape, expected, device)?;
     let flat = t.flatten_all()?;
     Ok(match t.dtype() {
         DType::U32 => host::to_vec1::<u32>(&flat)?
@@ -860,12 +873,7 @@ pub(crate) fn ctc_bleu_call(
     let (_, dims) = logits_shape("logits", logits)?;
     let (batch, frames, vocab) = dims;
     let shape = HypothesisShape::of("logits", logits, dims);
-    if blank as usize >= vocab {
-        bail!(
-            "`blank` = {blank} is out of the vocabulary (V = {vocab}, {})",
-            shape.described
-        );
-    }
+    ctc_blank(blank, vocab, &shape.described)?;
     reference_arguments(&shape, refs)?;
     let Some(ids) = refs.ids() else {
         bail!(
@@ -881,40 +889,25 @@ pub(crate) fn ctc_bleu_call(
             }
         }
     }
+    // The kernel reads the lengths on the host: in place on the CPU. Off the CPU the composed
+    // ops read them on the device (the frame mask), so they are copied only to be checked.
     let frame_counts = match input_lengths {
         None => Some(vec![frames; batch]),
+        Some(lengths) if logits.device().is_cpu() || check_values => Some(ctc_input_lengths(
+            lengths,
+            (batch, frames),
+            &shape.described,
+            logits.device(),
+        )?),
         Some(lengths) => {
-            if lengths.dtype() != DType::U32 || lengths.dims() != [batch] {
-                bail!(
-                    "`input_lengths` must be u32 [{batch}], got {:?} with shape {:?}",
-                    lengths.dtype(),
-                    lengths.dims()
-                );
-            }
-            if !lengths.device().same_device(logits.device()) {
-                bail!(
-                    "`input_lengths` are on {:?} but `logits` is on {:?}",
-                    lengths.device(),
-                    logits.device()
-                );
-            }
-            // In place on the CPU; elsewhere a copy, only with `check_values`.
-            match host::u32_values(lengths, check_values)? {
-                Some(values) => {
-                    if let Some((element, &length)) = values
-                        .iter()
-                        .enumerate()
-                        .find(|(_, &l)| l as usize > frames)
-                    {
-                        bail!(
-                            "`input_lengths[{element}]` = {length} exceeds T' = {frames} ({})",
-                            shape.described
-                        );
-                    }
-                    Some(values.into_iter().map(|l| l as usize).collect())
-                }
-                None => None,
-            }
+            ctc_integer_tensor(
+                "input_lengths",
+                lengths,
+                &[batch],
+                &format!("[{batch}] ({})", shape.described),
+                logits.device(),
+            )?;
+            None
         }
     };
     let logits = hypotheses("logits", logits, path, check_values)?;
@@ -923,7 +916,7 @@ pub(crate) fn ctc_bleu_call(
         None => Tensor::ones((batch, frames), dtype, device)?,
         Some(lengths) => Tensor::arange(0u32, frames as u32, device)?
             .unsqueeze(0)?
-            .broadcast_lt(&lengths.unsqueeze(1)?)?
+            .broadcast_lt(&lengths.to_dtype(DType::U32)?.unsqueeze(1)?)?
             .to_dtype(dtype)?,
     };
     Ok(CheckedCtcLogits {

@@ -12,9 +12,9 @@ use super::checked::{ctc_call, ctc_decode_call, CheckedCtc};
 use super::config::{CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;
-use super::kernels::ctc_composed::ctc_losses;
+use super::kernels::ctc_composed::{ctc_losses, without_padding_frames};
 use super::kernels::ctc_cpu::CtcOp;
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor, D};
 
 /// The CTC loss of batch-first log-probabilities: PyTorch's
 /// `F.ctc_loss(log_probs.transpose(0, 1), targets, input_lengths, target_lengths, blank,
@@ -209,13 +209,16 @@ fn ctc_on(
     )?;
     let losses = if path.runs_ctc_kernels(input.device()) {
         CtcOp::new(alignments, from_logits).apply(&input)?
-    } else if from_logits {
-        ctc_losses(
-            &candle_nn::ops::log_softmax(&input, D::Minus1)?,
-            &alignments,
-        )?
     } else {
-        ctc_losses(&input, &alignments)?
+        // Padding frames may hold anything (NaN too): zeroed before the log-softmax, whose
+        // backward would otherwise spread NaN into their gradient.
+        let input = without_padding_frames(&input, &alignments.input_lengths)?;
+        if from_logits {
+            let log_probs = candle_nn::ops::log_softmax(&input, D::Minus1)?;
+            ctc_losses(&log_probs, &alignments)?
+        } else {
+            ctc_losses(&input, &alignments)?
+        }
     };
     reduce(&losses, &target_lengths, cfg.reduction)
 }
@@ -266,10 +269,6 @@ pub fn ctc_greedy_decode(
     blank: u32,
 ) -> Result<Vec<Vec<u32>>> {
     let lengths = ctc_decode_call(logits, input_lengths, blank)?;
-    let logits = match logits.dtype() {
-        DType::F16 | DType::BF16 => logits.to_dtype(DType::F32)?,
-        _ => logits.clone(),
-    };
     let best = host::to_vec2::<u32>(&logits.argmax(D::Minus1)?)?;
     Ok(best
         .iter()

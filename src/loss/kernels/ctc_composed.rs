@@ -45,6 +45,24 @@ fn table(values: Vec<f64>, shape: (usize, usize), dtype: DType, device: &Device)
     Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
 }
 
+/// `x` (`[B, T', V]`) with the frames at and beyond each element's input length replaced by 0:
+/// they are padding, never part of the loss, and whatever they hold (NaN included) must not
+/// reach the loss or the gradient (a `where` passes none back to them). `x` itself when no
+/// element is shorter than `T'`.
+pub(crate) fn without_padding_frames(x: &Tensor, input_lengths: &[usize]) -> Result<Tensor> {
+    let (batch, frames, vocab) = x.dims3()?;
+    if input_lengths.iter().all(|&l| l >= frames) {
+        return Ok(x.clone());
+    }
+    let active: Vec<u8> = input_lengths
+        .iter()
+        .flat_map(|&l| (0..frames).map(move |t| u8::from(t < l)))
+        .collect();
+    let active = Tensor::from_vec(active, (batch, frames, 1), x.device())?
+        .broadcast_as((batch, frames, vocab))?;
+    active.where_cond(x, &x.zeros_like()?)
+}
+
 /// The CTC loss of each element, `[B]`, of log-probabilities `[B, T', V]` (f32 or f64) under
 /// checked `alignments`, as composed candle ops.
 pub(crate) fn ctc_losses(log_probs: &Tensor, alignments: &CtcAlignments) -> Result<Tensor> {

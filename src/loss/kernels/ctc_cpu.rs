@@ -19,7 +19,7 @@
 //! ([`CtcAlignments`]); it checks only the values it reads (NaN and `+inf`, and from logits any
 //! infinity).
 
-use super::cpu::{row_log_sum_exp, scaled_softmax_into};
+use super::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
 use super::float::KernelFloat;
 use super::row_op::{contiguous_slice, dispatch_float};
 use candle_core::backend::BackendStorage;
@@ -130,7 +130,10 @@ impl<T: KernelFloat> Element<'_, T> {
         let states = self.states.len();
         let mut alpha = vec![f64::NEG_INFINITY; self.frames * states];
         let (lo, hi) = self.window(0);
-        alpha[lo..hi].copy_from_slice(&em[lo..hi]);
+        if lo < hi {
+            // (lo >= hi: too few frames for the target, no state is on a path.)
+            alpha[lo..hi].copy_from_slice(&em[lo..hi]);
+        }
         for t in 1..self.frames {
             let (prev, row) = alpha.split_at_mut(t * states);
             let prev = &prev[(t - 1) * states..];
@@ -173,7 +176,7 @@ impl<T: KernelFloat> Element<'_, T> {
         let mut beta = vec![f64::NEG_INFINITY; states];
         let mut next = vec![f64::NEG_INFINITY; states];
         let (lo, hi) = self.window(self.frames - 1);
-        for b in &mut beta[lo..hi] {
+        for b in beta.iter_mut().take(hi).skip(lo) {
             *b = 0.0;
         }
         let scale_t = T::from_f64(scale);
@@ -343,7 +346,7 @@ impl CtcOp {
         if out.len() != batch * width || grad_out.len() != batch * width {
             bail!("internal: the CTC backward got an output of the wrong size");
         }
-        let mut grad = vec![T::ZERO; x.len()];
+        let mut grad = vocab_sized_buffer::<T>(x.len());
         grad.par_chunks_mut((frames * vocab).max(1))
             .enumerate()
             .for_each(|(b, grad_element)| {
@@ -419,5 +422,103 @@ impl CustomOp3 for CtcOpBackward {
             Ok(candle_core::WithDType::to_cpu_storage_owned(grad))
         })?;
         Ok((grad, shape.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The collapse `𝓑`: merge repeats, drop blanks.
+    fn collapse(path: &[u32], blank: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut previous = None;
+        for &id in path {
+            if Some(id) != previous && id != blank {
+                out.push(id);
+            }
+            previous = Some(id);
+        }
+        out
+    }
+
+    /// `log p(l | x)` by enumerating every path of `frames` ids in `0..vocab`.
+    fn brute_force(x: &[f64], frames: usize, vocab: usize, target: &[u32], blank: u32) -> f64 {
+        let mut total = 0f64;
+        let mut path = vec![0u32; frames];
+        for code in 0..vocab.pow(frames as u32) {
+            let mut c = code;
+            for id in path.iter_mut() {
+                *id = (c % vocab) as u32;
+                c /= vocab;
+            }
+            if collapse(&path, blank) == target {
+                total += path
+                    .iter()
+                    .enumerate()
+                    .map(|(t, &k)| x[t * vocab + k as usize])
+                    .sum::<f64>()
+                    .exp();
+            }
+        }
+        total.ln()
+    }
+
+    /// The recursion `α` over the pruned state window equals the sum over every path, for
+    /// targets with and without repeats, too long for their frames, empty, and blanks first,
+    /// in the middle and last.
+    #[test]
+    fn alpha_equals_the_sum_over_all_paths() {
+        let vocab = 4;
+        for frames in 1..=6 {
+            let x: Vec<f64> = (0..frames * vocab)
+                .map(|i| ((i * 7919 % 13) as f64) * -0.3 - 0.1)
+                .collect();
+            for blank in [0u32, 2, 3] {
+                let labels: Vec<u32> = (0..vocab as u32).filter(|&k| k != blank).collect();
+                let (a, b) = (labels[0], labels[1]);
+                for target in [
+                    vec![],
+                    vec![a],
+                    vec![a, a],
+                    vec![a, b],
+                    vec![b, a, b],
+                    vec![a, a, a],
+                ] {
+                    let element = Element {
+                        x: &x[..],
+                        vocab,
+                        frames,
+                        states: CtcAlignments {
+                            targets: vec![target.clone()],
+                            input_lengths: vec![frames],
+                            blank,
+                            zero_infinity: false,
+                        }
+                        .extended(0),
+                        blank,
+                    };
+                    let (_, log_p) = element.alpha(&element.emissions(None));
+                    let expected = brute_force(&x, frames, vocab, &target, blank);
+                    if expected == f64::NEG_INFINITY {
+                        assert_eq!(log_p, expected, "T = {frames}, {target:?}");
+                    } else {
+                        assert!(
+                            (log_p - expected).abs() < 1e-12,
+                            "T = {frames}, blank {blank}, {target:?}: {log_p} vs {expected}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn log_add_is_exact_at_negative_infinity() {
+        let ninf = f64::NEG_INFINITY;
+        assert_eq!(log_add(ninf, ninf), ninf);
+        assert_eq!(log_add(ninf, -3.0), -3.0);
+        assert_eq!(log_add3(ninf, ninf, ninf), ninf);
+        assert!((log_add3(0.0, 0.0, ninf) - 2f64.ln()).abs() < 1e-15);
     }
 }
