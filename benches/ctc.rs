@@ -16,13 +16,22 @@
 //! | `ctc_from_logits_forward` | the same, forward only (no backward) |
 //! | `ctc_on_log_softmax` | `ctc_loss(candle_nn::ops::log_softmax(logits))`: the kernel on log-probabilities |
 //! | `ctc_composed_small` | `ctc_loss_from_logits_composed` at `[8, 32, 500, 10]` (the reference; slow by design) |
+//! | `ctc_bleu4` | `ctc_bleu_loss_from_logits` (the BLEU loss on CTC outputs), 4-grams, corpus BLEU+1, the targets as references |
+//! | `ctc_bleu_bon2` | the same, bag-of-2-grams (`max_order` 2, weights `[0, 1]`, no smoothing) |
+//! | `ctc_plus_bleu4` | `ctc_loss_from_logits + ctc_bleu_loss_from_logits` (4-grams) on the same logits: a fine-tuning step's loss |
+//! | `ctc_bleu4_t64`, `ctc_bleu4_t256` | `ctc_bleu4` at `T'` = 64 and 256 (with `ctc_bleu4` at 128: growth in the frames) |
+//! | `ctc_bleu4_l24`, `ctc_bleu4_l96` | `ctc_bleu4` with references of 24 and 96 tokens (growth in the reference n-grams) |
+//! | `ctc_bleu4_v64_l24`, `_l48`, `_l96` | the same at `V` = 64, where the vocabulary-sized passes are small and the n-gram programs show |
 //!
 //! A row is one entry of `ROWS`: add one there. Each row runs once to warm up, then `--runs`
 //! times (default 5); its line holds the median, minimum and maximum in milliseconds and every
 //! run. Inputs: logits N(0, 1) f32, every input length `T'`, every target `L` labels drawn
 //! uniformly from `1..V` (blank 0), seeded.
 
-use candle_bleu::loss::{ctc_loss, ctc_loss_from_logits, ctc_loss_from_logits_composed, CtcConfig};
+use candle_bleu::loss::{
+    ctc_bleu_loss_from_logits, ctc_loss, ctc_loss_from_logits, ctc_loss_from_logits_composed,
+    BleuLossConfig, CtcConfig, LossSmoothing, References,
+};
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::time::Instant;
 
@@ -33,6 +42,8 @@ struct Inputs {
     targets: Tensor,
     input_lengths: Tensor,
     target_lengths: Tensor,
+    /// The targets as the BLEU rows' references.
+    refs: References,
 }
 
 impl Inputs {
@@ -51,10 +62,12 @@ impl Inputs {
         let targets: Vec<u32> = (0..batch * length)
             .map(|_| rng.gen_range(1..vocab as u32))
             .collect();
+        let targets = Tensor::from_vec(targets, (batch, length), &device)?;
         Ok(Self {
             shape: [batch, frames, vocab, length],
             logits: Var::from_tensor(&logits)?,
-            targets: Tensor::from_vec(targets, (batch, length), &device)?,
+            refs: References::from_ids(&targets, 0)?,
+            targets,
             input_lengths: Tensor::from_vec(vec![frames as u32; batch], batch, &device)?,
             target_lengths: Tensor::from_vec(vec![length as u32; batch], batch, &device)?,
         })
@@ -78,6 +91,36 @@ impl Inputs {
         // Touch the gradient so that nothing is left lazy.
         let _ = grad.dims();
         loss.to_dtype(DType::F32)?.to_scalar::<f32>()
+    }
+
+    /// Forward + backward of the BLEU loss on CTC outputs under `cfg` (plus the CTC loss with
+    /// `with_ctc`), the targets as references.
+    fn bleu_step(&self, cfg: &BleuLossConfig, with_ctc: bool) -> Result<f32> {
+        let x = self.logits.as_tensor();
+        let mut loss =
+            ctc_bleu_loss_from_logits(x, Some(&self.input_lengths), &self.refs, 0, cfg)?.loss;
+        if with_ctc {
+            let ctc = ctc_loss_from_logits(
+                x,
+                &self.targets,
+                &self.input_lengths,
+                &self.target_lengths,
+                &CtcConfig::default(),
+            )?;
+            loss = (loss + ctc)?;
+        }
+        let grads = loss.backward()?;
+        let _ = grads.get(x).expect("a logits gradient").dims();
+        loss.to_dtype(DType::F32)?.to_scalar::<f32>()
+    }
+}
+
+fn bon2() -> BleuLossConfig {
+    BleuLossConfig {
+        max_order: 2,
+        weights: Some(vec![0.0, 1.0]),
+        smoothing: LossSmoothing::None,
+        ..Default::default()
     }
 }
 
@@ -121,6 +164,56 @@ const ROWS: &[Row] = &[
         name: "ctc_composed_small",
         shape: Some([8, 32, 500, 10]),
         step: |inputs| inputs.step(ctc_loss_from_logits_composed),
+    },
+    Row {
+        name: "ctc_bleu4",
+        shape: None,
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu_bon2",
+        shape: None,
+        step: |inputs| inputs.bleu_step(&bon2(), false),
+    },
+    Row {
+        name: "ctc_plus_bleu4",
+        shape: None,
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), true),
+    },
+    Row {
+        name: "ctc_bleu4_t64",
+        shape: Some([32, 64, 8000, 48]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_t256",
+        shape: Some([32, 256, 8000, 48]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_l24",
+        shape: Some([32, 128, 8000, 24]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_l96",
+        shape: Some([32, 128, 8000, 96]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_v64_l24",
+        shape: Some([32, 128, 64, 24]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_v64_l48",
+        shape: Some([32, 128, 64, 48]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
+    },
+    Row {
+        name: "ctc_bleu4_v64_l96",
+        shape: Some([32, 128, 64, 96]),
+        step: |inputs| inputs.bleu_step(&BleuLossConfig::default(), false),
     },
 ];
 

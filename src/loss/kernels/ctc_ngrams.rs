@@ -271,6 +271,268 @@ fn softmax_jacobian_body<T: KernelFloat>(g: &mut [T], q: &[T], dot: T) {
     }
 }
 
+/// Zips the `LANES`-sized chunks of equal-length slices (the first `n` entries of each: a
+/// multiple of `LANES`), so that the loops over a chunk's lanes compile without bounds checks
+/// and vectorise; the remainder is handled by the caller.
+macro_rules! lane_chunks {
+    ($n:expr; $first:expr $(, $rest:expr)*) => {
+        $first[..$n].chunks_exact(LANES) $(.zip($rest[..$n].chunks_exact(LANES)))*
+    };
+}
+
+/// One frame of the programs over the vocabulary for `N <= 4` (counts `c <= 2`), in one pass
+/// over the frame's probabilities `q` (the blank's entry 0): `E[L]`'s term, and
+/// `In_1 = q ⊙ (In_1 + entering_1)`, `In_2 = q ⊙ (In_2 + entering_2 − In_1)` from the states
+/// before the frame (`in_1`, `in_2`: empty for counts the plan lacks) into `out_1`, `out_2`.
+/// Returns `(E[L] term, S_1, S_2)`.
+#[inline(always)]
+fn frame_forward_body<T: KernelFloat>(
+    q: &[T],
+    previous: &[T],
+    in_1: &[T],
+    in_2: &[T],
+    entering: (T, T),
+    out_1: &mut [T],
+    out_2: &mut [T],
+) -> (T, T, T) {
+    let vocab = q.len();
+    let n = vocab - vocab % LANES;
+    let mut acc = [[T::ZERO; LANES]; 3];
+    let (e1, e2) = entering;
+    // One element: (E[L] term, In_1, In_2).
+    let one =
+        |p: T, prev: T, i1: T, i2: T| (p * (T::ONE - prev), p * (i1 + e1), p * (i2 + e2 - i1));
+    let mut sums = (T::ZERO, T::ZERO, T::ZERO);
+    match (in_1.is_empty(), in_2.is_empty()) {
+        (true, _) => {
+            for (qc, pc) in lane_chunks!(n; q, previous) {
+                for l in 0..LANES {
+                    acc[0][l] += one(qc[l], pc[l], T::ZERO, T::ZERO).0;
+                }
+            }
+            for v in n..vocab {
+                sums.0 += one(q[v], previous[v], T::ZERO, T::ZERO).0;
+            }
+        }
+        (false, true) => {
+            let (out_head, out_tail) = out_1[..vocab].split_at_mut(n);
+            for (oc, ((qc, pc), ic)) in out_head
+                .chunks_exact_mut(LANES)
+                .zip(lane_chunks!(n; q, previous, in_1))
+            {
+                for l in 0..LANES {
+                    let (term, x1, _) = one(qc[l], pc[l], ic[l], T::ZERO);
+                    oc[l] = x1;
+                    acc[0][l] += term;
+                    acc[1][l] += x1;
+                }
+            }
+            for v in n..vocab {
+                let (term, x1, _) = one(q[v], previous[v], in_1[v], T::ZERO);
+                out_tail[v - n] = x1;
+                sums.0 += term;
+                sums.1 += x1;
+            }
+        }
+        (false, false) => {
+            let (o1_head, o1_tail) = out_1[..vocab].split_at_mut(n);
+            let (o2_head, o2_tail) = out_2[..vocab].split_at_mut(n);
+            for ((o1, o2), (((qc, pc), i1), i2)) in o1_head
+                .chunks_exact_mut(LANES)
+                .zip(o2_head.chunks_exact_mut(LANES))
+                .zip(lane_chunks!(n; q, previous, in_1, in_2))
+            {
+                for l in 0..LANES {
+                    let (term, x1, x2) = one(qc[l], pc[l], i1[l], i2[l]);
+                    o1[l] = x1;
+                    o2[l] = x2;
+                    acc[0][l] += term;
+                    acc[1][l] += x1;
+                    acc[2][l] += x2;
+                }
+            }
+            for v in n..vocab {
+                let (term, x1, x2) = one(q[v], previous[v], in_1[v], in_2[v]);
+                o1_tail[v - n] = x1;
+                o2_tail[v - n] = x2;
+                sums.0 += term;
+                sums.1 += x1;
+                sums.2 += x2;
+            }
+        }
+    }
+    for l in 0..LANES {
+        sums.0 += acc[0][l];
+        sums.1 += acc[1][l];
+        sums.2 += acc[2][l];
+    }
+    sums
+}
+
+/// One frame of the reverse sweep over the vocabulary for `N <= 4`, in one pass: the gradient
+/// `g = length_adjoint · (1 − q_prev − q_next) + Σ_c a_c ⊙ X_c` with `a_c = adjoint_c + offset_c`
+/// and `X_c` the bracket of `In_c`'s recursion, the new `adjoint_1 = x̄_1 − x̄_2`,
+/// `adjoint_2 = x̄_2` (`x̄_c = a_c ⊙ q`). Returns `(Σ_v q g, Σ x̄_1, Σ x̄_2)`.
+#[inline(always)]
+fn frame_reverse_body<T: KernelFloat>(
+    g: &mut [T],
+    q: &[T],
+    previous: &[T],
+    next: &[T],
+    length_adjoint: T,
+    in_1: &[T],
+    in_2: &[T],
+    entering: (T, T),
+    adjoint_1: &mut [T],
+    adjoint_2: &mut [T],
+    offset: (T, T),
+) -> (T, T, T) {
+    let vocab = g.len();
+    let n = vocab - vocab % LANES;
+    let (e1, e2) = entering;
+    let (o1, o2) = offset;
+    let mut acc = [[T::ZERO; LANES]; 3];
+    let mut sums = (T::ZERO, T::ZERO, T::ZERO);
+    // One element: (g, x̄_1, x̄_2, new adjoint_1) from q, q_prev, q_next, In_1, In_2 before the
+    // frame and the adjoints' stored parts.
+    let one = |p: T, prev: T, nxt: T, i1: T, i2: T, a1: T, a2: T| {
+        let (a1, a2) = (a1 + o1, a2 + o2);
+        let gv = length_adjoint * (T::ONE - prev - nxt) + a1 * (i1 + e1) + a2 * (i2 + e2 - i1);
+        let (x1, x2) = (a1 * p, a2 * p);
+        (gv, x1, x2, x1 - x2)
+    };
+    match (in_1.is_empty(), in_2.is_empty()) {
+        (true, _) => {
+            let (head, tail) = g.split_at_mut(n);
+            for (gc, (qc, (pc, nc))) in head.chunks_exact_mut(LANES).zip(
+                q[..n]
+                    .chunks_exact(LANES)
+                    .zip(lane_chunks!(n; previous, next)),
+            ) {
+                for l in 0..LANES {
+                    let gv = length_adjoint * (T::ONE - pc[l] - nc[l]);
+                    gc[l] = gv;
+                    acc[0][l] += qc[l] * gv;
+                }
+            }
+            for v in n..vocab {
+                let gv = length_adjoint * (T::ONE - previous[v] - next[v]);
+                tail[v - n] = gv;
+                sums.0 += q[v] * gv;
+            }
+        }
+        (false, true) => {
+            let (head, tail) = g.split_at_mut(n);
+            let (a_head, a_tail) = adjoint_1[..vocab].split_at_mut(n);
+            for ((gc, ac), (((qc, pc), nc), ic)) in head
+                .chunks_exact_mut(LANES)
+                .zip(a_head.chunks_exact_mut(LANES))
+                .zip(lane_chunks!(n; q, previous, next, in_1))
+            {
+                for l in 0..LANES {
+                    let (gv, x1, _, _) =
+                        one(qc[l], pc[l], nc[l], ic[l], T::ZERO, ac[l], T::ZERO - o2);
+                    gc[l] = gv;
+                    ac[l] = x1;
+                    acc[0][l] += qc[l] * gv;
+                    acc[1][l] += x1;
+                }
+            }
+            for v in n..vocab {
+                let (gv, x1, _, _) = one(
+                    q[v],
+                    previous[v],
+                    next[v],
+                    in_1[v],
+                    T::ZERO,
+                    a_tail[v - n],
+                    T::ZERO - o2,
+                );
+                tail[v - n] = gv;
+                a_tail[v - n] = x1;
+                sums.0 += q[v] * gv;
+                sums.1 += x1;
+            }
+        }
+        (false, false) => {
+            let (head, tail) = g.split_at_mut(n);
+            let (a1_head, a1_tail) = adjoint_1[..vocab].split_at_mut(n);
+            let (a2_head, a2_tail) = adjoint_2[..vocab].split_at_mut(n);
+            for (((gc, a1c), a2c), ((((qc, pc), nc), i1), i2)) in head
+                .chunks_exact_mut(LANES)
+                .zip(a1_head.chunks_exact_mut(LANES))
+                .zip(a2_head.chunks_exact_mut(LANES))
+                .zip(lane_chunks!(n; q, previous, next, in_1, in_2))
+            {
+                for l in 0..LANES {
+                    let (gv, x1, x2, new_1) =
+                        one(qc[l], pc[l], nc[l], i1[l], i2[l], a1c[l], a2c[l]);
+                    gc[l] = gv;
+                    a1c[l] = new_1;
+                    a2c[l] = x2;
+                    acc[0][l] += qc[l] * gv;
+                    acc[1][l] += x1;
+                    acc[2][l] += x2;
+                }
+            }
+            for v in n..vocab {
+                let (gv, x1, x2, new_1) = one(
+                    q[v],
+                    previous[v],
+                    next[v],
+                    in_1[v],
+                    in_2[v],
+                    a1_tail[v - n],
+                    a2_tail[v - n],
+                );
+                tail[v - n] = gv;
+                a1_tail[v - n] = new_1;
+                a2_tail[v - n] = x2;
+                sums.0 += q[v] * gv;
+                sums.1 += x1;
+                sums.2 += x2;
+            }
+        }
+    }
+    for l in 0..LANES {
+        sums.0 += acc[0][l];
+        sums.1 += acc[1][l];
+        sums.2 += acc[2][l];
+    }
+    sums
+}
+
+wide_vectors! {
+    fn frame_forward(
+        q: &[T],
+        previous: &[T],
+        in_1: &[T],
+        in_2: &[T],
+        entering: (T, T),
+        out_1: &mut [T],
+        out_2: &mut [T],
+    ) -> (T, T, T) = frame_forward_body;
+}
+wide_vectors! {
+    fn frame_reverse(
+        g: &mut [T],
+        q: &[T],
+        previous: &[T],
+        next: &[T],
+        length_adjoint: T,
+        in_1: &[T],
+        in_2: &[T],
+        entering: (T, T),
+        adjoint_1: &mut [T],
+        adjoint_2: &mut [T],
+        offset: (T, T),
+    ) -> (T, T, T) = frame_reverse_body;
+}
+
+/// The counts up to which one pass per frame does the vocabulary-sized work (`N <= 4`); beyond,
+/// one pass per count.
+const FUSED_TOP: usize = 2;
+
 wide_vectors! {
     fn length_term(q: &[T], previous: &[T]) -> T = length_term_body;
 }
@@ -449,7 +711,67 @@ fn run_programs<T: KernelFloat>(
         let b_t = current[plan.blank];
         current[plan.blank] = T::ZERO;
         blank[t] = b_t;
-        length += length_term(current, previous);
+        // The vocabulary-sized work: the softmax's scale, E[L]'s term and the count-capped
+        // length program.
+        if counts > 0 {
+            let (runs_a, runs_b) = layers(runs, run_width, a, b);
+            let (gap_a, gap_b) = layers(gap, counts, a, b);
+            let (sums_a, sums_b) = layers(run_sums, counts, a, b);
+            let entering = |c: usize| gap_a[c - 1] + sums_a[c - 1];
+            sums_b[0] = T::ZERO;
+            if top <= FUSED_TOP {
+                let (before_1, before_2) = runs_a.split_at(vocab.min(run_width));
+                let (after_1, after_2) = runs_b.split_at_mut(vocab.min(run_width));
+                let (term, s1, s2) = frame_forward(
+                    current,
+                    previous,
+                    before_1,
+                    before_2,
+                    (
+                        if top >= 1 { entering(1) } else { T::ZERO },
+                        if top >= 2 { entering(2) } else { T::ZERO },
+                    ),
+                    after_1,
+                    after_2,
+                );
+                length += term;
+                for (c, s) in [(1, s1), (2, s2)] {
+                    if c <= top {
+                        sums_b[c] = s;
+                    }
+                }
+            } else {
+                length += length_term(current, previous);
+                for c in 1..counts {
+                    let lower: &[T] = if c == 1 {
+                        &[]
+                    } else {
+                        &runs_a[(c - 2) * vocab..(c - 1) * vocab]
+                    };
+                    sums_b[c] = run_step(
+                        current,
+                        &runs_a[(c - 1) * vocab..c * vocab],
+                        lower,
+                        entering(c),
+                        &mut runs_b[(c - 1) * vocab..c * vocab],
+                    );
+                }
+            }
+            for c in 0..counts {
+                gap_b[c] = b_t * (gap_a[c] + sums_a[c]);
+            }
+        } else {
+            let (term, _, _) = frame_forward(
+                current,
+                previous,
+                &[],
+                &[],
+                (T::ZERO, T::ZERO),
+                &mut [],
+                &mut [],
+            );
+            length += term;
+        }
         // The nodes: children read their parents' values before this frame (layer a).
         let (in_a, in_b) = layers(node_in, k_nodes, a, b);
         let (gap_a, gap_b) = layers(node_gap, k_nodes, a, b);
@@ -459,30 +781,6 @@ fn run_programs<T: KernelFloat>(
             node_count[k] += p * ready;
             in_b[k] = p * (in_a[k] + ready);
             gap_b[k] = b_t * (in_a[k] + gap_a[k]);
-        }
-        // The count-capped length program.
-        if counts > 0 {
-            let (runs_a, runs_b) = layers(runs, run_width, a, b);
-            let (gap_a, gap_b) = layers(gap, counts, a, b);
-            let (sums_a, sums_b) = layers(run_sums, counts, a, b);
-            sums_b[0] = T::ZERO;
-            for c in 1..counts {
-                let lower: &[T] = if c == 1 {
-                    &[]
-                } else {
-                    &runs_a[(c - 2) * vocab..(c - 1) * vocab]
-                };
-                sums_b[c] = run_step(
-                    current,
-                    &runs_a[(c - 1) * vocab..c * vocab],
-                    lower,
-                    gap_a[c - 1] + sums_a[c - 1],
-                    &mut runs_b[(c - 1) * vocab..c * vocab],
-                );
-            }
-            for c in 0..counts {
-                gap_b[c] = b_t * (gap_a[c] + sums_a[c]);
-            }
         }
     }
     let last = layer(frames);
@@ -603,9 +901,10 @@ fn element_backward<T: KernelFloat>(
         };
         let b = blank[t];
         let g = &mut grad[t * vocab..(t + 1) * vocab];
-        length_gradient(g, previous, next, length_adjoint);
         let mut blank_gradient = T::ZERO;
-        // The length program in reverse.
+        // `Σ_v q_v g_v` of the dense part, when the fused pass computes it.
+        let mut dense_dot = None;
+        // The E[L] term and the length program in reverse.
         if counts > 0 {
             let gap_before = &gap[t * counts..(t + 1) * counts];
             let sums_before = &run_sums[t * counts..(t + 1) * counts];
@@ -613,37 +912,84 @@ fn element_backward<T: KernelFloat>(
             for c in 0..counts {
                 blank_gradient += count_adjoint[c] * (gap_before[c] + sums_before[c]);
             }
+            let entering = |c: usize| gap_before[c - 1] + sums_before[c - 1];
             entering_adjoint.fill(T::ZERO);
-            for c in 1..counts {
-                let lower: &[T] = if c == 1 {
-                    &[]
-                } else {
-                    &runs_before[(c - 2) * vocab..(c - 1) * vocab]
-                };
-                entering_adjoint[c] = run_adjoint(
-                    qt,
-                    &runs_before[(c - 1) * vocab..c * vocab],
-                    lower,
-                    gap_before[c - 1] + sums_before[c - 1],
-                    &mut adjoint[(c - 1) * vocab..c * vocab],
-                    count_adjoint[c],
+            if top <= FUSED_TOP {
+                let (before_1, before_2) = runs_before.split_at(vocab.min(run_width));
+                let (adjoint_1, adjoint_2) = adjoint.split_at_mut(vocab.min(run_width));
+                let at = |c: usize, x: &[T]| if top >= c { x[c] } else { T::ZERO };
+                let (dot, s1, s2) = frame_reverse(
                     g,
+                    qt,
+                    previous,
+                    next,
+                    length_adjoint,
+                    before_1,
+                    before_2,
+                    (
+                        if top >= 1 { entering(1) } else { T::ZERO },
+                        if top >= 2 { entering(2) } else { T::ZERO },
+                    ),
+                    adjoint_1,
+                    adjoint_2,
+                    (at(1, &count_adjoint), at(2, &count_adjoint)),
                 );
+                dense_dot = Some(dot);
+                entering_adjoint[1] = s1;
+                if top >= 2 {
+                    entering_adjoint[2] = s2;
+                }
+            } else {
+                length_gradient(g, previous, next, length_adjoint);
+                for c in 1..counts {
+                    let lower: &[T] = if c == 1 {
+                        &[]
+                    } else {
+                        &runs_before[(c - 2) * vocab..(c - 1) * vocab]
+                    };
+                    entering_adjoint[c] = run_adjoint(
+                        qt,
+                        &runs_before[(c - 1) * vocab..c * vocab],
+                        lower,
+                        entering(c),
+                        &mut adjoint[(c - 1) * vocab..c * vocab],
+                        count_adjoint[c],
+                        g,
+                    );
+                }
+                for c in 1..counts.saturating_sub(1) {
+                    let (own, above) = adjoint.split_at_mut(c * vocab);
+                    for (x, &y) in own[(c - 1) * vocab..].iter_mut().zip(&above[..vocab]) {
+                        *x -= y;
+                    }
+                }
             }
             // Before the frame: Gap_c and S_c get b·(their own) + Σ_v x̄_{c+1}; In_c(·, v) gets
             // x̄_c − x̄_{c+1} and, as its offset, the new count_adjoint[c].
             for c in 0..counts {
                 count_adjoint[c] = count_adjoint[c] * b + entering_adjoint[c + 1];
             }
-            for c in 1..counts.saturating_sub(1) {
-                let (own, above) = adjoint.split_at_mut(c * vocab);
-                for (x, &y) in own[(c - 1) * vocab..].iter_mut().zip(&above[..vocab]) {
-                    *x -= y;
-                }
-            }
+        } else {
+            let (dot, _, _) = frame_reverse(
+                g,
+                qt,
+                previous,
+                next,
+                length_adjoint,
+                &[],
+                &[],
+                (T::ZERO, T::ZERO),
+                &mut [],
+                &mut [],
+                (T::ZERO, T::ZERO),
+            );
+            dense_dot = Some(dot);
         }
+        // The sparse parts below add `q_v · value` to the dot as they add to `g`.
+        let mut sparse_dot = T::ZERO;
         for (token, value) in pending.drain(..) {
             g[token] += value;
+            sparse_dot += qt[token] * value;
         }
         // The n-gram programs in reverse.
         let in_before = &node_in[t * k_nodes..(t + 1) * k_nodes];
@@ -651,7 +997,9 @@ fn element_backward<T: KernelFloat>(
         for (k, node) in nodes.iter().enumerate() {
             let token = node.token as usize;
             let ready = node_ready(*node, in_before, gap_before, previous);
-            g[token] += in_adjoint[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
+            let value = in_adjoint[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
+            g[token] += value;
+            sparse_dot += qt[token] * value;
             blank_gradient += gap_adjoint[k] * (in_before[k] + gap_before[k]);
             ready_adjoint[k] = qt[token] * (in_adjoint[k] + node_adjoint[k]);
             in_adjoint[k] = in_adjoint[k] * qt[token] + gap_adjoint[k] * b;
@@ -671,7 +1019,10 @@ fn element_backward<T: KernelFloat>(
             }
         }
         // Through the softmax: dz = q ⊙ (dq − Σ_u q_u dq_u), the blank's entry from its parts.
-        let dot = cpu::dot(qt, g) + b * blank_gradient;
+        let dot = match dense_dot {
+            Some(dense) => dense + sparse_dot,
+            None => cpu::dot(qt, g),
+        } + b * blank_gradient;
         softmax_jacobian(g, qt, dot);
         g[plan.blank] = b * (blank_gradient - dot);
     }
@@ -836,7 +1187,7 @@ mod tests {
             let frames = rng.random_range(0..=6usize);
             let vocab = rng.random_range(2..=4usize);
             let blank = rng.random_range(0..vocab) as u32;
-            let max_order = rng.random_range(1..=4usize);
+            let max_order = rng.random_range(1..=6usize);
             let tokens: Vec<u32> = (0..vocab as u32).filter(|&v| v != blank).collect();
             let reference: Vec<u32> = (0..rng.random_range(1..=6usize))
                 .map(|_| tokens[rng.random_range(0..tokens.len())])
