@@ -280,6 +280,17 @@ macro_rules! lane_chunks {
     };
 }
 
+/// `sums` plus the three lane accumulators' totals.
+#[inline(always)]
+fn add_lanes<T: KernelFloat>(mut sums: (T, T, T), acc: &[[T; LANES]; 3]) -> (T, T, T) {
+    for ((&a, &b), &c) in acc[0].iter().zip(&acc[1]).zip(&acc[2]) {
+        sums.0 += a;
+        sums.1 += b;
+        sums.2 += c;
+    }
+    sums
+}
+
 /// One frame of the programs over the vocabulary for `N <= 4` (counts `c <= 2`), in one pass
 /// over the frame's probabilities `q` (the blank's entry 0): `E[L]`'s term, and
 /// `In_1 = q ⊙ (In_1 + entering_1)`, `In_2 = q ⊙ (In_2 + entering_2 − In_1)` from the states
@@ -361,12 +372,7 @@ fn frame_forward_body<T: KernelFloat>(
             }
         }
     }
-    for l in 0..LANES {
-        sums.0 += acc[0][l];
-        sums.1 += acc[1][l];
-        sums.2 += acc[2][l];
-    }
-    sums
+    add_lanes(sums, &acc)
 }
 
 /// One frame of the reverse sweep over the vocabulary for `N <= 4`, in one pass: the gradient
@@ -374,6 +380,7 @@ fn frame_forward_body<T: KernelFloat>(
 /// and `X_c` the bracket of `In_c`'s recursion, the new `adjoint_1 = x̄_1 − x̄_2`,
 /// `adjoint_2 = x̄_2` (`x̄_c = a_c ⊙ q`). Returns `(Σ_v q g, Σ x̄_1, Σ x̄_2)`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn frame_reverse_body<T: KernelFloat>(
     g: &mut [T],
     q: &[T],
@@ -494,12 +501,7 @@ fn frame_reverse_body<T: KernelFloat>(
             }
         }
     }
-    for l in 0..LANES {
-        sums.0 += acc[0][l];
-        sums.1 += acc[1][l];
-        sums.2 += acc[2][l];
-    }
-    sums
+    add_lanes(sums, &acc)
 }
 
 wide_vectors! {
