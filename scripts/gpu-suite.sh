@@ -138,7 +138,8 @@ for step in "${steps[@]}"; do
         for set in "${sets[@]}"; do
             # Longest first (their times under contention on 2026-11-27).
             for name in ${SUITE:-loss_extreme loss_spec_reference loss_exact loss_props loss_grad \
-                loss_errors loss_host_copies hidden training_loss cross_entropy docs_worked_example}; do
+                loss_errors loss_host_copies hidden training_loss cross_entropy docs_worked_example \
+                ctc_loss ctc_bleu}; do
                 jobs+=("$set/$name")
             done
         done

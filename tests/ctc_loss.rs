@@ -10,8 +10,11 @@ use candle_bleu::loss::{
     ctc_greedy_decode, ctc_loss, ctc_loss_composed, ctc_loss_from_logits,
     ctc_loss_from_logits_composed, host_copies, CtcConfig, CtcReduction,
 };
-use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_core::{DType, Result, Tensor, Var, D};
+use common::test_device;
 use serde_json::Value;
+
+mod common;
 
 const GOLDEN: &str = include_str!("golden/ctc_torch.json");
 
@@ -85,7 +88,7 @@ fn case(c: &Value, dtype: DType) -> Result<Case> {
         .map(|v| v.as_u64().unwrap() as usize)
         .collect();
     let (b, t, v, l) = (shape[0], shape[1], shape[2], shape[3]);
-    let dev = Device::Cpu;
+    let dev = test_device();
     let ints = |key: &str| -> Vec<i64> {
         let value = &c[key];
         let flat: Vec<&Value> = match value.as_array().unwrap().first() {
@@ -133,7 +136,7 @@ fn loss_and_grad(
     let var = Var::from_tensor(x)?;
     let loss = f(var.as_tensor())?;
     let total = if loss.rank() == 1 {
-        let w = Tensor::new(weights, &Device::Cpu)?.to_dtype(loss.dtype())?;
+        let w = Tensor::new(weights, &test_device())?.to_dtype(loss.dtype())?;
         (&loss * w)?.sum_all()?
     } else {
         loss.clone()
@@ -196,6 +199,7 @@ fn check_golden(dtype: DType, value_tol: f64, grad_tol: f64) -> Result<()> {
                 blank: case.blank,
                 reduction: reduction(r["reduction"].as_str().unwrap()),
                 zero_infinity: r["zero_infinity"].as_bool().unwrap(),
+                ..Default::default()
             };
             let (loss, grad) = (numbers(&r["loss"]), numbers(&r["grad"]));
             for (name, f) in FROM_LOGITS {
@@ -258,7 +262,7 @@ fn random_batch(seed: u64, blank: u32) -> Result<(Tensor, Tensor, Tensor, Tensor
         target_lengths[e] = length as u32;
         input_lengths[e] = rng.gen_range(2 * l as u32..t as u32); // T_b < T: padding frames
     }
-    let dev = Device::Cpu;
+    let dev = test_device();
     Ok((
         Tensor::from_vec(x, (b, t, v), &dev)?,
         Tensor::from_vec(targets, (b, l), &dev)?,
@@ -278,6 +282,7 @@ fn gradcheck_on_a_leaf_log_probs() -> Result<()> {
                 blank,
                 reduction,
                 zero_infinity: false,
+                ..Default::default()
             };
             for (name, f) in [
                 ("ctc_loss", ctc_loss as Loss),
@@ -325,11 +330,12 @@ fn kernel_matches_composed() -> Result<()> {
         let mask: Vec<f64> = (0..x.elem_count())
             .map(|i| if i % 17 == 3 { f64::NEG_INFINITY } else { 0.0 })
             .collect();
-        let with_zeros = (&x + Tensor::from_vec(mask, x.shape(), &Device::Cpu)?)?;
+        let with_zeros = (&x + Tensor::from_vec(mask, x.shape(), &test_device())?)?;
         let cfg = CtcConfig {
             blank,
             reduction: CtcReduction::None,
             zero_infinity: true,
+            ..Default::default()
         };
         let weights = [0.5, 1.5, 1.0, 2.0];
         for (input, pair) in [
@@ -384,7 +390,7 @@ fn frames_beyond_input_lengths_have_zero_gradient() -> Result<()> {
 /// (the composed path masks them before its `log_softmax`, whose backward would spread NaN).
 #[test]
 fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = test_device();
     let x = Tensor::new(
         &[[[0.1f64, 0.2, 0.3], [0.3, 0.2, 0.1], [f64::NAN, 0.0, 0.0]]],
         &dev,
@@ -419,7 +425,7 @@ fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
 /// "1 1": only (1, blank, 1) aligns, so the loss is 3 log 3; target "1 2" has 5 alignments.
 #[test]
 fn hand_values() -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = test_device();
     let log_probs = Tensor::full((1f64 / 3.0).ln(), (1, 3, 3), &dev)?;
     let il = Tensor::new(&[3u32], &dev)?;
     let tl = Tensor::new(&[2u32], &dev)?;
@@ -446,7 +452,7 @@ fn hand_values() -> Result<()> {
 
 #[test]
 fn impossible_alignment_is_infinite_or_zero() -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = test_device();
     let logits = Tensor::zeros((2, 2, 3), DType::F32, &dev)?;
     // "1 1" needs 3 frames; element 1 ("2") aligns.
     let targets = Tensor::new(&[[1u32, 1], [2, 0]], &dev)?;
@@ -520,7 +526,7 @@ fn three_host_copies_per_call() -> Result<()> {
 
 #[test]
 fn greedy_decode_by_hand() -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = test_device();
     // Argmax per frame, element 0: 2 2 0 2 1 1 3; element 1: 0 3 3 0 0 1 1 (length 6).
     let ids = [[2u32, 2, 0, 2, 1, 1, 3], [0, 3, 3, 0, 0, 1, 1]];
     let mut values = Vec::new();
@@ -569,7 +575,7 @@ fn greedy_decode_by_hand() -> Result<()> {
 
 /// A valid call's arguments: logits `[2, 4, 5]`, targets `[2, 2]`, lengths.
 fn valid() -> (Tensor, Tensor, Tensor, Tensor) {
-    let dev = Device::Cpu;
+    let dev = test_device();
     (
         Tensor::zeros((2, 4, 5), DType::F32, &dev).unwrap(),
         Tensor::new(&[[1u32, 2], [3, 3]], &dev).unwrap(),
@@ -621,7 +627,7 @@ fn error_blank_out_of_vocabulary() {
 #[test]
 fn error_target_is_the_blank() {
     let (x, _, il, tl) = valid();
-    let t = Tensor::new(&[[1u32, 2], [0, 3]], &Device::Cpu).unwrap();
+    let t = Tensor::new(&[[1u32, 2], [0, 3]], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -632,7 +638,7 @@ fn error_target_is_the_blank() {
 #[test]
 fn error_target_out_of_vocabulary() {
     let (x, _, il, tl) = valid();
-    let t = Tensor::new(&[[1u32, 5], [3, 3]], &Device::Cpu).unwrap();
+    let t = Tensor::new(&[[1u32, 5], [3, 3]], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -643,7 +649,7 @@ fn error_target_out_of_vocabulary() {
 #[test]
 fn error_negative_target() {
     let (x, _, il, tl) = valid();
-    let t = Tensor::new(&[[1i64, 2], [-1, 3]], &Device::Cpu).unwrap();
+    let t = Tensor::new(&[[1i64, 2], [-1, 3]], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -654,8 +660,8 @@ fn error_negative_target() {
 #[test]
 fn padding_beyond_target_lengths_is_not_read() -> Result<()> {
     let (x, _, il, _) = valid();
-    let t = Tensor::new(&[[1i64, -1], [3, 99]], &Device::Cpu)?;
-    let tl = Tensor::new(&[1u32, 1], &Device::Cpu)?;
+    let t = Tensor::new(&[[1i64, -1], [3, 99]], &test_device())?;
+    let tl = Tensor::new(&[1u32, 1], &test_device())?;
     ctc_loss_from_logits(&x, &t, &il, &tl, &CtcConfig::default())?;
     Ok(())
 }
@@ -663,7 +669,7 @@ fn padding_beyond_target_lengths_is_not_read() -> Result<()> {
 #[test]
 fn error_input_length_beyond_frames() {
     let (x, t, _, tl) = valid();
-    let il = Tensor::new(&[5u32, 3], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[5u32, 3], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -674,7 +680,7 @@ fn error_input_length_beyond_frames() {
 #[test]
 fn error_input_length_zero() {
     let (x, t, _, tl) = valid();
-    let il = Tensor::new(&[4u32, 0], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[4u32, 0], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -685,7 +691,7 @@ fn error_input_length_zero() {
 #[test]
 fn error_negative_input_length() {
     let (x, t, _, tl) = valid();
-    let il = Tensor::new(&[4i64, -2], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[4i64, -2], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -696,7 +702,7 @@ fn error_negative_input_length() {
 #[test]
 fn error_target_length_beyond_targets() {
     let (x, t, il, _) = valid();
-    let tl = Tensor::new(&[2u32, 3], &Device::Cpu).unwrap();
+    let tl = Tensor::new(&[2u32, 3], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -707,7 +713,7 @@ fn error_target_length_beyond_targets() {
 #[test]
 fn error_negative_target_length() {
     let (x, t, il, _) = valid();
-    let tl = Tensor::new(&[-1i64, 2], &Device::Cpu).unwrap();
+    let tl = Tensor::new(&[-1i64, 2], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -746,7 +752,7 @@ fn error_targets_dtype() {
 #[test]
 fn error_input_dtype() {
     let (_, t, il, tl) = valid();
-    let x = Tensor::zeros((2, 4, 5), DType::U32, &Device::Cpu).unwrap();
+    let x = Tensor::zeros((2, 4, 5), DType::U32, &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -757,7 +763,7 @@ fn error_input_dtype() {
 #[test]
 fn error_input_rank() {
     let (_, t, il, tl) = valid();
-    let x = Tensor::zeros((4, 5), DType::F32, &Device::Cpu).unwrap();
+    let x = Tensor::zeros((4, 5), DType::F32, &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -768,7 +774,7 @@ fn error_input_rank() {
 #[test]
 fn error_input_empty_dimension() {
     let (_, t, il, tl) = valid();
-    let x = Tensor::zeros((2, 4, 0), DType::F32, &Device::Cpu).unwrap();
+    let x = Tensor::zeros((2, 4, 0), DType::F32, &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -779,7 +785,7 @@ fn error_input_empty_dimension() {
 #[test]
 fn error_batch_size_of_targets() {
     let (x, _, il, tl) = valid();
-    let t = Tensor::new(&[[1u32, 2]], &Device::Cpu).unwrap();
+    let t = Tensor::new(&[[1u32, 2]], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -790,14 +796,14 @@ fn error_batch_size_of_targets() {
 #[test]
 fn error_batch_size_of_lengths() {
     let (x, t, _, tl) = valid();
-    let il = Tensor::new(&[4u32, 3, 2], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[4u32, 3, 2], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
         &["`input_lengths`", "[2]", "[3]"],
     );
     let (x, t, il, _) = valid();
-    let tl = Tensor::new(&[[2u32, 2]], &Device::Cpu).unwrap();
+    let tl = Tensor::new(&[[2u32, 2]], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -808,7 +814,7 @@ fn error_batch_size_of_lengths() {
 #[test]
 fn error_targets_rank() {
     let (x, _, il, tl) = valid();
-    let t = Tensor::new(&[1u32, 2, 3, 3], &Device::Cpu).unwrap();
+    let t = Tensor::new(&[1u32, 2, 3, 3], &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
         &CtcConfig::default(),
@@ -816,15 +822,23 @@ fn error_targets_rank() {
     );
 }
 
+/// The defaults, with the value checks on off the CPU too (the CPU always checks).
+fn checking_values() -> CtcConfig {
+    CtcConfig {
+        check_values: true,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn error_nan_in_logits() {
     let (_, t, il, tl) = valid();
     let mut values = vec![0f32; 40];
     values[20 + 2 * 5 + 1] = f32::NAN; // element 1, frame 2 (within its 3 frames)
-    let x = Tensor::from_vec(values, (2, 4, 5), &Device::Cpu).unwrap();
+    let x = Tensor::from_vec(values, (2, 4, 5), &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
-        &CtcConfig::default(),
+        &checking_values(),
         &["contains NaN", "batch element 1, frame 2"],
     );
 }
@@ -834,10 +848,10 @@ fn error_infinity_in_logits_and_positive_infinity_in_log_probs() {
     let (_, t, il, tl) = valid();
     let mut values = vec![0f64; 40];
     values[3] = f64::INFINITY;
-    let x = Tensor::from_vec(values, (2, 4, 5), &Device::Cpu).unwrap();
+    let x = Tensor::from_vec(values, (2, 4, 5), &test_device()).unwrap();
     fails_with(
         (&x, &t, &il, &tl),
-        &CtcConfig::default(),
+        &checking_values(),
         &["contains NaN or", "inf", "batch element 0, frame 0"],
     );
 }
@@ -847,8 +861,8 @@ fn negative_infinity_is_a_log_probability_but_not_a_logit() {
     let (_, t, il, tl) = valid();
     let mut values = vec![0f64; 40];
     values[3] = f64::NEG_INFINITY;
-    let x = Tensor::from_vec(values, (2, 4, 5), &Device::Cpu).unwrap();
-    let cfg = CtcConfig::default();
+    let x = Tensor::from_vec(values, (2, 4, 5), &test_device()).unwrap();
+    let cfg = checking_values();
     for f in [ctc_loss as Loss, ctc_loss_composed] {
         assert!(f(&x, &t, &il, &tl, &cfg).is_ok());
     }
@@ -866,10 +880,10 @@ fn error_decode_blank_and_lengths() {
     let (x, _, _, _) = valid();
     let err = ctc_greedy_decode(&x, None, 5).unwrap_err().to_string();
     assert!(err.contains("`blank` 5") && err.contains("V = 5"), "{err}");
-    let il = Tensor::new(&[5u32, 1], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[5u32, 1], &test_device()).unwrap();
     let err = ctc_greedy_decode(&x, Some(&il), 0).unwrap_err().to_string();
     assert!(err.contains("`input_lengths[0]` = 5"), "{err}");
-    let il = Tensor::new(&[1u32], &Device::Cpu).unwrap();
+    let il = Tensor::new(&[1u32], &test_device()).unwrap();
     let err = ctc_greedy_decode(&x, Some(&il), 0).unwrap_err().to_string();
     assert!(
         err.contains("`input_lengths`") && err.contains("[2]"),

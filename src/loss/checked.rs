@@ -740,7 +740,7 @@ pub(crate) fn ctc_call(
     targets: &Tensor,
     input_lengths: &Tensor,
     target_lengths: &Tensor,
-    (blank, zero_infinity): (u32, bool),
+    (blank, zero_infinity, check_values): (u32, bool, bool),
     from_logits: bool,
     path: Path,
 ) -> Result<CheckedCtc> {
@@ -763,6 +763,21 @@ pub(crate) fn ctc_call(
     let input = input.to_dtype(dtype)?.contiguous()?;
     if device.is_cpu() && !path.runs_ctc_kernels(device) {
         ctc_finite_frames(name, &input, &lengths, from_logits)?;
+    } else if !device.is_cpu() && check_values {
+        // One counted copy of the input to the host, checked there as on the CPU.
+        let on_host = match input.dtype() {
+            DType::F64 => Tensor::from_vec(
+                host::to_vec1::<f64>(&input.flatten_all()?)?,
+                input.shape(),
+                &Device::Cpu,
+            )?,
+            _ => Tensor::from_vec(
+                host::to_vec1::<f32>(&input.flatten_all()?)?,
+                input.shape(),
+                &Device::Cpu,
+            )?,
+        };
+        ctc_finite_frames(name, &on_host, &lengths, from_logits)?;
     }
     Ok(CheckedCtc {
         input,

@@ -367,7 +367,7 @@ pub enum CtcReduction {
 
 /// Configuration of [`ctc_loss`](super::ctc_loss) and
 /// [`ctc_loss_from_logits`](super::ctc_loss_from_logits). Default: blank 0, `Mean`,
-/// `zero_infinity = false` (PyTorch's defaults).
+/// `zero_infinity = false` (PyTorch's defaults), `check_values = false`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CtcConfig {
     /// The blank's id, any `< V`. Default 0.
@@ -378,4 +378,9 @@ pub struct CtcConfig {
     /// its repeats, or zero probabilities) and their gradients become 0. Otherwise such an
     /// element's loss is `+inf` (its gradient is 0; PyTorch gives NaN there). Default `false`.
     pub zero_infinity: bool,
+    /// Off the CPU, also refuse NaN and `+inf` in the input's frames in use (and `-inf` in
+    /// logits), as the CPU always does in place: one device-to-host copy of the input, which
+    /// stalls a GPU stream, so the default is `false` (then such values give a NaN or infinite
+    /// loss). Turn it on while debugging a GPU run.
+    pub check_values: bool,
 }

@@ -203,7 +203,7 @@ fn ctc_on(
         targets,
         input_lengths,
         target_lengths,
-        (cfg.blank, cfg.zero_infinity),
+        (cfg.blank, cfg.zero_infinity, cfg.check_values),
         from_logits,
         path,
     )?;

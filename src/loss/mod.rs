@@ -56,7 +56,8 @@
 //! | [`bleu_loss_from_hidden`], id references | 0, as from logits |
 //! | [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked) |
 //! | [`loss_from_stats`] | 0 |
-//! | [`ctc_loss`], [`ctc_loss_from_logits`] and their composed references | 3 (`targets`, `input_lengths`, `target_lengths`: the alignments are built on the host) |
+//! | [`ctc_loss`], [`ctc_loss_from_logits`] and their composed references | 3 (`targets`, `input_lengths`, `target_lengths`: the alignments are built on the host); off the CPU + 1 with [`CtcConfig::check_values`] (the input) |
+//! | [`ctc_bleu_loss_from_logits`], [`ctc_expected_counts`] | 0 (the input lengths read in place on the CPU; off it only with `check_values`: 1 for them, 1 for the NaN/Inf check) |
 //! | [`ctc_greedy_decode`] | 1 (the argmax ids), + 1 with `input_lengths` |
 //! | backward passes | 0 |
 //!

@@ -78,6 +78,7 @@ pub fn ctc_config() -> CtcConfig {
         blank: BLANK,
         reduction: CtcReduction::Mean,
         zero_infinity: false,
+        check_values: false,
     }
 }
 
