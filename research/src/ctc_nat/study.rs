@@ -20,7 +20,7 @@ use crate::checkpoint::{load_json, save_json};
 use crate::data::{BOS, EOS, PAD};
 use crate::decode::{BeamConfig, Specials};
 use crate::model::ctc_nat::{CtcNat, BLANK};
-use crate::model::transformer::{Dropout, PositionAdd, TransformerConfig};
+use crate::model::transformer::{Dropout, TransformerConfig};
 use crate::nat::decode::{repetition_share, timed};
 use crate::nat::files::{read_lines_gz, write_lines_gz};
 use crate::nat::objective::Mixing;
@@ -30,7 +30,7 @@ use crate::nat::report::{
 use crate::nat::teacher::{distill, parse_ids, teacher, Teacher, TeacherStamp};
 use crate::progress::format_duration;
 use crate::translate::batches::{Batches, IdPairs};
-use crate::translate::data::{prepare, DataConfig, StudyData};
+use crate::translate::data::StudyData;
 use crate::translate::evaluate::{
     bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
     CHRF_SIGNATURE,
@@ -42,7 +42,7 @@ use crate::translate::track::Tracker;
 
 /// The longest source or target, in subwords with BOS and EOS (the teacher's positions; the
 /// CTC NAT has `r` times as many).
-const MAX_LEN: usize = 128;
+use crate::nat::study::{study_setting, StudySetting, MAX_LEN};
 /// The control every objective is compared with.
 const CONTROL: &str = "ctc";
 /// The one decoding of the CTC NAT.
@@ -126,46 +126,18 @@ fn record(
 impl Study {
     fn prepare(cfg: Config) -> Result<Self> {
         let common = &cfg.common;
-        let device = crate::device::device(common.cpu);
-        let out = cfg.out();
-        let work = cfg.work();
-        if work.exists() && !common.resume && !cfg.plan_only {
-            println!(
-                "{} holds an earlier study: starting over (use --resume to continue it)",
-                work.display()
-            );
-            std::fs::remove_dir_all(&work)?;
-        }
-        std::fs::create_dir_all(&out)?;
-        std::fs::create_dir_all(&work)?;
-        if !common.resume && !cfg.plan_only {
-            let _ = std::fs::remove_file(out.join("log.csv"));
-        }
-        let data = prepare(
-            &DataConfig {
-                catalogs: &common.catalogs,
-                lang: &common.lang,
-                bpe_vocab: common.bpe_vocab,
-                quick: common.quick,
-                max_len: MAX_LEN,
-            },
-            &out,
+        let StudySetting {
+            device,
+            out,
+            work,
+            data,
+            model: teacher,
+        } = study_setting(
+            common,
+            cfg.out(),
+            cfg.work(),
+            common.resume || cfg.plan_only,
         )?;
-        write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
-        let vocab = data.bpe.vocab_size();
-        let teacher = TransformerConfig {
-            src_vocab: vocab,
-            tgt_vocab: vocab,
-            d_model: common.d_model,
-            heads: 4,
-            d_ff: 4 * common.d_model,
-            encoder_layers: common.layers,
-            decoder_layers: common.layers,
-            max_len: MAX_LEN,
-            dropout: common.dropout,
-            tie_all: true,
-            positions: PositionAdd::Broadcast,
-        };
         Ok(Self {
             ctc: TransformerConfig {
                 max_len: cfg.ratio * MAX_LEN,

@@ -18,6 +18,7 @@ use super::plan::{plan, step_estimates, PartMinutes};
 use super::report::{bootstraps, render_condition, seed_level_tests, summary, NatRecord};
 use super::teacher::{distill, teacher, Teacher};
 use crate::checkpoint::save_json;
+use crate::cli::CatalogueStudyArgs;
 use crate::data::PAD;
 use crate::decode::BeamConfig;
 use crate::model::nat::Nat;
@@ -35,7 +36,7 @@ use crate::translate::run::{
 use crate::translate::track::Tracker;
 
 /// The longest source or target, in subwords with BOS and EOS (the models' positions).
-const MAX_LEN: usize = 128;
+pub const MAX_LEN: usize = 128;
 
 /// The NAT setting the whole study shares.
 struct Study {
@@ -266,54 +267,91 @@ struct Finished {
     planned_minutes: Vec<PartMinutes>,
 }
 
+/// What a study on the catalogue corpus starts from (the NAT study and the CTC NAT study):
+/// its device, output and checkpoint folders, the corpus with its BPE model (and
+/// `test.ref.gz` written), and the NAT's sizes, which are the teacher's.
+pub struct StudySetting {
+    /// The device the study trains on (`--cpu` forces the CPU).
+    pub device: Device,
+    /// The results folder.
+    pub out: PathBuf,
+    /// The checkpoints' folder.
+    pub work: PathBuf,
+    /// The corpus, its splits and BPE model.
+    pub data: StudyData,
+    /// The NAT's sizes (the teacher's).
+    pub model: TransformerConfig,
+}
+
+/// The setting of a study with `common`'s arguments in `out` and `work`: unless `keep`, an
+/// earlier study's checkpoints (`work`) and log are removed.
+pub fn study_setting(
+    common: &CatalogueStudyArgs,
+    out: PathBuf,
+    work: PathBuf,
+    keep: bool,
+) -> Result<StudySetting> {
+    let device = crate::device::device(common.cpu);
+    if work.exists() && !keep {
+        println!(
+            "{} holds an earlier study: starting over (use --resume to continue it)",
+            work.display()
+        );
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(&out)?;
+    std::fs::create_dir_all(&work)?;
+    if !keep {
+        // The log of an earlier study would mix with this one's.
+        let _ = std::fs::remove_file(out.join("log.csv"));
+    }
+    let data = prepare(
+        &DataConfig {
+            catalogs: &common.catalogs,
+            lang: &common.lang,
+            bpe_vocab: common.bpe_vocab,
+            quick: common.quick,
+            max_len: MAX_LEN,
+        },
+        &out,
+    )?;
+    write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
+    let vocab = data.bpe.vocab_size();
+    let model = TransformerConfig {
+        src_vocab: vocab,
+        tgt_vocab: vocab,
+        d_model: common.d_model,
+        heads: 4,
+        d_ff: 4 * common.d_model,
+        encoder_layers: common.layers,
+        decoder_layers: common.layers,
+        max_len: MAX_LEN,
+        dropout: common.dropout,
+        tie_all: true,
+        positions: PositionAdd::Broadcast,
+    };
+    Ok(StudySetting {
+        device,
+        out,
+        work,
+        data,
+        model,
+    })
+}
+
 impl Study {
     /// The setting of `cfg`: the output and checkpoint folders (an earlier study's checkpoints
     /// and log are removed unless resuming), the corpus and its BPE model, `test.ref.gz`, the
     /// model's sizes.
     fn prepare(cfg: Config) -> Result<Self> {
         let common = &cfg.common;
-        let device = crate::device::device(common.cpu);
-        let out = cfg.out_dir();
-        let work = cfg.work_dir();
-        if work.exists() && !common.resume {
-            println!(
-                "{} holds an earlier study: starting over (use --resume to continue it)",
-                work.display()
-            );
-            std::fs::remove_dir_all(&work)?;
-        }
-        std::fs::create_dir_all(&out)?;
-        std::fs::create_dir_all(&work)?;
-        if !common.resume {
-            // The log of an earlier study would mix with this one's.
-            let _ = std::fs::remove_file(out.join("log.csv"));
-        }
-        let data = prepare(
-            &DataConfig {
-                catalogs: &common.catalogs,
-                lang: &common.lang,
-                bpe_vocab: common.bpe_vocab,
-                quick: common.quick,
-                max_len: MAX_LEN,
-            },
-            &out,
-        )?;
-        write_lines_gz(&out.join("test.ref.gz"), &data.test.references)?;
-        let vocab = data.bpe.vocab_size();
-        // The teacher has the NAT's sizes.
-        let nat = TransformerConfig {
-            src_vocab: vocab,
-            tgt_vocab: vocab,
-            d_model: common.d_model,
-            heads: 4,
-            d_ff: 4 * common.d_model,
-            encoder_layers: common.layers,
-            decoder_layers: common.layers,
-            max_len: MAX_LEN,
-            dropout: common.dropout,
-            tie_all: true,
-            positions: PositionAdd::Broadcast,
-        };
+        let StudySetting {
+            device,
+            out,
+            work,
+            data,
+            model: nat,
+        } = study_setting(common, cfg.out_dir(), cfg.work_dir(), common.resume)?;
         Ok(Self {
             settings: StepSettings {
                 cross_entropy: CrossEntropyConfig {
