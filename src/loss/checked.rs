@@ -761,7 +761,7 @@ pub(crate) fn ctc_call(
         device,
     )?;
     let input = input.to_dtype(dtype)?.contiguous()?;
-    if device.is_cpu() && !path.runs_ctc_kernels(device) {
+    if device.is_cpu() && !path.runs_cpu_kernels(device) {
         ctc_finite_frames(name, &input, &lengths, from_logits)?;
     } else if !device.is_cpu() && check_values {
         // One counted copy of the input to the host, checked there as on the CPU.

@@ -26,27 +26,17 @@ impl Path {
         }
     }
 
-    /// Whether the kernels that run find non-finite logits in their own pass: the CPU
-    /// kernels do (so the separate check is skipped); the CUDA kernels and composed ops do not.
-    pub(crate) fn checks_finite(self, device: &Device) -> bool {
-        self == Path::Kernels && device.is_cpu()
-    }
-
-    /// Whether an op with CPU kernels only (the CTC ops) runs them on `device`: on the CPU on
-    /// the kernel path; composed candle ops elsewhere.
+    /// Whether the CPU kernels run on `device`: the kernel path on the CPU. The ops with CPU
+    /// kernels only (the hidden-state op, the CTC ops) run composed candle ops everywhere else,
+    /// whatever the path.
     pub(crate) fn runs_cpu_kernels(self, device: &Device) -> bool {
         self == Path::Kernels && device.is_cpu()
     }
 
-    /// Whether the hidden-state op runs its CPU kernels on `device`: it has CPU kernels only, so
-    /// elsewhere it runs composed candle ops whatever the path.
-    pub(crate) fn runs_hidden_kernels(self, device: &Device) -> bool {
-        self == Path::Kernels && device.is_cpu()
-    }
-
-    /// Whether the CTC op runs its CPU kernel on `device`: it has no CUDA kernel, so elsewhere
-    /// composed candle ops run whatever the path.
-    pub(crate) fn runs_ctc_kernels(self, device: &Device) -> bool {
-        self == Path::Kernels && device.is_cpu()
+    /// Whether the kernels that run find non-finite logits in their own pass, so that the
+    /// separate check is skipped: exactly when the CPU kernels run (the CUDA kernels and the
+    /// composed ops do not look).
+    pub(crate) fn checks_finite(self, device: &Device) -> bool {
+        self.runs_cpu_kernels(device)
     }
 }

@@ -63,7 +63,7 @@ fn hidden_rows(
     };
     let layout;
     let device = inputs.hidden.device();
-    let blocks = if inputs.path.runs_hidden_kernels(device) {
+    let blocks = if inputs.path.runs_cpu_kernels(device) {
         layout = kernels_layout;
         let read = |t: &Tensor, what: &str| -> Result<Vec<u32>> {
             let t = t.contiguous()?;
