@@ -16,10 +16,11 @@ mod common;
 
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
-    bleu_loss_from_hidden, bleu_loss_from_logits, ce_bleu_from_hidden, ce_bleu_from_logits,
-    cross_entropy_from_hidden, cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
-    HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig, LengthModel, References,
-    TrainingLossConfig, TrainingTargets,
+    bleu_loss_from_hidden, bleu_loss_from_hidden_composed, bleu_loss_from_logits,
+    ce_bleu_from_hidden, ce_bleu_from_hidden_composed, ce_bleu_from_logits,
+    cross_entropy_from_hidden, cross_entropy_from_hidden_composed, cross_entropy_from_logits,
+    BleuLossConfig, CrossEntropyConfig, Form, HiddenBleuConfig, HiddenConfig,
+    HiddenCrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Module, Result, Tensor, Var};
 use candle_nn::Linear;
@@ -149,11 +150,11 @@ fn assert_close(a: &Evaluated, b: &Evaluated, tol: f64, what: &str) {
     }
 }
 
-/// The ways the hidden-state path runs on the CPU: its kernels in one block, in blocks of two
-/// rows (whole sequences for the paired form), and with the exact backward in vocabulary tiles
-/// of 3 columns (not dividing `VOCAB`) and 4 rows. The composed candle-op blocks, which other
-/// devices run (there the same configurations give blocks of rows; tiles do not apply), are
-/// also compared with the kernels by the unit tests of `src/loss/hidden.rs`.
+/// The ways the hidden-state path runs: its kernels in one block, in blocks of two rows (whole
+/// sequences for the paired form), and with the exact backward in vocabulary tiles of 3
+/// columns (not dividing `VOCAB`) and 4 rows; and its composed references (`…_composed`, what
+/// devices without the kernels run) in one block and in blocks (tiles do not apply to them).
+/// Each flag says whether the composed reference runs. Off the CPU both run composed ops.
 fn paths() -> Vec<(&'static str, HiddenConfig, bool)> {
     let small = HiddenConfig {
         block_elements: 2 * VOCAB,
@@ -168,16 +169,9 @@ fn paths() -> Vec<(&'static str, HiddenConfig, bool)> {
         ("kernel, one block", HiddenConfig::default(), false),
         ("kernel, blocks", small, false),
         ("kernel, vocabulary tiles", tiles, false),
+        ("composed, one block", HiddenConfig::default(), true),
+        ("composed, blocks", small, true),
     ]
-}
-
-/// Runs `f` (the kernels: the composed flag of [`paths`] is always `false` here).
-fn run<R>(composed: bool, f: impl FnOnce() -> R) -> R {
-    assert!(
-        !composed,
-        "the composed blocks are tested in the crate's unit tests"
-    );
-    f()
 }
 
 #[test]
@@ -228,10 +222,15 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                         bleu: bleu.clone(),
                         hidden: hidden_cfg,
                     };
-                    let hidden_path = run(composed, || {
+                    let entry = if composed {
+                        ce_bleu_from_hidden_composed
+                    } else {
+                        ce_bleu_from_hidden
+                    };
+                    let hidden_path = {
                         evaluate(
                             |h, proj| {
-                                let out = ce_bleu_from_hidden(
+                                let out = entry(
                                     h,
                                     proj,
                                     &TrainingTargets {
@@ -256,7 +255,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                             &fx.weight,
                             bias,
                         )
-                    })?;
+                    }?;
                     let what = format!("{path}, bias {}, {bleu:?}, {ce:?}", bias.is_some());
                     assert_close(&hidden_path, &logits_path, 1e-10, &what);
                     checked += 1;
@@ -264,7 +263,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
             }
         }
     }
-    assert_eq!(checked, 36 * 2 * 2 * 3);
+    assert_eq!(checked, 36 * 2 * 2 * 5);
     Ok(())
 }
 
@@ -292,10 +291,15 @@ fn bleu_loss_from_hidden_equals_the_logits_path() -> Result<()> {
                 bias,
             )?;
             for (path, hidden_cfg, composed) in paths() {
-                let hidden_path = run(composed, || {
+                let entry = if composed {
+                    bleu_loss_from_hidden_composed
+                } else {
+                    bleu_loss_from_hidden
+                };
+                let hidden_path = {
                     evaluate(
                         |h, proj| {
-                            Ok(stats(bleu_loss_from_hidden(
+                            Ok(stats(entry(
                                 h,
                                 proj,
                                 hyp_lengths,
@@ -310,7 +314,7 @@ fn bleu_loss_from_hidden_equals_the_logits_path() -> Result<()> {
                         &fx.weight,
                         bias,
                     )
-                })?;
+                }?;
                 let what = format!("{path}, bias {}, {bleu:?}", bias.is_some());
                 assert_close(&hidden_path, &logits_path, 1e-10, &what);
             }
@@ -342,12 +346,18 @@ fn cross_entropy_from_hidden_equals_the_logits_path() -> Result<()> {
             )?;
             let mut paths = paths();
             paths.push(("kernel, blocks of 3", odd, false));
+            paths.push(("composed, blocks of 3", odd, true));
             for (path, hidden_cfg, composed) in paths {
-                let hidden_path = run(composed, || {
+                let entry = if composed {
+                    cross_entropy_from_hidden_composed
+                } else {
+                    cross_entropy_from_hidden
+                };
+                let hidden_path = {
                     evaluate(
                         |h, proj| {
                             Ok((
-                                cross_entropy_from_hidden(
+                                entry(
                                     h,
                                     proj,
                                     &fx.targets,
@@ -363,7 +373,7 @@ fn cross_entropy_from_hidden_equals_the_logits_path() -> Result<()> {
                         &fx.weight,
                         bias,
                     )
-                })?;
+                }?;
                 let what = format!("{path}, bias {}, {ce:?}", bias.is_some());
                 assert_close(&hidden_path, &logits_path, 1e-10, &what);
             }

@@ -196,6 +196,19 @@ pub fn cross_entropy_from_hidden(
     )
 }
 
+/// [`cross_entropy_from_hidden`] as composed candle ops (a `matmul` per block of rows,
+/// `candle_nn::ops::log_softmax`, a gather), never the crate's kernels: the reference the
+/// kernels are tested against, and what devices without them run. The same values and
+/// gradients to rounding; the same blocks, so it never stores the `[B, S, V]` logits either.
+pub fn cross_entropy_from_hidden_composed(
+    hidden: &Tensor,
+    proj: &Linear,
+    targets: &Tensor,
+    cfg: &HiddenCrossEntropyConfig,
+) -> Result<Tensor> {
+    cross_entropy_from_hidden_on(hidden, proj, targets, cfg, Path::Composed)
+}
+
 fn cross_entropy_from_hidden_on(
     hidden: &Tensor,
     proj: &Linear,
@@ -244,6 +257,19 @@ pub fn bleu_loss_from_hidden(
 ) -> Result<BleuLossOutput> {
     let path = Path::for_device(hidden.device());
     bleu_loss_from_hidden_on(hidden, proj, hyp_lengths, refs, cfg, path)
+}
+
+/// [`bleu_loss_from_hidden`] as composed candle ops in the same blocks, never the crate's
+/// kernels: its reference, as [`cross_entropy_from_hidden_composed`] is
+/// [`cross_entropy_from_hidden`]'s.
+pub fn bleu_loss_from_hidden_composed(
+    hidden: &Tensor,
+    proj: &Linear,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &HiddenBleuConfig,
+) -> Result<BleuLossOutput> {
+    bleu_loss_from_hidden_on(hidden, proj, hyp_lengths, refs, cfg, Path::Composed)
 }
 
 fn bleu_loss_from_hidden_on(
@@ -322,6 +348,39 @@ pub fn ce_bleu_from_hidden(
         cfg,
         Path::for_device(hidden.device()),
     )
+}
+
+/// [`ce_bleu_from_hidden`] as composed candle ops in the same blocks, never the crate's
+/// kernels: its reference, as [`cross_entropy_from_hidden_composed`] is
+/// [`cross_entropy_from_hidden`]'s.
+///
+/// ```
+/// use candle_bleu::loss::{
+///     ce_bleu_from_hidden, ce_bleu_from_hidden_composed, References, TrainingLossConfig,
+///     TrainingTargets,
+/// };
+/// use candle_core::{Device, Tensor};
+/// use candle_nn::Linear;
+///
+/// let dev = Device::Cpu;
+/// let hidden = Tensor::randn(0f64, 1.0, (2, 4, 8), &dev)?;
+/// let proj = Linear::new(Tensor::randn(0f64, 1.0, (20, 8), &dev)?, None);
+/// let tokens = Tensor::new(&[[3u32, 4, 5, 2], [7, 8, 2, 0]], &dev)?;
+/// let refs = References::from_ids(&tokens, 0)?;
+/// let targets = TrainingTargets::new(&tokens, &refs);
+/// let cfg = TrainingLossConfig::default();
+/// let fast = ce_bleu_from_hidden(&hidden, &proj, &targets, &cfg)?.loss.to_scalar::<f64>()?;
+/// let slow = ce_bleu_from_hidden_composed(&hidden, &proj, &targets, &cfg)?.loss.to_scalar::<f64>()?;
+/// assert!((fast - slow).abs() < 1e-10);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn ce_bleu_from_hidden_composed(
+    hidden: &Tensor,
+    proj: &Linear,
+    targets: &TrainingTargets,
+    cfg: &TrainingLossConfig,
+) -> Result<TrainingLoss> {
+    ce_bleu_from_hidden_on(hidden, proj, targets, cfg, Path::Composed)
 }
 
 fn ce_bleu_from_hidden_on(

@@ -79,7 +79,10 @@
 //! (Metal, or CUDA if the kernels fail to compile or load) composed candle ops give the same
 //! numbers. Each fused entry point has its composed reference, public and tested against it
 //! (as candle-nn's `rms_norm_slow` is against `rms_norm`): [`bleu_loss_from_logits_composed`],
-//! [`cross_entropy_from_logits_composed`], [`ce_bleu_from_logits_composed`].
+//! [`cross_entropy_from_logits_composed`], [`ce_bleu_from_logits_composed`], the hidden-state
+//! ones ([`cross_entropy_from_hidden_composed`], [`bleu_loss_from_hidden_composed`],
+//! [`ce_bleu_from_hidden_composed`]) and the CTC ones ([`ctc_loss_composed`],
+//! [`ctc_loss_from_logits_composed`], [`ctc_bleu_loss_from_logits_composed`]).
 //!
 //! # Modules
 //!
@@ -138,7 +141,10 @@ pub use ctc::{
 pub use ctc_bleu::{
     ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed, ctc_expected_counts,
 };
-pub use hidden::{bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden};
+pub use hidden::{
+    bleu_loss_from_hidden, bleu_loss_from_hidden_composed, ce_bleu_from_hidden,
+    ce_bleu_from_hidden_composed, cross_entropy_from_hidden, cross_entropy_from_hidden_composed,
+};
 pub use host::host_copies;
 pub use references::{References, TrainingTargets};
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
