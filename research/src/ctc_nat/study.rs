@@ -32,8 +32,7 @@ use crate::progress::format_duration;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::StudyData;
 use crate::translate::evaluate::{
-    bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
-    CHRF_SIGNATURE,
+    bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores,
 };
 use crate::translate::run::{
     best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
@@ -42,7 +41,7 @@ use crate::translate::track::Tracker;
 
 /// The longest source or target, in subwords with BOS and EOS (the teacher's positions; the
 /// CTC NAT has `r` times as many).
-use crate::nat::study::{study_setting, StudySetting, MAX_LEN};
+use crate::nat::study::{record_scores, study_setting, StudySetting, MAX_LEN};
 /// The control every objective is compared with.
 const CONTROL: &str = "ctc";
 /// The one decoding of the CTC NAT.
@@ -87,7 +86,8 @@ fn specials() -> Specials {
     }
 }
 
-/// A record with `scores` and the files, the rest to be filled.
+/// A record with `scores`, the files and its objective, condition and variant (nat's
+/// [`record_scores`], no training time).
 fn record(
     scores: &TextScores,
     objective: &str,
@@ -99,27 +99,7 @@ fn record(
         objective: objective.into(),
         condition: condition.into(),
         variant: variant.into(),
-        length_beam: None,
-        dedup: false,
-        seed: 1,
-        config: String::new(),
-        dev_bleu: f64::NAN,
-        best_step: 0,
-        steps: 0,
-        test_bleu: scores.bleu,
-        test_chrf: scores.chrf,
-        test_chrf_pp: scores.chrf_pp,
-        test_bleu_without_bp: scores.bleu_without_bp,
-        test_length_ratio: scores.length_ratio,
-        repetition_share: 0.0,
-        length_accuracy: None,
-        test_hyp: file,
-        test_ref: "test.ref.gz".into(),
-        bleu_signature: BLEU_SIGNATURE.into(),
-        chrf_signature: CHRF_SIGNATURE.into(),
-        ms_per_step: f64::NAN,
-        train_seconds: 0.0,
-        eval_seconds: 0.0,
+        ..record_scores(scores, file, f64::NAN, 0.0, 0.0)
     }
 }
 

@@ -190,8 +190,8 @@ impl Study {
     }
 }
 
-/// A record with `scores` and the files, the rest to be filled.
-fn record_scores(
+/// A record with `scores` and the files, the rest to be filled (shared with the CTC NAT study).
+pub fn record_scores(
     scores: &TextScores,
     file: String,
     ms_per_step: f64,

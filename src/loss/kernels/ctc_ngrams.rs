@@ -579,6 +579,18 @@ fn node_ready<T: KernelFloat>(node: TrieNode, node_in: &[T], node_gap: &[T], pre
     }
 }
 
+/// In a layer of the length program's states (`In_c(·, v)` for `c = 1..=C`, `V` each), the row
+/// of count `c` and the row of count `c − 1` (empty for `c = 1`: no `In_0`).
+fn count_rows<T>(layer: &[T], c: usize, vocab: usize) -> (&[T], &[T]) {
+    let own = &layer[(c - 1) * vocab..c * vocab];
+    let lower = if c == 1 {
+        &layer[..0]
+    } else {
+        &layer[(c - 2) * vocab..(c - 1) * vocab]
+    };
+    (own, lower)
+}
+
 /// The totals `t_n` from `E[L]` and `P(L = ℓ)`, before the floor at 0.
 fn raw_totals<T: KernelFloat>(length: T, probability_of_count: &[T], max_order: usize) -> Vec<T> {
     (1..=max_order)
@@ -745,14 +757,10 @@ fn run_programs<T: KernelFloat>(
             } else {
                 length += length_term(current, previous);
                 for c in 1..counts {
-                    let lower: &[T] = if c == 1 {
-                        &[]
-                    } else {
-                        &runs_a[(c - 2) * vocab..(c - 1) * vocab]
-                    };
+                    let (own, lower) = count_rows(runs_a, c, vocab);
                     sums_b[c] = run_step(
                         current,
-                        &runs_a[(c - 1) * vocab..c * vocab],
+                        own,
                         lower,
                         entering(c),
                         &mut runs_b[(c - 1) * vocab..c * vocab],
@@ -944,14 +952,10 @@ fn element_backward<T: KernelFloat>(
             } else {
                 length_gradient(g, previous, next, length_adjoint);
                 for c in 1..counts {
-                    let lower: &[T] = if c == 1 {
-                        &[]
-                    } else {
-                        &runs_before[(c - 2) * vocab..(c - 1) * vocab]
-                    };
+                    let (own, lower) = count_rows(runs_before, c, vocab);
                     entering_adjoint[c] = run_adjoint(
                         qt,
-                        &runs_before[(c - 1) * vocab..c * vocab],
+                        own,
                         lower,
                         entering(c),
                         &mut adjoint[(c - 1) * vocab..c * vocab],
