@@ -14,8 +14,7 @@
 
 use candle_bleu::loss::{
     bleu_loss_from_hidden, bleu_loss_from_logits, cross_entropy_from_hidden,
-    cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form, HiddenBleuConfig,
-    HiddenCrossEntropyConfig, References,
+    cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References,
 };
 use candle_core::{Device, Result, Tensor, Var};
 
@@ -55,15 +54,11 @@ fn main() -> Result<()> {
         let hidden = hidden.as_tensor().clone();
         for _ in 0..CALLS {
             let loss = if hidden_which == "cross_entropy" {
-                cross_entropy_from_hidden(
-                    &hidden,
-                    &proj,
-                    &targets,
-                    &HiddenCrossEntropyConfig::default(),
-                )?
+                let blocks = HiddenConfig::default();
+                cross_entropy_from_hidden(&hidden, &proj, &targets, &Default::default(), &blocks)?
             } else {
-                bleu_loss_from_hidden(&hidden, &proj, None, &refs, &HiddenBleuConfig::default())?
-                    .loss
+                let (cfg, blocks) = (BleuLossConfig::default(), HiddenConfig::default());
+                bleu_loss_from_hidden(&hidden, &proj, None, &refs, &cfg, &blocks)?.loss
             };
             loss.backward()?;
         }

@@ -601,7 +601,6 @@ fn hidden_config() -> TrainingLossConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
         },
-        hidden: HiddenConfig::default(),
         bleu: BleuLossConfig::default(),
     }
 }
@@ -618,6 +617,7 @@ fn hidden_steps(x: &HiddenInputs) -> Vec<Steps<'_>> {
                     &x.proj,
                     &TrainingTargets::new(&x.targets, &x.refs).with_hyp_lengths(&x.lengths),
                     &hidden_config(),
+                    &HiddenConfig::default(),
                 )?;
                 drop(out.loss.backward()?);
                 Ok(())

@@ -34,8 +34,8 @@ mod ids;
 
 use candle_bleu::loss::{
     ce_bleu_from_hidden, ce_bleu_from_logits, cross_entropy_from_hidden, cross_entropy_from_logits,
-    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, HiddenCrossEntropyConfig, References,
-    TrainingLossConfig, TrainingTargets,
+    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::{DType, Device, Module, Result, Tensor, Var, D};
 use candle_nn::Linear;
@@ -192,22 +192,26 @@ fn inputs(args: &Args) -> Result<Inputs> {
     })
 }
 
-fn config(args: &Args, filter: Option<f64>) -> TrainingLossConfig {
+fn config(args: &Args) -> TrainingLossConfig {
     TrainingLossConfig {
         bleu_weight: 0.3,
         ce: CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
         },
-        hidden: HiddenConfig {
-            block_elements: args.block_elements,
-            vocab_tile: args.vocab_tile,
-            filter_below: filter,
-        },
         bleu: BleuLossConfig {
             form: args.form,
             ..Default::default()
         },
+    }
+}
+
+/// The blocks of the hidden-state entry points, with gradient filtering at `filter`.
+fn blocks(args: &Args, filter: Option<f64>) -> HiddenConfig {
+    HiddenConfig {
+        block_elements: args.block_elements,
+        vocab_tile: args.vocab_tile,
+        filter_below: filter,
     }
 }
 
@@ -226,7 +230,7 @@ fn step(variant: &str, x: &Inputs, args: &Args) -> Result<()> {
                     refs: &x.refs,
                     hyp_lengths: lengths,
                 },
-                &config(args, None),
+                &config(args),
             )?
             .loss
         }
@@ -239,12 +243,13 @@ fn step(variant: &str, x: &Inputs, args: &Args) -> Result<()> {
                     refs: &x.refs,
                     hyp_lengths: lengths,
                 },
-                &config(args, None),
+                &config(args),
+                &blocks(args, None),
             )?
             .loss
         }
         "filtered" => {
-            let cfg = config(args, Some(args.filter));
+            let cfg = config(args);
             ce_bleu_from_hidden(
                 h,
                 &proj,
@@ -254,23 +259,14 @@ fn step(variant: &str, x: &Inputs, args: &Args) -> Result<()> {
                     hyp_lengths: lengths,
                 },
                 &cfg,
+                &blocks(args, Some(args.filter)),
             )?
             .loss
         }
-        "ce-logits" => {
-            cross_entropy_from_logits(&proj.forward(h)?, &x.targets, &config(args, None).ce)?
-        }
+        "ce-logits" => cross_entropy_from_logits(&proj.forward(h)?, &x.targets, &config(args).ce)?,
         "ce-hidden" => {
-            let cfg = config(args, None);
-            cross_entropy_from_hidden(
-                h,
-                &proj,
-                &x.targets,
-                &HiddenCrossEntropyConfig {
-                    ce: cfg.ce,
-                    hidden: cfg.hidden,
-                },
-            )?
+            let cfg = config(args);
+            cross_entropy_from_hidden(h, &proj, &x.targets, &cfg.ce, &blocks(args, None))?
         }
         "matmul" => {
             // The three products of the loss's forward and backward, as candle's CPU matmul

@@ -10,8 +10,9 @@
 //!
 //! Every rank builds the same model (rank 0's initial parameters are broadcast), generates the
 //! same global batch each step and takes its shard (`shard_range`), computes the loss of the
-//! **global** batch from its shard (`distributed::ce_bleu_from_logits`: one small all-reduce of
-//! the BLEU statistics and the cross-entropy's sum and token count), backpropagates, sums the
+//! **global** batch from its shard (`distributed::ce_bleu_from_logits`, or with `--from-hidden`
+//! `distributed::ce_bleu_from_hidden` from the states before the output layer: one small
+//! all-reduce of the BLEU statistics and the cross-entropy's sum and token count), backpropagates, sums the
 //! parameter gradients over the ranks (`distributed::sum_gradients`: one all-reduce) and steps
 //! AdamW. After every step the ranks compare a hash of their parameters: they must be
 //! bit-identical. Rank 0 evaluates (greedy decode, exact corpus BLEU) and prints.
@@ -29,8 +30,8 @@ use anyhow::{bail, Context, Result};
 use candle_bleu::exact::{corpus_bleu, BleuConfig};
 use candle_bleu::loss::distributed::{self, mpi, AllReduce, MpiAllReduce};
 use candle_bleu::loss::{
-    ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, References, TrainingLossConfig,
-    TrainingTargets,
+    ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, HiddenConfig, References,
+    TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{AdamW, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -105,6 +106,11 @@ struct Args {
     /// `OMPI_COMM_WORLD_LOCAL_RANK` (else r); the NCCL id is broadcast over MPI.
     #[arg(long)]
     nccl: bool,
+    /// Each rank's loss from the hidden states and the output layer
+    /// (`distributed::ce_bleu_from_hidden`, the `[B, S, V]` logits never stored) instead of
+    /// from the logits (`distributed::ce_bleu_from_logits`).
+    #[arg(long)]
+    from_hidden: bool,
 }
 
 /// The synthetic translation task: two permutations of the words; a word's translation is
@@ -211,6 +217,11 @@ impl Model {
 
     /// Logits `[B, S, V]`.
     fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        Ok(self.output.forward(&self.states(batch)?)?)
+    }
+
+    /// The states before the output layer, `[B, S, hidden]`.
+    fn states(&self, batch: &Batch) -> Result<Tensor> {
         let (b, s) = batch.src.dims2()?;
         let positions = Tensor::arange(0u32, s as u32, batch.src.device())?
             .unsqueeze(0)?
@@ -218,8 +229,7 @@ impl Model {
             .contiguous()?;
         let x = (self.token.forward(&batch.src)? + self.left.forward(&batch.prev)?)?
             .add(&self.position.forward(&positions)?)?;
-        let h = self.hidden.forward(&x)?.tanh()?;
-        Ok(self.output.forward(&h)?)
+        Ok(self.hidden.forward(&x)?.tanh()?)
     }
 }
 
@@ -326,7 +336,6 @@ fn loss_config(args: &Args) -> TrainingLossConfig {
             label_smoothing: 0.0,
         },
         bleu: BleuLossConfig::default(),
-        ..Default::default()
     }
 }
 
@@ -394,14 +403,17 @@ fn run<R: AllReduce>(
 
         let started = Instant::now();
         reduce.spent.set(Duration::ZERO);
-        let logits = dp.model.forward(&shard)?;
         let refs = References::from_ids(&shard.targets, PAD)?;
-        let out = distributed::ce_bleu_from_logits(
-            &logits,
-            &TrainingTargets::new(&shard.targets, &refs).with_hyp_lengths(&shard.lengths),
-            &cfg,
-            &reduce,
-        )?;
+        let targets = TrainingTargets::new(&shard.targets, &refs).with_hyp_lengths(&shard.lengths);
+        let out = if args.from_hidden {
+            let states = dp.model.states(&shard)?;
+            let blocks = HiddenConfig::default();
+            let proj = &dp.model.output;
+            distributed::ce_bleu_from_hidden(&states, proj, &targets, &cfg, &blocks, &reduce)?
+        } else {
+            let logits = dp.model.forward(&shard)?;
+            distributed::ce_bleu_from_logits(&logits, &targets, &cfg, &reduce)?
+        };
         let mut grads = out.loss.backward()?;
         distributed::sum_gradients(&mut grads, &dp.vars, &reduce)?;
         let before_check = started.elapsed();

@@ -34,9 +34,9 @@ use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_hidden, bleu_loss_from_logits, bleu_loss_from_logits_composed,
     ce_bleu_from_hidden, ce_bleu_from_logits, ce_bleu_from_logits_composed,
     cross_entropy_from_hidden, cross_entropy_from_logits, cross_entropy_from_logits_composed,
-    loss_from_stats, BleuLossConfig, BleuLossOutput, CrossEntropyConfig, Form, HiddenBleuConfig,
-    HiddenConfig, HiddenCrossEntropyConfig, LengthModel, LossSmoothing, Reduction, References,
-    TrainingLoss, TrainingLossConfig, TrainingTargets,
+    loss_from_stats, BleuLossConfig, BleuLossOutput, CrossEntropyConfig, Form, HiddenConfig,
+    LengthModel, LossSmoothing, Reduction, References, TrainingLoss, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Linear;
@@ -305,7 +305,6 @@ fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
                         form,
                         ..Default::default()
                     },
-                    ..Default::default()
                 };
                 case(
                     &format!("{tag}/ce_bleu/{ce_name}/{refs_name}/{form:?}"),
@@ -371,30 +370,23 @@ fn hidden_grid(
                     label_smoothing: 0.1,
                 },
                 bleu: bleu.clone(),
-                hidden: hidden_cfg,
             };
             let step_targets = TrainingTargets::new(targets, refs).with_hyp_lengths(hyp_lengths);
-            let bleu_cfg = HiddenBleuConfig {
-                bleu,
-                hidden: hidden_cfg,
-            };
-            let ce_cfg = HiddenCrossEntropyConfig {
-                ce: cfg.ce,
-                hidden: hidden_cfg,
-            };
+            let blocks = &hidden_cfg;
+            let hs = h.as_tensor();
             let results = [
                 (
                     "ce_bleu_from_hidden",
-                    ce_bleu_from_hidden(h.as_tensor(), &proj, &step_targets, &cfg).map(|o| o.loss),
+                    ce_bleu_from_hidden(hs, &proj, &step_targets, &cfg, blocks).map(|o| o.loss),
                 ),
                 (
                     "bleu_loss_from_hidden",
-                    bleu_loss_from_hidden(h.as_tensor(), &proj, Some(hyp_lengths), refs, &bleu_cfg)
+                    bleu_loss_from_hidden(hs, &proj, Some(hyp_lengths), refs, &bleu, blocks)
                         .map(|o| o.loss),
                 ),
                 (
                     "cross_entropy_from_hidden",
-                    cross_entropy_from_hidden(h.as_tensor(), &proj, targets, &ce_cfg),
+                    cross_entropy_from_hidden(hs, &proj, targets, &cfg.ce, blocks),
                 ),
             ];
             for (name, loss) in results {

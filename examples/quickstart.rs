@@ -111,7 +111,6 @@ fn main() -> Result<()> {
         bleu_weight: 0.5,
         ce: ce_cfg,
         bleu: cfg.clone(),
-        ..Default::default()
     };
     for step in 0..=30 {
         let logits = model.forward(&features)?;

@@ -27,8 +27,7 @@
 #![cfg(feature = "cuda")]
 
 use candle_bleu::loss::{
-    self, BleuLossConfig, CrossEntropyConfig, Form, HiddenCrossEntropyConfig, References,
-    TrainingLossConfig, TrainingTargets,
+    self, BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::sync::{Mutex, MutexGuard};
@@ -476,15 +475,9 @@ fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
                     ..Default::default()
                 };
                 let value = match (form, from_hidden) {
-                    (None, true) => loss::cross_entropy_from_hidden(
-                        h.as_tensor(),
-                        &proj,
-                        &t,
-                        &HiddenCrossEntropyConfig {
-                            ce,
-                            hidden: hidden_cfg,
-                        },
-                    )?,
+                    (None, true) => {
+                        loss::cross_entropy_from_hidden(h.as_tensor(), &proj, &t, &ce, &hidden_cfg)?
+                    }
                     (None, false) => {
                         loss::cross_entropy_from_logits(&proj.forward(h.as_tensor())?, &t, &ce)?
                     }
@@ -495,12 +488,18 @@ fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
                                 form,
                                 ..Default::default()
                             },
-                            hidden: hidden_cfg,
                             ..Default::default()
                         };
                         let targets = TrainingTargets::new(&t, &refs);
                         if from_hidden {
-                            loss::ce_bleu_from_hidden(h.as_tensor(), &proj, &targets, &cfg)?.loss
+                            loss::ce_bleu_from_hidden(
+                                h.as_tensor(),
+                                &proj,
+                                &targets,
+                                &cfg,
+                                &hidden_cfg,
+                            )?
+                            .loss
                         } else {
                             let logits = proj.forward(h.as_tensor())?;
                             loss::ce_bleu_from_logits(&logits, &targets, &cfg)?.loss

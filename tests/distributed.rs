@@ -40,25 +40,32 @@ fn workers_give_the_single_process_loss_and_gradients() -> Result<()> {
         let fixture = Fixture::new(pad_shard)?;
         for cfg in configs() {
             let single = fixture.single(&cfg)?;
-            for world in [1, 2, 3, 5] {
-                let outcomes = in_threads(world, |r| fixture.worker(&cfg, r));
-                let outcomes: Vec<Outcome> = outcomes.into_iter().collect::<Result<_>>()?;
-                for (rank, outcome) in outcomes.iter().enumerate() {
-                    let d = outcome.max_difference(&single);
-                    worst = worst.max(d);
-                    assert!(
-                        d < TOLERANCE,
-                        "{} (pad shard {pad_shard}), worker {rank} of {world}: {outcome:?} vs single {single:?} (max difference {d:e})",
-                        describe(&cfg)
-                    );
-                    // Every worker holds the same numbers: the all-reduce's, bit for bit.
-                    assert_eq!(outcome, &outcomes[0], "{} world {world}", describe(&cfg));
+            for input in [Input::Logits, Input::Hidden] {
+                for world in [1, 2, 3, 5] {
+                    let outcomes = in_threads(world, |r| fixture.worker_from(&cfg, r, input));
+                    let outcomes: Vec<Outcome> = outcomes.into_iter().collect::<Result<_>>()?;
+                    for (rank, outcome) in outcomes.iter().enumerate() {
+                        let d = outcome.max_difference(&single);
+                        worst = worst.max(d);
+                        assert!(
+                            d < TOLERANCE,
+                            "{} (pad shard {pad_shard}), {input:?}, worker {rank} of {world}: {outcome:?} vs single {single:?} (max difference {d:e})",
+                            describe(&cfg)
+                        );
+                        // Every worker holds the same numbers: the all-reduce's, bit for bit.
+                        assert_eq!(
+                            outcome,
+                            &outcomes[0],
+                            "{} {input:?} world {world}",
+                            describe(&cfg)
+                        );
+                    }
+                    checked += 1;
                 }
-                checked += 1;
             }
         }
     }
-    assert_eq!(checked, 2 * 36 * 4);
+    assert_eq!(checked, 2 * 36 * 2 * 4);
     eprintln!("{checked} splits, max relative difference {worst:e}");
     Ok(())
 }
@@ -116,14 +123,25 @@ fn no_target_in_the_global_batch_is_an_error_on_every_worker() -> Result<()> {
             "{err}"
         );
     }
-    // `pad_id` 0 with a vocabulary of one id: no target can ever count.
+    // `pad_id` 0 with a vocabulary of one id: no target can ever count. A shard's sum and count
+    // are (0, 0); the mean of the group is the error, on every worker.
     let logits = Tensor::zeros((1, 2, 1), DType::F64, &Device::Cpu)?;
     let targets = Tensor::new(&[[0u32, 0]], &Device::Cpu)?;
-    let err = distributed::cross_entropy_sum_and_count(&logits, &targets, &cfg.ce).unwrap_err();
-    assert!(
-        err.to_string().contains("only id of the vocabulary"),
-        "{err}"
+    let (sum, count) = distributed::cross_entropy_sum_and_count(&logits, &targets, &cfg.ce)?;
+    assert_eq!(
+        (sum.to_scalar::<f64>()?, count.to_scalar::<f64>()?),
+        (0.0, 0.0)
     );
+    let results = in_threads(2, |r| {
+        distributed::cross_entropy_from_logits(&logits, &targets, &cfg.ce, r)
+    });
+    for result in results {
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains("every `targets` position of every worker"),
+            "{err}"
+        );
+    }
     Ok(())
 }
 
@@ -206,6 +224,124 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
     Ok(())
 }
 
+/// The data-parallel entry points from hidden states (and `bleu_loss_from_logits`) on their own:
+/// each worker's cross-entropy and BLEU loss equal the single-process values of the whole batch,
+/// and so do the summed parameter gradients.
+#[test]
+fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()> {
+    let fixture = Fixture::new(true)?;
+    let ce_cfg = CrossEntropyConfig {
+        pad_id: Some(PAD),
+        label_smoothing: 0.2,
+    };
+    let blocks = Input::blocks();
+    let full_refs = References::from_ids(&fixture.ref_ids, PAD)?;
+    for reduction in [Reduction::Corpus, Reduction::SentenceMean] {
+        let bleu_cfg = BleuLossConfig {
+            reduction,
+            ..Default::default()
+        };
+        // One process, from the logits: values and the gradients of W and b.
+        let single = {
+            let vars = fixture.vars()?;
+            let logits = fixture.logits(&vars, 0, BATCH)?;
+            let ce = cross_entropy_from_logits(&logits, &fixture.targets, &ce_cfg)?;
+            let lengths = Some(&fixture.lengths);
+            let bleu = bleu_loss_from_logits(&logits, lengths, &full_refs, &bleu_cfg)?.loss;
+            let grads = (&ce + &bleu)?.backward()?;
+            let grad = |v: &Var| grads.get(v.as_tensor()).expect("a gradient").flatten_all();
+            let mut grad_values = grad(&vars[0])?.to_vec1::<f64>()?;
+            grad_values.extend(grad(&vars[1])?.to_vec1::<f64>()?);
+            (
+                ce.to_scalar::<f64>()?,
+                bleu.to_scalar::<f64>()?,
+                grad_values,
+            )
+        };
+        let results = in_threads(3, |r| -> Result<[(f64, f64, Vec<f64>); 2]> {
+            let (start, len) = shard_range(BATCH, r.rank(), r.world_size())?;
+            let targets = fixture.targets.narrow(0, start, len)?;
+            let refs = References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
+            let lengths = fixture.lengths.narrow(0, start, len)?;
+            let mut out = Vec::new();
+            for input in [Input::Hidden, Input::Logits] {
+                let vars = fixture.vars()?;
+                let (ce, bleu) = match input {
+                    Input::Hidden => {
+                        let hidden = fixture.x.narrow(0, start, len)?;
+                        let proj = candle_nn::Linear::new(
+                            vars[0].as_tensor().t()?,
+                            Some(vars[1].as_tensor().clone()),
+                        );
+                        let ce = distributed::cross_entropy_from_hidden(
+                            &hidden, &proj, &targets, &ce_cfg, &blocks, r,
+                        )?;
+                        let bleu = distributed::bleu_loss_from_hidden(
+                            &hidden,
+                            &proj,
+                            Some(&lengths),
+                            &refs,
+                            &bleu_cfg,
+                            &blocks,
+                            r,
+                        )?;
+                        (ce, bleu.loss)
+                    }
+                    Input::Logits => {
+                        let logits = fixture.logits(&vars, start, len)?;
+                        let ce =
+                            distributed::cross_entropy_from_logits(&logits, &targets, &ce_cfg, r)?;
+                        let bleu = distributed::bleu_loss_from_logits(
+                            &logits,
+                            Some(&lengths),
+                            &refs,
+                            &bleu_cfg,
+                            r,
+                        )?;
+                        (ce, bleu.loss)
+                    }
+                };
+                let mut grads = (&ce + &bleu)?.backward()?;
+                distributed::sum_gradients(&mut grads, &vars, r)?;
+                let grad = |v: &Var| grads.get(v.as_tensor()).expect("a gradient").flatten_all();
+                let mut grad_values = grad(&vars[0])?.to_vec1::<f64>()?;
+                grad_values.extend(grad(&vars[1])?.to_vec1::<f64>()?);
+                out.push((
+                    ce.to_scalar::<f64>()?,
+                    bleu.to_scalar::<f64>()?,
+                    grad_values,
+                ));
+            }
+            let second = out.pop().expect("two inputs");
+            let first = out.pop().expect("two inputs");
+            Ok([first, second])
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            for (input, (ce, bleu, grads)) in [Input::Hidden, Input::Logits].iter().zip(result?) {
+                let what = format!("{reduction:?}, {input:?}, worker {rank} of 3");
+                assert!(
+                    (ce - single.0).abs() < TOLERANCE,
+                    "{what}: {ce} vs {}",
+                    single.0
+                );
+                assert!(
+                    (bleu - single.1).abs() < TOLERANCE,
+                    "{what}: {bleu} vs {}",
+                    single.1
+                );
+                assert_eq!(grads.len(), single.2.len(), "{what}");
+                for (a, b) in grads.iter().zip(&single.2) {
+                    assert!(
+                        (a - b).abs() < TOLERANCE * b.abs().max(1.0),
+                        "{what}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn averaging_the_workers_losses_would_be_wrong() -> Result<()> {
     // Why the module exists: the mean of two workers' own corpus losses is not the corpus loss.
@@ -214,7 +350,7 @@ fn averaging_the_workers_losses_would_be_wrong() -> Result<()> {
     let single = fixture.single(&cfg)?.bleu;
     let shards: Vec<f64> = [(0, 2), (2, 3)]
         .into_iter()
-        .map(|range| Ok(fixture.run(&cfg, range, None)?.bleu))
+        .map(|range| Ok(fixture.run(&cfg, range, None, Input::Logits)?.bleu))
         .collect::<Result<_>>()?;
     let averaged = (shards[0] + shards[1]) / 2.0;
     assert!((averaged - single).abs() > 1e-3, "{averaged} vs {single}");

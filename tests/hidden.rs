@@ -19,8 +19,8 @@ use candle_bleu::loss::{
     bleu_loss_from_hidden, bleu_loss_from_hidden_composed, bleu_loss_from_logits,
     ce_bleu_from_hidden, ce_bleu_from_hidden_composed, ce_bleu_from_logits,
     cross_entropy_from_hidden, cross_entropy_from_hidden_composed, cross_entropy_from_logits,
-    BleuLossConfig, CrossEntropyConfig, Form, HiddenBleuConfig, HiddenConfig,
-    HiddenCrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
+    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, LengthModel, References,
+    TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Module, Result, Tensor, Var};
 use candle_nn::Linear;
@@ -188,7 +188,6 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                             bleu_weight: 0.7,
                             ce,
                             bleu: bleu.clone(),
-                            ..Default::default()
                         };
                         let logits = proj.forward(h)?;
                         let out = ce_bleu_from_logits(
@@ -220,7 +219,6 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                         bleu_weight: 0.7,
                         ce,
                         bleu: bleu.clone(),
-                        hidden: hidden_cfg,
                     };
                     let entry = if composed {
                         ce_bleu_from_hidden_composed
@@ -239,6 +237,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                                         hyp_lengths,
                                     },
                                     &cfg,
+                                    &hidden_cfg,
                                 )?;
                                 Ok((
                                     out.loss,
@@ -304,10 +303,8 @@ fn bleu_loss_from_hidden_equals_the_logits_path() -> Result<()> {
                                 proj,
                                 hyp_lengths,
                                 &fx.refs,
-                                &HiddenBleuConfig {
-                                    bleu: bleu.clone(),
-                                    hidden: hidden_cfg,
-                                },
+                                &bleu,
+                                &hidden_cfg,
                             )?))
                         },
                         &fx.hidden,
@@ -355,20 +352,7 @@ fn cross_entropy_from_hidden_equals_the_logits_path() -> Result<()> {
                 };
                 let hidden_path = {
                     evaluate(
-                        |h, proj| {
-                            Ok((
-                                entry(
-                                    h,
-                                    proj,
-                                    &fx.targets,
-                                    &HiddenCrossEntropyConfig {
-                                        ce,
-                                        hidden: hidden_cfg,
-                                    },
-                                )?,
-                                vec![],
-                            ))
-                        },
+                        |h, proj| Ok((entry(h, proj, &fx.targets, &ce, &hidden_cfg)?, vec![])),
                         &fx.hidden,
                         &fx.weight,
                         bias,
@@ -429,6 +413,7 @@ fn matrix_references_take_the_logits_path() -> Result<()> {
                             hyp_lengths,
                         },
                         &cfg,
+                        &HiddenConfig::default(),
                     )?
                     .loss,
                     vec![],
@@ -447,10 +432,8 @@ fn matrix_references_take_the_logits_path() -> Result<()> {
                         proj,
                         hyp_lengths,
                         &matrix_refs,
-                        &HiddenBleuConfig {
-                            bleu: bleu.clone(),
-                            hidden: HiddenConfig::default(),
-                        },
+                        &bleu,
+                        &HiddenConfig::default(),
                     )?
                     .loss,
                     vec![],
@@ -488,11 +471,9 @@ fn matrix_references_take_the_logits_path() -> Result<()> {
 fn tied_embeddings_accumulate_both_gradients() -> Result<()> {
     let fx = fixture()?;
     let tokens = Tensor::new(&[3u32, 1, 4, 1, 5, 2, 6, 2, 0, 3], &test_device())?;
-    let cfg = TrainingLossConfig {
-        hidden: HiddenConfig {
-            block_elements: VOCAB,
-            ..Default::default()
-        },
+    let cfg = TrainingLossConfig::default();
+    let blocks = HiddenConfig {
+        block_elements: VOCAB,
         ..Default::default()
     };
     let step = |from_hidden: bool| -> Result<Vec<f64>> {
@@ -509,6 +490,7 @@ fn tied_embeddings_accumulate_both_gradients() -> Result<()> {
                 &proj,
                 &TrainingTargets::new(&fx.targets, &fx.refs),
                 &cfg,
+                &blocks,
             )?
             .loss
         } else {
@@ -553,10 +535,10 @@ fn gradients_pass_finite_differences() -> Result<()> {
                     length,
                     ..Default::default()
                 },
-                hidden: HiddenConfig {
-                    block_elements: 2 * VOCAB,
-                    ..Default::default()
-                },
+            };
+            let blocks = HiddenConfig {
+                block_elements: 2 * VOCAB,
+                ..Default::default()
             };
             let hyp_lengths = lengths_for(&cfg.bleu, &fx.lengths);
             let proj = Linear::new(fx.weight.clone(), Some(fx.bias.clone()));
@@ -571,6 +553,7 @@ fn gradients_pass_finite_differences() -> Result<()> {
                             hyp_lengths,
                         },
                         &cfg,
+                        &blocks,
                     )?
                     .loss)
                 },
@@ -599,6 +582,7 @@ fn gradients_pass_finite_differences() -> Result<()> {
                                 hyp_lengths,
                             },
                             &cfg,
+                            &blocks,
                         )?
                         .loss)
                     },
@@ -674,7 +658,7 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
         label_smoothing: 0.1,
     };
     for form in [Form::Expected, Form::LowerBound] {
-        let cfg = |filter_below| TrainingLossConfig {
+        let train_cfg = TrainingLossConfig {
             bleu_weight: 0.5,
             ce,
             bleu: BleuLossConfig {
@@ -682,17 +666,18 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
                 max_order: 2,
                 ..Default::default()
             },
-            hidden: HiddenConfig {
-                block_elements: 3 * vocab,
-                vocab_tile: 16,
-                filter_below,
-            },
+        };
+        let blocks = |filter_below| HiddenConfig {
+            block_elements: 3 * vocab,
+            vocab_tile: 16,
+            filter_below,
         };
         let (refs, targets) = (&fx.refs, &fx.targets);
         let loss_of = |filter_below: Option<f64>| {
-            let cfg = cfg(filter_below);
+            let (cfg, blocks) = (train_cfg.clone(), blocks(filter_below));
             move |h: &Tensor, proj: &Linear| {
-                let out = ce_bleu_from_hidden(h, proj, &TrainingTargets::new(targets, refs), &cfg)?;
+                let targets = TrainingTargets::new(targets, refs);
+                let out = ce_bleu_from_hidden(h, proj, &targets, &cfg, &blocks)?;
                 Ok((out.loss, vec![]))
             }
         };
@@ -717,11 +702,10 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
         // is neither the row's target nor a reference id.
         let proj = Linear::new(fx.weight.clone(), Some(fx.bias.clone()));
         let logits = Var::from_tensor(&proj.forward(&fx.hidden)?.reshape((12, vocab))?)?;
-        let cfg_exact = cfg(None);
         let loss = ce_bleu_from_logits(
             &logits.as_tensor().reshape((2, 6, vocab))?,
             &TrainingTargets::new(&fx.targets, &fx.refs),
-            &cfg_exact,
+            &train_cfg,
         )?
         .loss;
         let grad_logits = loss
@@ -802,18 +786,18 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
 fn the_paired_form_ignores_filtering() -> Result<()> {
     let fx = peaked()?;
     let vocab = fx.weight.dim(0)?;
-    let cfg = |filter_below| TrainingLossConfig {
+    let cfg = TrainingLossConfig {
         bleu: BleuLossConfig {
             form: Form::Paired,
             max_order: 2,
             ..Default::default()
         },
-        hidden: HiddenConfig {
-            block_elements: 6 * vocab,
-            vocab_tile: 16,
-            filter_below,
-        },
         ..Default::default()
+    };
+    let blocks = |filter_below| HiddenConfig {
+        block_elements: 6 * vocab,
+        vocab_tile: 16,
+        filter_below,
     };
     let run = |filter_below| {
         evaluate(
@@ -823,7 +807,8 @@ fn the_paired_form_ignores_filtering() -> Result<()> {
                         h,
                         proj,
                         &TrainingTargets::new(&fx.targets, &fx.refs),
-                        &cfg(filter_below),
+                        &cfg,
+                        &blocks(filter_below),
                     )?
                     .loss,
                     vec![],
@@ -859,6 +844,7 @@ fn dtypes() -> Result<()> {
             &proj,
             &TrainingTargets::new(&fx.targets, &fx.refs),
             &cfg,
+            &HiddenConfig::default(),
         )?;
         assert_eq!(
             out.loss.dtype(),
@@ -891,6 +877,7 @@ fn dtypes() -> Result<()> {
             &proj,
             &TrainingTargets::new(&fx.targets, &fx.refs),
             &cfg,
+            &HiddenConfig::default(),
         )?;
         assert_eq!(half_loss, flat(&out.loss)?[0], "{half:?}");
         let upcast_grad = out
@@ -915,8 +902,13 @@ fn errors_name_the_argument() -> Result<()> {
         let message = result.expect_err(needle).to_string();
         assert!(message.contains(needle), "{needle:?} not in {message:?}");
     };
+    let ce_bleu_with =
+        |h: &Tensor, proj: &Linear, cfg: &TrainingLossConfig, blocks: &HiddenConfig| {
+            let targets = TrainingTargets::new(&fx.targets, &fx.refs);
+            ce_bleu_from_hidden(h, proj, &targets, cfg, blocks).map(|_| ())
+        };
     let ce_bleu = |h: &Tensor, proj: &Linear, cfg: &TrainingLossConfig| {
-        ce_bleu_from_hidden(h, proj, &TrainingTargets::new(&fx.targets, &fx.refs), cfg).map(|_| ())
+        ce_bleu_with(h, proj, cfg, &hidden_cfg)
     };
     expect(
         ce_bleu(&fx.hidden.flatten_to(1)?, &proj, &cfg),
@@ -970,51 +962,20 @@ fn errors_name_the_argument() -> Result<()> {
             "`filter_below`",
         ),
     ] {
-        let cfg = TrainingLossConfig {
-            hidden: hidden_cfg,
-            ..Default::default()
-        };
-        expect(ce_bleu(&fx.hidden, &proj, &cfg), needle);
+        expect(ce_bleu_with(&fx.hidden, &proj, &cfg, &hidden_cfg), needle);
         expect(
-            cross_entropy_from_hidden(
-                &fx.hidden,
-                &proj,
-                &fx.targets,
-                &HiddenCrossEntropyConfig {
-                    ce,
-                    hidden: hidden_cfg,
-                },
-            )
-            .map(|_| ()),
+            cross_entropy_from_hidden(&fx.hidden, &proj, &fx.targets, &ce, &hidden_cfg).map(|_| ()),
             needle,
         );
     }
     let short_targets = fx.targets.narrow(1, 0, 4)?;
     expect(
-        cross_entropy_from_hidden(
-            &fx.hidden,
-            &proj,
-            &short_targets,
-            &HiddenCrossEntropyConfig {
-                ce,
-                hidden: hidden_cfg,
-            },
-        )
-        .map(|_| ()),
+        cross_entropy_from_hidden(&fx.hidden, &proj, &short_targets, &ce, &hidden_cfg).map(|_| ()),
         "`targets` must be u32 [2, 5]",
     );
     let bad_target = Tensor::new(&[[1u32, 2, 9, 2, 3], [2, 4, 4, 1, 0]], &test_device())?;
     expect(
-        cross_entropy_from_hidden(
-            &fx.hidden,
-            &proj,
-            &bad_target,
-            &HiddenCrossEntropyConfig {
-                ce,
-                hidden: hidden_cfg,
-            },
-        )
-        .map(|_| ()),
+        cross_entropy_from_hidden(&fx.hidden, &proj, &bad_target, &ce, &hidden_cfg).map(|_| ()),
         // In place on the CPU (the first bad value named); elsewhere one small copy.
         if test_device().is_cpu() {
             "`targets[0, 2]` = 9"
@@ -1029,10 +990,8 @@ fn errors_name_the_argument() -> Result<()> {
             &proj,
             None,
             &one_ref,
-            &HiddenBleuConfig {
-                bleu: BleuLossConfig::default(),
-                hidden: hidden_cfg,
-            },
+            &BleuLossConfig::default(),
+            &hidden_cfg,
         )
         .map(|_| ()),
         "`refs` has 1 batch elements but `hidden` has 2",
@@ -1069,6 +1028,7 @@ fn errors_name_the_argument() -> Result<()> {
             &proj,
             &TrainingTargets::new(&fx.targets, &fx.refs).with_hyp_lengths(&long),
             &checked,
+            &hidden_cfg,
         )
         .map(|_| ()),
         "`hyp_lengths[0]` = 6 exceeds S = 5",
@@ -1105,10 +1065,8 @@ fn host_copies() -> Result<()> {
             &proj,
             Some(&fx.lengths),
             &fx.refs,
-            &HiddenBleuConfig {
-                bleu: cfg.bleu.clone(),
-                hidden: cfg.hidden,
-            },
+            &cfg.bleu,
+            &HiddenConfig::default(),
         )
         .map(|_| ())
     };
@@ -1118,6 +1076,7 @@ fn host_copies() -> Result<()> {
             &proj,
             &TrainingTargets::new(&fx.targets, &fx.refs),
             &cfg,
+            &HiddenConfig::default(),
         )
         .map(|_| ())
     };

@@ -1,7 +1,8 @@
 //! Data parallelism over a real MPI job (feature `mpi`): `mpirun -np 2` runs this test binary's
 //! ignored entry point [`mpi_rank`] as two ranks, each computing its shard of the f64 fixture of
-//! `tests/distributed.rs` through `MpiAllReduce`, against the single-process loss and gradients
-//! of the whole batch; and runs `examples/data_parallel` on two ranks (f64 and f32), checking
+//! `tests/distributed.rs` through `MpiAllReduce`, from the logits and from the hidden states
+//! (`distributed::ce_bleu_from_logits`, `distributed::ce_bleu_from_hidden`), against the
+//! single-process loss and gradients of the whole batch; and runs `examples/data_parallel` on two ranks (f64 and f32), checking
 //! what it reports. Skipped, with a note, when `mpirun` is not on the PATH
 //! (`scripts/install-mpi.sh` installs Open MPI).
 
@@ -92,7 +93,7 @@ fn two_mpi_ranks_give_the_single_process_loss_and_gradients() {
         .env(RANK_VAR, "1");
     let out = run(command);
     for rank in 0..2 {
-        let key = format!("rank {rank} of 2: 72 configurations, max relative difference");
+        let key = format!("rank {rank} of 2: 144 configurations, max relative difference");
         let d = number_after(&out, &key);
         assert!(d < 1e-12, "rank {rank}: {d:e}\n{out}");
     }
@@ -150,13 +151,16 @@ fn mpi_rank() {
     let mut count = 0;
     for pad_shard in [false, true] {
         let fixture = Fixture::new(pad_shard).unwrap();
-        for cfg in configs() {
+        for (cfg, input) in configs()
+            .into_iter()
+            .flat_map(|cfg| [(cfg.clone(), Input::Logits), (cfg, Input::Hidden)])
+        {
             let single = fixture.single(&cfg).unwrap();
-            let outcome = fixture.worker(&cfg, &reduce).unwrap();
+            let outcome = fixture.worker_from(&cfg, &reduce, input).unwrap();
             let d = outcome.max_difference(&single);
             assert!(
                 d < 1e-12,
-                "rank {rank}, {}: {outcome:?} vs {single:?}",
+                "rank {rank}, {input:?}, {}: {outcome:?} vs {single:?}",
                 describe(&cfg)
             );
             worst = worst.max(d);
@@ -175,7 +179,7 @@ fn mpi_rank() {
             assert_eq!(
                 own,
                 bits,
-                "rank {rank} differs from rank 0: {}",
+                "rank {rank} differs from rank 0: {input:?}, {}",
                 describe(&cfg)
             );
             count += 1;
@@ -246,10 +250,19 @@ fn the_data_parallel_example_trains_like_one_process() {
         return;
     }
     let example = data_parallel_example();
-    // f64: equal to round-off; f32: equal to f32 round-off. Batch 9 splits 5 + 4.
+    // f64: equal to round-off; f32: equal to f32 round-off. Batch 9 splits 5 + 4. Each rank's
+    // loss from the logits, and from the hidden states (`--from-hidden`), against the
+    // single-process loss from the logits.
     for (precision, dtype_args, loss_tol, grad_tol) in [
         ("f64", &["--f64"][..], 1e-12, 1e-10),
+        (
+            "f64 from hidden states",
+            &["--f64", "--from-hidden"][..],
+            1e-12,
+            1e-10,
+        ),
         ("f32", &[][..], 1e-5, 1e-4),
+        ("f32 from hidden states", &["--from-hidden"][..], 1e-5, 1e-4),
     ] {
         let mut command = mpirun(test).expect("mpirun");
         command.arg(&example).args(dtype_args).args([

@@ -81,7 +81,6 @@ fn ce_bleu(
         bleu_weight,
         ce: *ce,
         bleu: bleu.clone(),
-        ..Default::default()
     };
     ce_bleu_from_logits(
         logits,

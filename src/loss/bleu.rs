@@ -1,12 +1,14 @@
 //! The BLEU loss's own entry points: [`bleu_loss`] on probabilities, [`bleu_loss_from_logits`]
-//! on logits, and its composed reference [`bleu_loss_from_logits_composed`]. Each checks its
-//! arguments once (`checked`) and runs the pass and the statistics (`pipeline`).
+//! on logits, and its composed reference [`bleu_loss_from_logits_composed`]: wrappers over the
+//! one path (`run::bleu`), which checks the arguments once, runs the pass and the statistics,
+//! and scores them.
 
-use super::checked::bleu_call;
+use super::checked::Hypotheses;
 use super::config::{BleuLossConfig, BleuLossOutput};
 use super::dispatch::Path;
-use super::pipeline::{finish, hypothesis_inputs_from_probs, hypothesis_pass};
+use super::reduce::Reducer;
 use super::references::References;
+use super::run;
 use candle_core::{Result, Tensor};
 
 /// `-log BLEU` of hypothesis distributions against references (docs/loss.md).
@@ -30,17 +32,15 @@ pub fn bleu_loss(
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
     // No kernel reads probabilities: composed ops, and the finiteness check they need.
-    let probs = bleu_call(
-        "hyp_probs",
-        hyp_probs,
+    let input = Hypotheses::Probs(hyp_probs);
+    run::bleu(
+        input,
         hyp_lengths,
         refs,
         cfg,
         Path::Composed,
-    )?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), probs.tensor.dtype())?;
-    let inputs = hypothesis_inputs_from_probs(&probs.tensor, &side, cfg)?;
-    finish(inputs, &side, hyp_lengths, cfg)
+        Reducer::Local,
+    )
 }
 
 /// [`bleu_loss`] of `softmax(logits)`, with the same numbers and gradients, computed by fused
@@ -61,12 +61,14 @@ pub fn bleu_loss_from_logits(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    bleu_loss_from_logits_on(
-        logits,
+    let path = Path::for_device(logits.device());
+    run::bleu(
+        Hypotheses::Logits(logits),
         hyp_lengths,
         refs,
         cfg,
-        Path::for_device(logits.device()),
+        path,
+        Reducer::Local,
     )
 }
 
@@ -92,18 +94,13 @@ pub fn bleu_loss_from_logits_composed(
     refs: &References,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    bleu_loss_from_logits_on(logits, hyp_lengths, refs, cfg, Path::Composed)
-}
-
-fn bleu_loss_from_logits_on(
-    logits: &Tensor,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    cfg: &BleuLossConfig,
-    path: Path,
-) -> Result<BleuLossOutput> {
-    let logits = bleu_call("logits", logits, hyp_lengths, refs, cfg, path)?;
-    let side = refs.side(cfg.max_order, cfg.length.eos_id(), logits.tensor.dtype())?;
-    let (inputs, _) = hypothesis_pass(&logits, &side, cfg, None)?;
-    finish(inputs, &side, hyp_lengths, cfg)
+    let input = Hypotheses::Logits(logits);
+    run::bleu(
+        input,
+        hyp_lengths,
+        refs,
+        cfg,
+        Path::Composed,
+        Reducer::Local,
+    )
 }

@@ -1,8 +1,9 @@
-//! The loss's one validation. Each entry point checks its arguments here, once, into checked
-//! values that the passes consume without checking again: the hypotheses in their compute
-//! dtype ([`CheckedHypotheses`], or [`CheckedHidden`] for hidden states and an output layer)
-//! and the cross-entropy's targets with their count ([`CheckedTargets`]). Every error names the
-//! argument and its shape or value.
+//! The loss's one validation. Every kind of hypotheses ([`Hypotheses`]: probabilities, logits,
+//! or hidden states with the output layer and its blocks) goes through the same three calls —
+//! [`bleu_call`], [`cross_entropy_call`], [`training_call`] — once, into checked values that the
+//! passes consume without checking again: the hypotheses in their compute dtype
+//! ([`CheckedInput`]) and the cross-entropy's targets with their count ([`CheckedTargets`]).
+//! Every error names the argument and its shape or value.
 //!
 //! Value checks that need the data run in place on the CPU, always; off the CPU they take a
 //! counted copy to the host only where the config asks for it
@@ -58,18 +59,156 @@ pub(crate) struct CheckedHypotheses {
 }
 
 /// Checked cross-entropy targets: u32 `[B, S]` on the hypotheses' device, each `< V` or the
-/// padding id, at least one not padding.
+/// padding id.
 pub(crate) struct CheckedTargets<'a> {
     pub targets: &'a Tensor,
     pub terms: CrossEntropyTerms,
-    /// `n`, the number of non-pad targets (`>= 1`).
+    /// `n`, the number of non-pad targets; 0 is refused by the reduction stage
+    /// (`reduce::Reducer::divide`) on the sum it reduces over, not here.
     pub count: usize,
+    /// What each non-pad row's term is divided by, set by the reduction stage: `n` for the
+    /// mean over this batch, 1 for a data-parallel shard's sum. 1 until then.
+    pub divisor: usize,
 }
 
 impl CheckedTargets<'_> {
-    /// `1 / n`: each non-pad row's weight in the mean.
+    /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
     pub(crate) fn inv_count(&self) -> f64 {
-        1.0 / self.count as f64
+        1.0 / self.divisor as f64
+    }
+}
+
+/// The hypotheses a loss takes, as its caller gave them: one validation
+/// (the `*_call` functions below) and one pass (`pipeline`) for every kind.
+#[derive(Clone, Copy)]
+pub(crate) enum Hypotheses<'a> {
+    /// Probabilities `[B, S, V]` (the BLEU loss alone; composed ops).
+    Probs(&'a Tensor),
+    /// Logits `[B, S, V]`.
+    Logits(&'a Tensor),
+    /// Hidden states `[B, S, D]`, the output layer and its blocks: the logits are computed and
+    /// dropped block by block.
+    Hidden {
+        hidden: &'a Tensor,
+        proj: &'a Linear,
+        blocks: &'a HiddenConfig,
+    },
+}
+
+/// Checked hypotheses of any kind.
+pub(crate) enum CheckedInput {
+    /// Probabilities or logits `[B, S, V]` in their compute dtype.
+    Tensor {
+        checked: CheckedHypotheses,
+        /// Probabilities (no softmax is taken), not logits.
+        probs: bool,
+    },
+    /// Hidden states as rows and the output layer in the compute dtype, the blocks, and the
+    /// hidden states and layer as given (matrix references materialise the logits from them).
+    Hidden {
+        checked: CheckedHidden,
+        blocks: HiddenConfig,
+        given: (Tensor, Linear),
+    },
+}
+
+impl CheckedInput {
+    /// The compute dtype.
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            CheckedInput::Tensor { checked, .. } => checked.tensor.dtype(),
+            CheckedInput::Hidden { checked, .. } => checked.dtype,
+        }
+    }
+}
+
+/// The name of a tensor input in messages.
+fn input_name(probs: bool) -> &'static str {
+    if probs {
+        "hyp_probs"
+    } else {
+        "logits"
+    }
+}
+
+/// The shape checks of any kind of hypotheses, before any conversion: `[B, S, V]` for
+/// tensors; for hidden states, [`hidden_call`]'s checks (which also convert them).
+enum ShapedInput<'a> {
+    Tensor {
+        tensor: &'a Tensor,
+        probs: bool,
+        dims: (usize, usize, usize),
+        path: Path,
+    },
+    Hidden {
+        checked: CheckedHidden,
+        blocks: HiddenConfig,
+        given: (Tensor, Linear),
+    },
+}
+
+/// Checks the shapes of `input` (and, for hidden states, converts and checks them as
+/// [`hidden_call`] does, NaN/Inf with `check_off_cpu` off the CPU).
+fn shaped(input: Hypotheses<'_>, path: Path, check_off_cpu: bool) -> Result<ShapedInput<'_>> {
+    Ok(match input {
+        Hypotheses::Probs(tensor) | Hypotheses::Logits(tensor) => {
+            let probs = matches!(input, Hypotheses::Probs(_));
+            let (_, dims) = logits_shape(input_name(probs), tensor)?;
+            ShapedInput::Tensor {
+                tensor,
+                probs,
+                dims,
+                path,
+            }
+        }
+        Hypotheses::Hidden {
+            hidden,
+            proj,
+            blocks,
+        } => ShapedInput::Hidden {
+            checked: hidden_call(hidden, proj, blocks, path, check_off_cpu)?,
+            blocks: *blocks,
+            given: (hidden.clone(), proj.clone()),
+        },
+    })
+}
+
+impl ShapedInput<'_> {
+    fn shape(&self) -> HypothesisShape<'_> {
+        match self {
+            ShapedInput::Tensor {
+                tensor,
+                probs,
+                dims,
+                ..
+            } => HypothesisShape::of(input_name(*probs), tensor, *dims),
+            ShapedInput::Hidden { checked, .. } => checked.shape(),
+        }
+    }
+
+    /// The checked input: tensors converted to their compute dtype and checked for NaN/Inf
+    /// (as [`hypotheses`] does); hidden states as they were checked.
+    fn finish(self, check_off_cpu: bool) -> Result<CheckedInput> {
+        Ok(match self {
+            ShapedInput::Tensor {
+                tensor,
+                probs,
+                path,
+                ..
+            } => CheckedInput::Tensor {
+                checked: hypotheses(input_name(probs), tensor, path, check_off_cpu)?,
+                probs,
+            },
+            ShapedInput::Hidden {
+                checked,
+                blocks,
+                given,
+            } => CheckedInput::Hidden {
+                checked,
+                blocks,
+                given,
+            },
+        })
     }
 }
 
@@ -146,67 +285,81 @@ fn hypotheses(
     Ok(CheckedHypotheses { tensor, path })
 }
 
-/// The arguments of a BLEU loss on probabilities or logits `name`, checked:
-/// [`bleu_loss`](super::bleu_loss) and [`bleu_loss_from_logits`](super::bleu_loss_from_logits).
+/// The arguments of a BLEU loss on any kind of hypotheses, checked: [`bleu_loss`](super::bleu_loss),
+/// [`bleu_loss_from_logits`](super::bleu_loss_from_logits),
+/// [`bleu_loss_from_hidden`](super::bleu_loss_from_hidden) and their data-parallel forms.
 pub(crate) fn bleu_call(
-    name: &str,
-    hyp: &Tensor,
+    input: Hypotheses<'_>,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
     cfg: &BleuLossConfig,
     path: Path,
-) -> Result<CheckedHypotheses> {
+) -> Result<CheckedInput> {
     score::validate_config(cfg)?;
-    let (_, dims) = logits_shape(name, hyp)?;
-    bleu_arguments(
-        &HypothesisShape::of(name, hyp, dims),
-        hyp_lengths,
-        refs,
-        cfg,
-    )?;
-    hypotheses(name, hyp, path, cfg.check_values)
+    let shaped = shaped(input, path, cfg.check_values)?;
+    bleu_arguments(&shaped.shape(), hyp_lengths, refs, cfg)?;
+    shaped.finish(cfg.check_values)
 }
 
-/// The arguments of [`cross_entropy_from_logits`](super::cross_entropy_from_logits), checked.
+/// The arguments of a cross-entropy on logits or hidden states, checked:
+/// [`cross_entropy_from_logits`](super::cross_entropy_from_logits),
+/// [`cross_entropy_from_hidden`](super::cross_entropy_from_hidden) and their data-parallel forms.
 pub(crate) fn cross_entropy_call<'a>(
-    logits: &Tensor,
+    input: Hypotheses<'_>,
     targets: &'a Tensor,
     cfg: &CrossEntropyConfig,
     path: Path,
-) -> Result<(CheckedHypotheses, CheckedTargets<'a>)> {
-    let (_, targets) = logits_and_targets(logits, targets, cfg)?;
-    Ok((hypotheses("logits", logits, path, false)?, targets))
+) -> Result<(CheckedInput, CheckedTargets<'a>)> {
+    let shaped = shaped(input, path, false)?;
+    let targets = input_targets(&shaped.shape(), targets, cfg)?;
+    Ok((shaped.finish(false)?, targets))
 }
 
-/// The shape of `logits` (`[B, S, V]`) and the cross-entropy's targets checked against it.
-fn logits_and_targets<'a>(
-    logits: &Tensor,
-    targets: &'a Tensor,
-    cfg: &CrossEntropyConfig,
-) -> Result<((usize, usize, usize), CheckedTargets<'a>)> {
-    let (_, dims) = logits_shape("logits", logits)?;
-    let described = format!("the [B, S] of `logits` {:?}", logits.dims());
-    let targets = checked_targets(targets, dims, "logits", &described, logits.device(), cfg)?;
-    Ok((dims, targets))
-}
-
-/// The arguments of [`ce_bleu_from_logits`](super::ce_bleu_from_logits), checked: the logits,
-/// the targets, and `bleu_weight` (returned).
+/// The arguments of a training step's loss on logits or hidden states, checked: the input, the
+/// targets, and `bleu_weight` (returned): [`ce_bleu_from_logits`](super::ce_bleu_from_logits),
+/// [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden) and their data-parallel forms.
 pub(crate) fn training_call<'a>(
-    logits: &Tensor,
+    input: Hypotheses<'_>,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
     targets: &'a Tensor,
     cfg: &TrainingLossConfig,
     path: Path,
-) -> Result<(CheckedHypotheses, CheckedTargets<'a>, f64)> {
+) -> Result<(CheckedInput, CheckedTargets<'a>, f64)> {
     let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
     score::validate_config(&cfg.bleu)?;
-    let (dims, targets) = logits_and_targets(logits, targets, &cfg.ce)?;
-    let shape = HypothesisShape::of("logits", logits, dims);
-    bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
-    let logits = hypotheses("logits", logits, path, cfg.bleu.check_values)?;
-    Ok((logits, targets, bleu_weight))
+    let shaped = shaped(input, path, cfg.bleu.check_values)?;
+    let targets = {
+        let shape = shaped.shape();
+        let targets = input_targets(&shape, targets, &cfg.ce)?;
+        bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
+        targets
+    };
+    Ok((shaped.finish(cfg.bleu.check_values)?, targets, bleu_weight))
+}
+
+/// The cross-entropy's targets checked against the hypotheses' `[B, S, V]`.
+fn input_targets<'a>(
+    shape: &HypothesisShape,
+    targets: &'a Tensor,
+    cfg: &CrossEntropyConfig,
+) -> Result<CheckedTargets<'a>> {
+    // "the [B, S] of `logits` [2, 3, 7]"; the hidden states' own description names both.
+    let described = match shape.name {
+        "hidden" => shape.described.clone(),
+        _ => format!(
+            "the [B, S] of {}",
+            shape.described.replacen(" shape", "", 1)
+        ),
+    };
+    checked_targets(
+        targets,
+        (shape.batch, shape.seq, shape.vocab),
+        shape.name,
+        &described,
+        shape.device,
+        cfg,
+    )
 }
 
 /// Checks the hidden states `[B, S, D]` and the output layer (weight `[V, D]`, optional bias
@@ -294,25 +447,6 @@ pub(crate) fn hidden_call(
     Ok(checked)
 }
 
-/// The arguments of [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden), checked: the hidden
-/// states and output layer, the targets, and `bleu_weight` (returned).
-pub(crate) fn training_call_on_hidden<'a>(
-    hidden: &Tensor,
-    proj: &Linear,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    targets: &'a Tensor,
-    cfg: &TrainingLossConfig,
-    path: Path,
-) -> Result<(CheckedHidden, CheckedTargets<'a>, f64)> {
-    let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
-    score::validate_config(&cfg.bleu)?;
-    let inputs = hidden_call(hidden, proj, &cfg.hidden, path, cfg.bleu.check_values)?;
-    let targets = hidden_targets(&inputs, targets, &cfg.ce)?;
-    bleu_arguments(&inputs.shape(), hyp_lengths, refs, &cfg.bleu)?;
-    Ok((inputs, targets, bleu_weight))
-}
-
 /// The logits `proj.forward(hidden)` of checked hidden states, materialised (for matrix
 /// references, which are `[B, T, V]` themselves), as checked hypotheses in the compute dtype:
 /// finite inputs can still overflow to infinite logits, so they are checked as logits are.
@@ -329,22 +463,6 @@ pub(crate) fn materialised_logits(
         tensor,
         path: inputs.path,
     })
-}
-
-/// The cross-entropy's targets against checked hidden states.
-pub(crate) fn hidden_targets<'a>(
-    hidden: &CheckedHidden,
-    targets: &'a Tensor,
-    cfg: &CrossEntropyConfig,
-) -> Result<CheckedTargets<'a>> {
-    checked_targets(
-        targets,
-        (hidden.batch, hidden.seq, hidden.vocab),
-        "hidden",
-        &hidden.described,
-        hidden.hidden.device(),
-        cfg,
-    )
 }
 
 /// Checks the lengths, the references and the config's `eos_id` against the hypotheses'
@@ -428,7 +546,8 @@ fn reference_arguments(hyp: &HypothesisShape, refs: &References) -> Result<()> {
 
 /// Checks the targets' dtype, shape and device against the hypotheses' `[B, S]` (from the
 /// argument `name`, described in `described`), the label smoothing, and the values: each
-/// `< V` or the padding id, at least one not padding. On the CPU the values are read in place;
+/// `< V` or the padding id; counts the non-pad ones (the rule that at least one counts is the
+/// reduction stage's, on the sum it reduces over). On the CPU the values are read in place;
 /// elsewhere the largest non-pad target and the count come back in one small counted copy (in
 /// u32: no f64, which Metal lacks).
 fn checked_targets<'a>(
@@ -496,12 +615,6 @@ fn checked_targets<'a>(
         }
         count as usize
     };
-    if count == 0 {
-        bail!(
-            "every one of the {} `targets` is `pad_id` ({pad_id:?}): the mean cross-entropy over no positions is undefined",
-            targets.elem_count(),
-        );
-    }
     Ok(CheckedTargets {
         targets,
         terms: CrossEntropyTerms {
@@ -509,6 +622,7 @@ fn checked_targets<'a>(
             label_smoothing: eps,
         },
         count,
+        divisor: 1,
     })
 }
 

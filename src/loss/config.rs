@@ -204,7 +204,8 @@ pub struct TrainingLoss {
 /// ([`ce_bleu_from_logits`](super::ce_bleu_from_logits)).
 ///
 /// `Default`: `bleu_weight` 1, no padding and no label smoothing in the cross-entropy, the
-/// default BLEU loss ([`BleuLossConfig::default`]), default blocks for the hidden-state path.
+/// default BLEU loss ([`BleuLossConfig::default`]). The hidden-state entry points take their
+/// blocks ([`HiddenConfig`]) as an argument of their own.
 /// Set the fields you need and take the rest from `Default`:
 ///
 /// ```
@@ -224,9 +225,6 @@ pub struct TrainingLossConfig {
     pub ce: CrossEntropyConfig,
     /// The BLEU loss: form, length model, reduction, smoothing, orders.
     pub bleu: BleuLossConfig,
-    /// Block sizes and gradient filtering of the hidden-state entry points; the logits entry
-    /// points ignore it.
-    pub hidden: HiddenConfig,
 }
 
 impl Default for TrainingLossConfig {
@@ -235,12 +233,12 @@ impl Default for TrainingLossConfig {
             bleu_weight: 1.0,
             ce: CrossEntropyConfig::default(),
             bleu: BleuLossConfig::default(),
-            hidden: HiddenConfig::default(),
         }
     }
 }
 
-/// Block sizes and gradient filtering of the hidden-state entry points.
+/// Block sizes and gradient filtering of the hidden-state entry points (their `blocks`
+/// argument).
 ///
 /// The logits of a block of rows (`rows × V`) are computed from the hidden states and the
 /// output projection, used and dropped, forward and backward (the backward recomputes them), so
@@ -329,26 +327,6 @@ impl Default for HiddenConfig {
             filter_below: None,
         }
     }
-}
-
-/// Configuration of [`bleu_loss_from_hidden`](super::bleu_loss_from_hidden): the BLEU loss and
-/// the blocks. `Default`: the default of each.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct HiddenBleuConfig {
-    /// The BLEU loss: form, length model, reduction, smoothing, orders.
-    pub bleu: BleuLossConfig,
-    /// Block sizes and gradient filtering.
-    pub hidden: HiddenConfig,
-}
-
-/// Configuration of [`cross_entropy_from_hidden`](super::cross_entropy_from_hidden): the
-/// cross-entropy and the blocks. `Default`: the default of each.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct HiddenCrossEntropyConfig {
-    /// Padding id and label smoothing.
-    pub ce: CrossEntropyConfig,
-    /// Block sizes and gradient filtering.
-    pub hidden: HiddenConfig,
 }
 
 /// How [`ctc_loss`](super::ctc_loss) reduces the batch (PyTorch's `reduction`). Not the BLEU

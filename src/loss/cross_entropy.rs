@@ -3,15 +3,16 @@
 //! logits forward and one write of their gradient backward.
 //!
 //! [`cross_entropy_from_logits_composed`] is its composed reference. The row kernel it runs
-//! (`kernels`, through `pipeline::logits_pass`) also serves
+//! (`kernels`, through `run::cross_entropy` and `pipeline::logits_pass`) also serves
 //! [`ce_bleu_from_logits`](super::ce_bleu_from_logits): the same row pass gathers the softmax at
 //! the reference ids, so that one custom op carries both the cross-entropy terms and the BLEU
 //! token matches, and its backward receives both gradients in one call.
 
-use super::checked::cross_entropy_call;
+use super::checked::Hypotheses;
 use super::config::CrossEntropyConfig;
 use super::dispatch::Path;
-use super::pipeline::{logits_pass, Gather};
+use super::reduce::Reducer;
+use super::run;
 use candle_core::{Result, Tensor};
 
 /// Mean cross-entropy of `softmax(logits)` against `targets`: PyTorch's
@@ -53,7 +54,14 @@ pub fn cross_entropy_from_logits(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
 ) -> Result<Tensor> {
-    cross_entropy_on(logits, targets, cfg, Path::for_device(logits.device()))
+    let path = Path::for_device(logits.device());
+    run::cross_entropy(
+        Hypotheses::Logits(logits),
+        targets,
+        cfg,
+        path,
+        Reducer::Local,
+    )
 }
 
 /// [`cross_entropy_from_logits`] as composed candle ops (`candle_nn::ops::log_softmax`, a
@@ -65,20 +73,8 @@ pub fn cross_entropy_from_logits_composed(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
 ) -> Result<Tensor> {
-    cross_entropy_on(logits, targets, cfg, Path::Composed)
-}
-
-fn cross_entropy_on(
-    logits: &Tensor,
-    targets: &Tensor,
-    cfg: &CrossEntropyConfig,
-    path: Path,
-) -> Result<Tensor> {
-    let (logits, targets) = cross_entropy_call(logits, targets, cfg, path)?;
-    match logits_pass(&logits.tensor, Gather::Nothing, Some(&targets), path)?.cross_entropy {
-        Some(loss) => Ok(loss),
-        None => candle_core::bail!("internal: the logits pass computed no cross-entropy"),
-    }
+    let input = Hypotheses::Logits(logits);
+    run::cross_entropy(input, targets, cfg, Path::Composed, Reducer::Local)
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 
 use super::checked::ctc_bleu_call;
 use super::config::{BleuLossConfig, BleuLossOutput, CtcExpectedCounts};
-use super::ctc_pass::{ctc_counts_pass, ctc_finish};
+use super::ctc_pass::{ctc_counts_pass, ctc_statistics};
 use super::dispatch::Path;
+use super::reduce::Reducer;
 use super::references::References;
 use candle_core::{Result, Tensor};
 
@@ -97,7 +98,7 @@ fn ctc_bleu_on(
     let side = refs.side(cfg.max_order, None, checked.logits.tensor.dtype())?;
     let width = side.first[0].dim(1)?;
     let expected = ctc_counts_pass(&checked, refs, blank, cfg.max_order, width)?;
-    ctc_finish(expected, &side, cfg)
+    Reducer::Local.bleu(ctc_statistics(expected, &side, cfg)?, cfg)
 }
 
 /// The expected n-gram statistics of CTC outputs' collapsed sequences, before clipping: what

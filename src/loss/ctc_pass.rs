@@ -1,10 +1,10 @@
 //! The pass of the BLEU loss on CTC outputs, on checked arguments (`checked::ctc_bleu_call`):
 //! the expected n-gram statistics of the collapsed sequences ([`ctc_counts_pass`]: the CPU
 //! kernel of [`CtcNgramOp`], or the same programs as composed candle ops), then the clipped
-//! matches and the score ([`ctc_finish`]), as the expected form clips (docs/loss.md, §17).
+//! matches and the score ([`ctc_statistics`]; the reduction stage scores them), as the expected form clips (docs/loss.md, §17).
 
 use super::checked::CheckedCtcLogits;
-use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, CtcExpectedCounts};
+use super::config::{BleuLossConfig, BleuStats, CtcExpectedCounts};
 use super::forms::clip_expected_counts;
 use super::kernels::ctc_ngrams::{CtcNgramOp, CtcNgramPlan};
 use super::kernels::ctc_ngrams_composed::ctc_ngram_expectations_composed;
@@ -55,13 +55,13 @@ pub(crate) fn ctc_counts_pass(
     })
 }
 
-/// The statistics and the loss from the expected counts: `m_n = Σ_j min(κ_j, ν_j E_j)`, the
-/// closest reference length to `E[|B(a)|]`, the score.
-pub(crate) fn ctc_finish(
+/// The per-element statistics from the expected counts: `m_n = Σ_j min(κ_j, ν_j E_j)` and the
+/// closest reference length to `E[|B(a)|]`; the reduction stage scores them.
+pub(crate) fn ctc_statistics(
     expected: CtcExpectedCounts,
     side: &ReferenceSide,
     cfg: &BleuLossConfig,
-) -> Result<BleuLossOutput> {
+) -> Result<BleuStats> {
     let matches = (0..cfg.max_order)
         .map(|n| {
             let counts = expected.counts.narrow(1, n, 1)?.squeeze(1)?;
@@ -70,12 +70,10 @@ pub(crate) fn ctc_finish(
         .collect::<Result<Vec<_>>>()?;
     let ref_len =
         score::closest_reference_lengths(&expected.hyp_len, &side.ref_lengths, &side.ref_mask)?;
-    let stats = BleuStats {
+    Ok(BleuStats {
         matches: candle_core::Tensor::stack(&matches, 1)?,
         totals: expected.totals,
         hyp_len: expected.hyp_len,
         ref_len,
-    };
-    let loss = score::score(&stats, cfg)?;
-    Ok(BleuLossOutput { loss, stats })
+    })
 }

@@ -1,5 +1,6 @@
 //! The loss from hidden states and the output projection, without storing the `[B, S, V]`
-//! logits: [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`], [`ce_bleu_from_hidden`].
+//! logits: [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`], [`ce_bleu_from_hidden`],
+//! and their composed references.
 //!
 //! The logits `H Wᵀ + b` of a block of rows (positions) are computed, passed through the same
 //! row kernels as the logits entry points, and dropped; the backward recomputes the logits
@@ -15,135 +16,23 @@
 //! per-row output is the logits path's, to rounding. The paired form needs all `S` rows of an
 //! element at once (its self-match `P Pᵀ`): its blocks are whole sequences.
 //!
-//! One custom op per call, `kernels::hidden::HiddenRowsOp`, runs the blocks: on raw slices on
-//! the CPU (gemm + the row kernels), as candle ops elsewhere — so the GPU path keeps the
-//! `O(block)` memory too. This file holds the entry points: they check their arguments once
-//! (`checked`), build the op, and finish the statistics as the logits entry points do
-//! (`pipeline`).
+//! These are wrappers over the one path every loss takes (`run`): the hidden states are one
+//! kind of input ([`Hypotheses::Hidden`](super::checked::Hypotheses)), validated with the
+//! others, and their pass is the hidden-state op (`hidden_pass`, `kernels::hidden`): raw slices
+//! on the CPU (gemm + the row kernels), candle ops in the same blocks elsewhere — so the GPU
+//! path keeps the `O(block)` memory too.
 
-use super::checked::{
-    bleu_arguments, hidden_call, hidden_targets, materialised_logits, training_call_on_hidden,
-    CheckedHidden, CheckedTargets,
-};
+use super::checked::Hypotheses;
 use super::config::{
-    BleuLossConfig, BleuLossOutput, Form, HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig,
-    TrainingLoss, TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, HiddenConfig, TrainingLoss,
+    TrainingLossConfig,
 };
 use super::dispatch::Path;
-use super::host::CpuView;
-use super::kernels::composed::masked_targets;
-use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
-use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
-use super::kernels::hidden_cpu::{CpuBlocks, RowSpec};
-use super::kernels::layout::RowLayout;
-use super::pipeline::{
-    finish, hypothesis_pass, inputs_from_gathered, training_loss, HypothesisInputs,
-};
-use super::references::{ReferenceSide, ReferenceTokens, References, TrainingTargets};
-use candle_core::{bail, Module, Result, Tensor};
+use super::reduce::Reducer;
+use super::references::{References, TrainingTargets};
+use super::run;
+use candle_core::{Result, Tensor};
 use candle_nn::Linear;
-
-/// The per-row outputs `[B, S, C]` of the hidden states' logits (`HiddenRowsOp`) and their
-/// columns: the CPU kernels where the checked path runs them, composed candle ops otherwise
-/// (the same columns without the kernels' statistics).
-fn hidden_rows(
-    inputs: &CheckedHidden,
-    ids: Option<&Tensor>,
-    targets: Option<&CheckedTargets>,
-    paired: bool,
-    cfg: &HiddenConfig,
-) -> Result<(Tensor, RowLayout)> {
-    let (batch, seq, vocab) = (inputs.batch, inputs.seq, inputs.vocab);
-    let block_rows = cfg.block_rows(vocab, if paired { seq } else { 1 });
-    let width = ids.map_or(Ok(0), |ids| ids.dim(1))?;
-    let kernels_layout = if paired {
-        RowLayout::self_match(seq, width)
-    } else {
-        RowLayout::rows(width)
-    };
-    let layout;
-    let device = inputs.hidden.device();
-    let blocks = if inputs.path.runs_cpu_kernels(device) {
-        layout = kernels_layout;
-        let read = |t: &Tensor, what: &str| -> Result<Vec<u32>> {
-            let t = t.contiguous()?;
-            let view = CpuView::new(&t, what)?;
-            Ok(view.slice::<u32>()?.to_vec())
-        };
-        let ids = ids.map(|ids| read(ids, "ids")).transpose()?;
-        let (rows_targets, pad_id, label_smoothing, inv_count) = match targets {
-            Some(t) => (
-                Some(read(t.targets, "targets")?),
-                t.terms.pad_id,
-                t.terms.label_smoothing,
-                t.inv_count(),
-            ),
-            None => (None, None, 0.0, 0.0),
-        };
-        HiddenBlocks::Cpu(CpuBlocks {
-            spec: RowSpec {
-                ids: ids.unwrap_or_default(),
-                layout,
-                targets: rows_targets,
-                pad_id,
-                label_smoothing,
-                inv_count,
-                seq,
-                vocab,
-            },
-            block_rows,
-            block_elements: cfg.block_elements,
-            vocab_tile: cfg.vocab_tile,
-            filter_below: cfg.filter_below,
-        })
-    } else {
-        layout = kernels_layout.without_statistics();
-        let rows = ComposedRows {
-            ids: ids
-                .map(|ids| {
-                    ids.unsqueeze(1)?
-                        .broadcast_as((batch, seq, width))?
-                        .reshape((batch * seq, width))
-                })
-                .transpose()?,
-            targets: targets
-                .map(|t| -> Result<(Tensor, Tensor)> {
-                    let (safe, mask) = masked_targets(t.targets, t.terms.pad_id)?;
-                    let weights = mask.to_dtype(inputs.dtype)?.affine(t.inv_count(), 0.0)?;
-                    Ok((safe.flatten_all()?, weights.flatten_all()?))
-                })
-                .transpose()?,
-            label_smoothing: targets.map_or(0.0, |t| t.terms.label_smoothing),
-            layout,
-        };
-        HiddenBlocks::Composed(ComposedBlocks::forward(
-            &inputs.hidden,
-            &inputs.weight,
-            inputs.bias.as_ref(),
-            rows,
-            block_rows,
-        )?)
-    };
-    let op = HiddenRowsOp {
-        blocks,
-        has_bias: inputs.bias.is_some(),
-    };
-    let bias = bias_input(inputs.bias.as_ref(), inputs.dtype, device)?;
-    let out = inputs.hidden.apply_op3(&inputs.weight, &bias, op)?;
-    Ok((out.reshape((batch, seq, ()))?, layout))
-}
-
-/// The hypothesis inputs (and the cross-entropy column) from [`hidden_rows`]'s output.
-fn split_rows(
-    (out, layout): &(Tensor, RowLayout),
-    ids_width: usize,
-    cfg: &BleuLossConfig,
-) -> Result<(HypothesisInputs, Tensor)> {
-    let self_match = layout.self_match_part(out)?;
-    let gathered = layout.gathered_part(out)?;
-    let inputs = inputs_from_gathered(&gathered, ids_width, self_match, cfg)?;
-    Ok((inputs, layout.cross_entropy_part(out)?))
-}
 
 /// Mean token cross-entropy of `softmax(proj(hidden))` against `targets`, without storing the
 /// `[B, S, V]` logits: [`cross_entropy_from_logits`](super::cross_entropy_from_logits) of
@@ -155,17 +44,18 @@ fn split_rows(
 /// * `proj` - the output layer, weight `[V, D]` and an optional bias `[V]`, in the dtype of
 ///   `hidden`, on its device. Tied embeddings: `Linear::new(embeddings.clone(), None)`.
 /// * `targets` - u32 `[B, S]`, each `< V` or equal to `cfg.pad_id`; not all padding.
-/// * `cfg` - padding id and label smoothing (`cfg.ce`, as
-///   [`cross_entropy_from_logits`](super::cross_entropy_from_logits)), block size and gradient
-///   filtering (`cfg.hidden`, [`HiddenConfig`](super::HiddenConfig)).
+/// * `cfg` - padding id and label smoothing, as
+///   [`cross_entropy_from_logits`](super::cross_entropy_from_logits).
+/// * `blocks` - block size and gradient filtering ([`HiddenConfig`]; `&HiddenConfig::default()`
+///   is exact).
 ///
 /// Returns a scalar in the compute dtype, differentiable with respect to `hidden`, the weight
 /// and the bias. Errors (naming the argument and its shape or value) as the logits function
 /// does, on a `proj` whose weight is not `[V, D]` with the `D` of `hidden` or whose dtype or
-/// device differs, on an invalid `cfg.hidden`, and on non-finite logits (CPU).
+/// device differs, on an invalid `blocks`, and on non-finite logits (CPU).
 ///
 /// ```
-/// use candle_bleu::loss::{cross_entropy_from_hidden, cross_entropy_from_logits, CrossEntropyConfig, HiddenCrossEntropyConfig};
+/// use candle_bleu::loss::{cross_entropy_from_hidden, cross_entropy_from_logits, CrossEntropyConfig, HiddenConfig};
 /// use candle_core::{Device, Module, Tensor};
 /// use candle_nn::Linear;
 ///
@@ -175,8 +65,7 @@ fn split_rows(
 /// let proj = Linear::new(embeddings, None);
 /// let targets = Tensor::new(&[[1u32, 2, 3], [4, 5, 0]], &dev)?;
 /// let ce = CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 };
-/// let cfg = HiddenCrossEntropyConfig { ce, ..Default::default() };
-/// let from_hidden = cross_entropy_from_hidden(&hidden, &proj, &targets, &cfg)?;
+/// let from_hidden = cross_entropy_from_hidden(&hidden, &proj, &targets, &ce, &HiddenConfig::default())?;
 /// let from_logits = cross_entropy_from_logits(&proj.forward(&hidden)?, &targets, &ce)?;
 /// assert!((from_hidden.to_scalar::<f64>()? - from_logits.to_scalar::<f64>()?).abs() < 1e-12);
 /// # Ok::<(), candle_core::Error>(())
@@ -185,15 +74,12 @@ pub fn cross_entropy_from_hidden(
     hidden: &Tensor,
     proj: &Linear,
     targets: &Tensor,
-    cfg: &HiddenCrossEntropyConfig,
+    cfg: &CrossEntropyConfig,
+    blocks: &HiddenConfig,
 ) -> Result<Tensor> {
-    cross_entropy_from_hidden_on(
-        hidden,
-        proj,
-        targets,
-        cfg,
-        Path::for_device(hidden.device()),
-    )
+    let input = hidden_input(hidden, proj, blocks);
+    let path = Path::for_device(hidden.device());
+    run::cross_entropy(input, targets, cfg, path, Reducer::Local)
 }
 
 /// [`cross_entropy_from_hidden`] as composed candle ops (a `matmul` per block of rows,
@@ -204,30 +90,23 @@ pub fn cross_entropy_from_hidden_composed(
     hidden: &Tensor,
     proj: &Linear,
     targets: &Tensor,
-    cfg: &HiddenCrossEntropyConfig,
+    cfg: &CrossEntropyConfig,
+    blocks: &HiddenConfig,
 ) -> Result<Tensor> {
-    cross_entropy_from_hidden_on(hidden, proj, targets, cfg, Path::Composed)
+    let input = hidden_input(hidden, proj, blocks);
+    run::cross_entropy(input, targets, cfg, Path::Composed, Reducer::Local)
 }
 
-fn cross_entropy_from_hidden_on(
-    hidden: &Tensor,
-    proj: &Linear,
-    targets: &Tensor,
-    cfg: &HiddenCrossEntropyConfig,
-    path: Path,
-) -> Result<Tensor> {
-    let inputs = hidden_call(hidden, proj, &cfg.hidden, path, false)?;
-    let targets = hidden_targets(&inputs, targets, &cfg.ce)?;
-    let (out, layout) = hidden_rows(&inputs, None, Some(&targets), false, &cfg.hidden)?;
-    layout.cross_entropy_part(&out)?.sum_all()
-}
-
-/// The ids the blocks gather at, `[B, W]` with the `eos_id` column under the EOS length models:
-/// the ones the reference side caches.
-fn cached_gather_ids(side: &ReferenceSide) -> Result<&Tensor> {
-    match &side.gather {
-        Some(gather) => Ok(&gather.ids),
-        None => bail!("internal: id references without gather ids"),
+/// The hidden states as an input of the one path.
+pub(crate) fn hidden_input<'a>(
+    hidden: &'a Tensor,
+    proj: &'a Linear,
+    blocks: &'a HiddenConfig,
+) -> Hypotheses<'a> {
+    Hypotheses::Hidden {
+        hidden,
+        proj,
+        blocks,
     }
 }
 
@@ -242,10 +121,8 @@ fn cached_gather_ids(side: &ReferenceSide) -> Result<&Tensor> {
 /// them the logits are materialised (`proj.forward(hidden)`) and the logits path runs.
 ///
 /// # Arguments
-/// * `hidden`, `proj` - as [`cross_entropy_from_hidden`].
-/// * `hyp_lengths`, `refs` - as [`bleu_loss_from_logits`](super::bleu_loss_from_logits).
-/// * `cfg` - the BLEU loss (`cfg.bleu`, as [`bleu_loss_from_logits`](super::bleu_loss_from_logits)) and the blocks
-///   (`cfg.hidden`).
+/// * `hidden`, `proj`, `blocks` - as [`cross_entropy_from_hidden`].
+/// * `hyp_lengths`, `refs`, `cfg` - as [`bleu_loss_from_logits`](super::bleu_loss_from_logits).
 ///
 /// Errors as [`bleu_loss_from_logits`](super::bleu_loss_from_logits) and [`cross_entropy_from_hidden`] do.
 pub fn bleu_loss_from_hidden(
@@ -253,10 +130,12 @@ pub fn bleu_loss_from_hidden(
     proj: &Linear,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
-    cfg: &HiddenBleuConfig,
+    cfg: &BleuLossConfig,
+    blocks: &HiddenConfig,
 ) -> Result<BleuLossOutput> {
+    let input = hidden_input(hidden, proj, blocks);
     let path = Path::for_device(hidden.device());
-    bleu_loss_from_hidden_on(hidden, proj, hyp_lengths, refs, cfg, path)
+    run::bleu(input, hyp_lengths, refs, cfg, path, Reducer::Local)
 }
 
 /// [`bleu_loss_from_hidden`] as composed candle ops in the same blocks, never the crate's
@@ -267,38 +146,18 @@ pub fn bleu_loss_from_hidden_composed(
     proj: &Linear,
     hyp_lengths: Option<&Tensor>,
     refs: &References,
-    cfg: &HiddenBleuConfig,
+    cfg: &BleuLossConfig,
+    blocks: &HiddenConfig,
 ) -> Result<BleuLossOutput> {
-    bleu_loss_from_hidden_on(hidden, proj, hyp_lengths, refs, cfg, Path::Composed)
-}
-
-fn bleu_loss_from_hidden_on(
-    hidden: &Tensor,
-    proj: &Linear,
-    hyp_lengths: Option<&Tensor>,
-    refs: &References,
-    cfg: &HiddenBleuConfig,
-    path: Path,
-) -> Result<BleuLossOutput> {
-    let HiddenBleuConfig {
-        bleu,
-        hidden: hidden_cfg,
-    } = cfg;
-    super::score::validate_config(bleu)?;
-    let inputs = hidden_call(hidden, proj, hidden_cfg, path, bleu.check_values)?;
-    bleu_arguments(&inputs.shape(), hyp_lengths, refs, bleu)?;
-    let side = refs.side(bleu.max_order, bleu.length.eos_id(), inputs.dtype)?;
-    let ReferenceTokens::Ids(ids) = &side.tokens else {
-        // Matrix references are `[B, T, V]` themselves: the logits are materialised.
-        let logits = materialised_logits(&inputs, proj.forward(hidden)?, bleu.check_values)?;
-        let (hyp, _) = hypothesis_pass(&logits, &side, bleu, None)?;
-        return finish(hyp, &side, hyp_lengths, bleu);
-    };
-    let paired = bleu.form == Form::Paired;
-    let gather_ids = cached_gather_ids(&side)?;
-    let rows = hidden_rows(&inputs, Some(gather_ids), None, paired, hidden_cfg)?;
-    let (hyp, _) = split_rows(&rows, ids.dim(1)?, bleu)?;
-    finish(hyp, &side, hyp_lengths, bleu)
+    let input = hidden_input(hidden, proj, blocks);
+    run::bleu(
+        input,
+        hyp_lengths,
+        refs,
+        cfg,
+        Path::Composed,
+        Reducer::Local,
+    )
 }
 
 /// Cross-entropy plus weighted BLEU loss of one training step, from the hidden states and the
@@ -307,18 +166,17 @@ fn bleu_loss_from_hidden_on(
 /// rounding; 1e-10 in f64) for `hidden`, the weight and the bias.
 ///
 /// One op computes both losses' per-row terms from each block of logits (one recompute in the
-/// backward serves both gradients). Block sizes and gradient filtering come from
-/// `cfg.hidden` ([`HiddenConfig`]); matrix references fall back to materialised logits, as in
+/// backward serves both gradients). Matrix references fall back to materialised logits, as in
 /// [`bleu_loss_from_hidden`].
 ///
 /// # Arguments
-/// * `hidden`, `proj` - as [`cross_entropy_from_hidden`].
+/// * `hidden`, `proj`, `blocks` - as [`cross_entropy_from_hidden`].
 /// * `targets`, `cfg` - as [`ce_bleu_from_logits`](super::ce_bleu_from_logits).
 ///
 /// Errors as [`ce_bleu_from_logits`](super::ce_bleu_from_logits) and [`cross_entropy_from_hidden`] do.
 ///
 /// ```
-/// use candle_bleu::loss::{ce_bleu_from_hidden, References, TrainingLossConfig, TrainingTargets};
+/// use candle_bleu::loss::{ce_bleu_from_hidden, HiddenConfig, References, TrainingLossConfig, TrainingTargets};
 /// use candle_core::{DType, Device, Tensor};
 /// use candle_nn::{Linear, VarBuilder, VarMap};
 ///
@@ -330,7 +188,8 @@ fn bleu_loss_from_hidden_on(
 /// let targets = Tensor::new(&[[3u32, 4, 5, 6, 2], [7, 8, 2, 0, 0]], &dev)?;
 /// let refs = References::from_ids(&targets, 0)?;
 /// let targets = TrainingTargets::new(&targets, &refs);
-/// let step = ce_bleu_from_hidden(&hidden, &proj, &targets, &TrainingLossConfig::default())?;
+/// let cfg = TrainingLossConfig::default();
+/// let step = ce_bleu_from_hidden(&hidden, &proj, &targets, &cfg, &HiddenConfig::default())?;
 /// let grads = step.loss.backward()?;
 /// assert!(grads.get(proj.weight()).is_some());
 /// # Ok::<(), candle_core::Error>(())
@@ -340,14 +199,11 @@ pub fn ce_bleu_from_hidden(
     proj: &Linear,
     targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
+    blocks: &HiddenConfig,
 ) -> Result<TrainingLoss> {
-    ce_bleu_from_hidden_on(
-        hidden,
-        proj,
-        targets,
-        cfg,
-        Path::for_device(hidden.device()),
-    )
+    let input = hidden_input(hidden, proj, blocks);
+    let path = Path::for_device(hidden.device());
+    run::training(input, targets, cfg, path, Reducer::Local)
 }
 
 /// [`ce_bleu_from_hidden`] as composed candle ops in the same blocks, never the crate's
@@ -356,8 +212,8 @@ pub fn ce_bleu_from_hidden(
 ///
 /// ```
 /// use candle_bleu::loss::{
-///     ce_bleu_from_hidden, ce_bleu_from_hidden_composed, References, TrainingLossConfig,
-///     TrainingTargets,
+///     ce_bleu_from_hidden, ce_bleu_from_hidden_composed, HiddenConfig, References,
+///     TrainingLossConfig, TrainingTargets,
 /// };
 /// use candle_core::{Device, Tensor};
 /// use candle_nn::Linear;
@@ -368,9 +224,9 @@ pub fn ce_bleu_from_hidden(
 /// let tokens = Tensor::new(&[[3u32, 4, 5, 2], [7, 8, 2, 0]], &dev)?;
 /// let refs = References::from_ids(&tokens, 0)?;
 /// let targets = TrainingTargets::new(&tokens, &refs);
-/// let cfg = TrainingLossConfig::default();
-/// let fast = ce_bleu_from_hidden(&hidden, &proj, &targets, &cfg)?.loss.to_scalar::<f64>()?;
-/// let slow = ce_bleu_from_hidden_composed(&hidden, &proj, &targets, &cfg)?.loss.to_scalar::<f64>()?;
+/// let (cfg, blocks) = (TrainingLossConfig::default(), HiddenConfig::default());
+/// let fast = ce_bleu_from_hidden(&hidden, &proj, &targets, &cfg, &blocks)?.loss.to_scalar::<f64>()?;
+/// let slow = ce_bleu_from_hidden_composed(&hidden, &proj, &targets, &cfg, &blocks)?.loss.to_scalar::<f64>()?;
 /// assert!((fast - slow).abs() < 1e-10);
 /// # Ok::<(), candle_core::Error>(())
 /// ```
@@ -379,42 +235,10 @@ pub fn ce_bleu_from_hidden_composed(
     proj: &Linear,
     targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
+    blocks: &HiddenConfig,
 ) -> Result<TrainingLoss> {
-    ce_bleu_from_hidden_on(hidden, proj, targets, cfg, Path::Composed)
-}
-
-fn ce_bleu_from_hidden_on(
-    hidden: &Tensor,
-    proj: &Linear,
-    targets: &TrainingTargets,
-    cfg: &TrainingLossConfig,
-    path: Path,
-) -> Result<TrainingLoss> {
-    let TrainingTargets {
-        tokens,
-        refs,
-        hyp_lengths,
-    } = *targets;
-    let TrainingLossConfig {
-        bleu,
-        hidden: hidden_cfg,
-        ..
-    } = cfg;
-    let (inputs, tokens, bleu_weight) =
-        training_call_on_hidden(hidden, proj, hyp_lengths, refs, tokens, cfg, path)?;
-    let side = refs.side(bleu.max_order, bleu.length.eos_id(), inputs.dtype)?;
-    let ReferenceTokens::Ids(ids) = &side.tokens else {
-        // Matrix references are `[B, T, V]` themselves: the logits are materialised.
-        let logits = materialised_logits(&inputs, proj.forward(hidden)?, bleu.check_values)?;
-        let (hyp, cross_entropy) = hypothesis_pass(&logits, &side, bleu, Some(&tokens))?;
-        return training_loss(hyp, cross_entropy, &side, hyp_lengths, bleu, bleu_weight);
-    };
-    let paired = bleu.form == Form::Paired;
-    let gather_ids = cached_gather_ids(&side)?;
-    let rows = hidden_rows(&inputs, Some(gather_ids), Some(&tokens), paired, hidden_cfg)?;
-    let (hyp, ce_column) = split_rows(&rows, ids.dim(1)?, bleu)?;
-    let cross_entropy = Some(ce_column.sum_all()?);
-    training_loss(hyp, cross_entropy, &side, hyp_lengths, bleu, bleu_weight)
+    let input = hidden_input(hidden, proj, blocks);
+    run::training(input, targets, cfg, Path::Composed, Reducer::Local)
 }
 
 #[cfg(test)]
@@ -425,7 +249,7 @@ mod tests {
     //! label smoothing, with and without a bias, in one block and in several; the composed
     //! path's own finiteness check; its host copies.
     use super::*;
-    use crate::loss::config::{BleuLossConfig, CrossEntropyConfig, LengthModel, Reduction};
+    use crate::loss::config::{Form, LengthModel, Reduction};
     use crate::loss::host::host_copies;
     use candle_core::{Device, Var};
 
@@ -528,7 +352,6 @@ mod tests {
                                     reduction,
                                     ..Default::default()
                                 },
-                                hidden: hidden_cfg,
                             };
                             let lengths = match length {
                                 LengthModel::SoftEos { .. } => None,
@@ -539,20 +362,18 @@ mod tests {
                                 refs: &fx.refs,
                                 hyp_lengths: lengths,
                             };
-                            let bleu_cfg = HiddenBleuConfig {
-                                bleu: cfg.bleu.clone(),
-                                hidden: hidden_cfg,
-                            };
-                            let ce_cfg = HiddenCrossEntropyConfig {
-                                ce: cfg.ce,
-                                hidden: hidden_cfg,
-                            };
                             let run = |path: Path| -> Result<[Vec<Vec<f64>>; 3]> {
                                 Ok([
                                     evaluate(
                                         |h, p| {
-                                            let out =
-                                                ce_bleu_from_hidden_on(h, p, &targets, &cfg, path)?;
+                                            let input = hidden_input(h, p, &hidden_cfg);
+                                            let out = run::training(
+                                                input,
+                                                &targets,
+                                                &cfg,
+                                                path,
+                                                Reducer::Local,
+                                            )?;
                                             Ok(vec![
                                                 out.loss,
                                                 out.cross_entropy,
@@ -565,8 +386,14 @@ mod tests {
                                     )?,
                                     evaluate(
                                         |h, p| {
-                                            let out = bleu_loss_from_hidden_on(
-                                                h, p, lengths, &fx.refs, &bleu_cfg, path,
+                                            let input = hidden_input(h, p, &hidden_cfg);
+                                            let out = run::bleu(
+                                                input,
+                                                lengths,
+                                                &fx.refs,
+                                                &cfg.bleu,
+                                                path,
+                                                Reducer::Local,
                                             )?;
                                             Ok(vec![out.loss, out.stats.hyp_len, out.stats.ref_len])
                                         },
@@ -575,12 +402,13 @@ mod tests {
                                     )?,
                                     evaluate(
                                         |h, p| {
-                                            Ok(vec![cross_entropy_from_hidden_on(
-                                                h,
-                                                p,
+                                            let input = hidden_input(h, p, &hidden_cfg);
+                                            Ok(vec![run::cross_entropy(
+                                                input,
                                                 &fx.targets,
-                                                &ce_cfg,
+                                                &cfg.ce,
                                                 path,
+                                                Reducer::Local,
                                             )?])
                                         },
                                         &fx,
@@ -616,20 +444,21 @@ mod tests {
             .weight
             .broadcast_add(&Tensor::new(&[f64::INFINITY], &Device::Cpu)?)?;
         let inf_proj = Linear::new(inf_weight, None);
-        let err = ce_bleu_from_hidden_on(&fx.hidden, &inf_proj, &targets, &cfg, Path::Composed)
-            .unwrap_err()
-            .to_string();
+        let blocks = HiddenConfig::default();
+        let on = |proj: &Linear, path: Path| {
+            let input = hidden_input(&fx.hidden, proj, &blocks);
+            run::training(input, &targets, &cfg, path, Reducer::Local)
+        };
+        let err = on(&inf_proj, Path::Composed).unwrap_err().to_string();
         assert!(
             err.contains("`proj.weight` contains NaN or infinite values"),
             "{err}"
         );
-        let err = ce_bleu_from_hidden_on(&fx.hidden, &inf_proj, &targets, &cfg, Path::Kernels)
-            .unwrap_err()
-            .to_string();
+        let err = on(&inf_proj, Path::Kernels).unwrap_err().to_string();
         assert!(err.contains("contain NaN or infinite values"), "{err}");
         let proj = Linear::new(fx.weight.clone(), Some(fx.bias.clone()));
         let before = host_copies();
-        ce_bleu_from_hidden_on(&fx.hidden, &proj, &targets, &cfg, Path::Composed)?;
+        on(&proj, Path::Composed)?;
         assert_eq!(host_copies() - before, 0);
         Ok(())
     }

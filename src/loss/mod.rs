@@ -90,10 +90,15 @@
 //!   statistics (`ν`, `κ`), from ids or matrices;
 //! - `length`: the length models `Given`, `NotEos`, `SoftEos`;
 //! - `forms`: the expected, paired and lower-bound forms of the clipped matches;
-//! - `checked`: the one validation: each entry point checks its arguments once, into checked
-//!   values the passes consume;
+//! - `checked`: the one validation: every kind of input (probabilities, logits, hidden states
+//!   with the output layer) is checked once, into checked values the passes consume;
 //! - `dispatch`: the one choice between the kernels and composed candle ops;
-//! - `pipeline`: the pass over the logits and the statistics from it;
+//! - `pipeline`, `hidden_pass`: the pass over the logits or the hidden states and the
+//!   per-element statistics from it;
+//! - `reduce`: the reduction stage — the batch's sums taken locally or over a data-parallel
+//!   group, the rule that some target counts, the score;
+//! - `run`: the one path every loss takes (validate, pass, statistics, reduce), which the entry
+//!   points below and those of [`distributed`] wrap;
 //! - `kernels`: the row kernels over the logits (CPU, and CUDA with the `cuda` feature) and the hidden-state op, each a candle custom op with a hand-written backward,
 //!   and their composed candle-op counterparts; they take plain parameters, never a loss config;
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
@@ -102,11 +107,13 @@
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
-//!   `[B, S, V]` logits ([`HiddenConfig`]);
+//!   `[B, S, V]` logits (their `blocks` argument, [`HiddenConfig`]);
 //! - `score`: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
-//! - [`distributed`]: data-parallel training — the loss of the global batch from each worker's
-//!   shard over a sum all-reduce (MPI, NCCL, threads).
+//! - [`distributed`]: data-parallel training — every entry point's loss of the global batch
+//!   from each worker's shard over a sum all-reduce (MPI, NCCL, threads), from logits or
+//!   hidden states, and the gradient and broadcast helpers.
 
+mod all_reduce;
 mod bleu;
 mod checked;
 mod config;
@@ -118,20 +125,23 @@ mod dispatch;
 pub mod distributed;
 mod forms;
 mod hidden;
+mod hidden_pass;
 mod host;
 mod kernels;
 mod length;
 mod pipeline;
 mod products;
+mod reduce;
 mod references;
+mod run;
 mod score;
 mod training;
 
 pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CtcConfig, CtcExpectedCounts,
-    CtcReduction, Form, HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig, LengthModel,
-    LossSmoothing, Reduction, TrainingLoss, TrainingLossConfig,
+    CtcReduction, Form, HiddenConfig, LengthModel, LossSmoothing, Reduction, TrainingLoss,
+    TrainingLossConfig,
 };
 pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
 pub use ctc::{

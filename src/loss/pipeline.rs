@@ -1,23 +1,27 @@
-//! The passes every entry point of the loss shares, on checked arguments (`checked`): the pass
-//! over the logits ([`logits_pass`], the crate's kernels or composed candle ops as the checked
-//! value's [`Path`] says), the hypothesis side of BLEU from it ([`hypothesis_pass`]) and the
-//! statistics and the loss ([`finish`]).
+//! The passes every entry point of the loss shares, on checked arguments (`checked`), for every
+//! kind of input: the pass over the logits ([`logits_pass`], the crate's kernels or composed
+//! candle ops as the checked value's [`Path`] says) or over hidden states (the hidden-state op,
+//! `hidden_pass`), the hypothesis side of BLEU from it ([`hypothesis_pass`]), the cross-entropy
+//! alone ([`cross_entropy_pass`]) and the per-element statistics ([`statistics`]). The
+//! reduction stage (`reduce`) sums and scores what they give.
 //!
-//! The path of `logits` through [`ce_bleu_from_logits`](super::training::ce_bleu_from_logits):
-//! `checked::training_call` → the reference side
-//! ([`References::side`](super::references::References)) → [`hypothesis_pass`] (one op over the
-//! logits: [`super::kernels::row_op::RowOp`], its output split by
-//! [`RowLayout`](super::kernels::layout::RowLayout)) → [`finish`] (length weights, clipped
-//! matches, score).
+//! The path of `hidden` through [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden) (`run`):
+//! `checked::training_call` → `reduce::Reducer::divide` (the cross-entropy's divisor) → the
+//! reference side ([`References::side`](super::references::References)) → [`hypothesis_pass`]
+//! (one op over the hidden states, `hidden_pass::hidden_rows`, its output split by
+//! [`RowLayout`](super::kernels::layout::RowLayout)) → [`statistics`] (length weights, clipped
+//! matches, lengths) → `reduce::Reducer::training` (sums, the rule that some target counts,
+//! the score).
 
-use super::checked::{CheckedHypotheses, CheckedTargets};
-use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, Form, TrainingLoss};
+use super::checked::{materialised_logits, CheckedHypotheses, CheckedInput, CheckedTargets};
+use super::config::{BleuLossConfig, BleuStats, Form};
 use super::dispatch::Path;
+use super::hidden_pass::hidden_rows;
 use super::kernels::composed::{self, gather_columns};
 use super::kernels::row_op::{GatherIds, RowOp};
 use super::references::{ReferenceSide, ReferenceTokens};
 use super::{forms, length, score};
-use candle_core::{bail, Result, Tensor, D};
+use candle_core::{bail, Module, Result, Tensor, D};
 
 /// Everything the statistics need from the hypothesis side.
 pub(crate) struct HypothesisInputs {
@@ -147,7 +151,7 @@ fn composed_logits_pass(
     targets: Option<&CheckedTargets>,
 ) -> Result<LogitsPass> {
     let cross_entropy = targets
-        .map(|t| composed::cross_entropy(logits, t.targets, t.terms, t.count))
+        .map(|t| composed::cross_entropy(logits, t.targets, t.terms, t.divisor))
         .transpose()?;
     let probs = match gather {
         Gather::Nothing => None,
@@ -171,7 +175,7 @@ fn composed_logits_pass(
 /// The BLEU side's hypothesis inputs from checked logits (and, with `targets`, the
 /// cross-entropy from the same pass): the softmax at the reference ids (and EOS) for id
 /// references, `P Pᵀ` too for the paired form, every probability for matrix references.
-pub(crate) fn hypothesis_pass(
+fn logits_hypothesis_pass(
     logits: &CheckedHypotheses,
     side: &ReferenceSide,
     cfg: &BleuLossConfig,
@@ -181,9 +185,7 @@ pub(crate) fn hypothesis_pass(
     match &side.tokens {
         ReferenceTokens::Ids(ids) => {
             let width = ids.dim(1)?;
-            let Some(gather_ids) = &side.gather else {
-                bail!("internal: id references without gather ids")
-            };
+            let gather_ids = gather_ids(side)?;
             let gather = match cfg.form {
                 Form::Paired => Gather::SelfMatch(gather_ids),
                 Form::Expected | Form::LowerBound => Gather::Ids(gather_ids),
@@ -206,13 +208,96 @@ pub(crate) fn hypothesis_pass(
     }
 }
 
-/// The statistics and the loss from the hypothesis inputs.
-pub(crate) fn finish(
+/// The ids a pass gathers at, `[B, W]` with the `eos_id` column under the EOS length models:
+/// the ones the reference side caches.
+fn gather_ids(side: &ReferenceSide) -> Result<&GatherIds> {
+    match &side.gather {
+        Some(gather) => Ok(gather),
+        None => bail!("internal: id references without gather ids"),
+    }
+}
+
+/// The hypothesis inputs of the BLEU side from any checked input (and, with `targets`, the
+/// pass's cross-entropy, the sum of its row terms): probabilities are used as they are; logits
+/// go through [`logits_pass`]; hidden states through the hidden-state op
+/// ([`hidden_rows`]) with id references, and with matrix references (`[B, T, V]`
+/// themselves, as large as the logits) through their materialised logits.
+pub(crate) fn hypothesis_pass(
+    input: &CheckedInput,
+    side: &ReferenceSide,
+    cfg: &BleuLossConfig,
+    targets: Option<&CheckedTargets>,
+) -> Result<(HypothesisInputs, Option<Tensor>)> {
+    match input {
+        CheckedInput::Tensor {
+            checked,
+            probs: true,
+        } => Ok((
+            hypothesis_inputs_from_probs(&checked.tensor, side, cfg)?,
+            None,
+        )),
+        CheckedInput::Tensor { checked, .. } => logits_hypothesis_pass(checked, side, cfg, targets),
+        CheckedInput::Hidden {
+            checked,
+            blocks,
+            given: (hidden, proj),
+        } => match &side.tokens {
+            ReferenceTokens::Ids(ids) => {
+                let paired = cfg.form == Form::Paired;
+                let gather = gather_ids(side)?;
+                let (out, layout) =
+                    hidden_rows(checked, Some(&gather.ids), targets, paired, blocks)?;
+                let self_match = layout.self_match_part(&out)?;
+                let gathered = layout.gathered_part(&out)?;
+                let inputs = inputs_from_gathered(&gathered, ids.dim(1)?, self_match, cfg)?;
+                let cross_entropy = targets
+                    .map(|_| layout.cross_entropy_part(&out)?.sum_all())
+                    .transpose()?;
+                Ok((inputs, cross_entropy))
+            }
+            ReferenceTokens::Matrices(_) => {
+                let logits = materialised_logits(checked, proj.forward(hidden)?, cfg.check_values)?;
+                logits_hypothesis_pass(&logits, side, cfg, targets)
+            }
+        },
+    }
+}
+
+/// The pass's cross-entropy alone, the sum of its row terms: [`logits_pass`] over logits, the
+/// hidden-state op over hidden states.
+pub(crate) fn cross_entropy_pass(input: &CheckedInput, targets: &CheckedTargets) -> Result<Tensor> {
+    let cross_entropy = match input {
+        CheckedInput::Tensor { checked, .. } => {
+            logits_pass(
+                &checked.tensor,
+                Gather::Nothing,
+                Some(targets),
+                checked.path,
+            )?
+            .cross_entropy
+        }
+        CheckedInput::Hidden {
+            checked, blocks, ..
+        } => {
+            let (out, layout) = hidden_rows(checked, None, Some(targets), false, blocks)?;
+            Some(layout.cross_entropy_part(&out)?.sum_all()?)
+        }
+    };
+    match cross_entropy {
+        Some(cross_entropy) => Ok(cross_entropy),
+        None => bail!("internal: the pass computed no cross-entropy"),
+    }
+}
+
+/// The per-element statistics from the hypothesis inputs: length weights, clipped matches,
+/// totals, lengths and the effective reference lengths (docs/loss.md, §4–§9). The reduction
+/// stage (`reduce`) sums and scores them.
+pub(crate) fn statistics(
     inputs: HypothesisInputs,
     side: &ReferenceSide,
     hyp_lengths: Option<&Tensor>,
     cfg: &BleuLossConfig,
-) -> Result<BleuLossOutput> {
+) -> Result<BleuStats> {
     let (batch, seq, _) = inputs.token_match.dims3()?;
     let (dtype, device) = (
         inputs.token_match.dtype(),
@@ -243,37 +328,10 @@ pub(crate) fn finish(
         .collect::<Result<_>>()?;
     let hyp_len = weights.length.sum(1)?;
     let ref_len = score::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
-    let matches = Tensor::stack(&matches, 1)?;
-    let totals = Tensor::stack(&totals, 1)?;
-    let stats = BleuStats {
-        matches,
-        totals,
+    Ok(BleuStats {
+        matches: Tensor::stack(&matches, 1)?,
+        totals: Tensor::stack(&totals, 1)?,
         hyp_len,
         ref_len,
-    };
-    let loss = score::score(&stats, cfg)?;
-    Ok(BleuLossOutput { loss, stats })
-}
-
-/// The training loss from one pass's results: the BLEU statistics of `inputs` ([`finish`]) and
-/// `cross_entropy + bleu_weight · bleu.loss` with its parts. `cross_entropy` is the pass's, which
-/// computed one because it was given targets.
-pub(crate) fn training_loss(
-    inputs: HypothesisInputs,
-    cross_entropy: Option<Tensor>,
-    side: &ReferenceSide,
-    hyp_lengths: Option<&Tensor>,
-    cfg: &BleuLossConfig,
-    bleu_weight: f64,
-) -> Result<TrainingLoss> {
-    let Some(cross_entropy) = cross_entropy else {
-        bail!("internal: the pass computed no cross-entropy")
-    };
-    let bleu = finish(inputs, side, hyp_lengths, cfg)?;
-    let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
-    Ok(TrainingLoss {
-        loss,
-        cross_entropy,
-        bleu,
     })
 }

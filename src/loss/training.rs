@@ -8,11 +8,12 @@
 //! term, so that its backward receives both gradients in one call and writes one logits
 //! gradient.
 
-use super::checked::training_call;
+use super::checked::Hypotheses;
 use super::config::{TrainingLoss, TrainingLossConfig};
 use super::dispatch::Path;
-use super::pipeline::{hypothesis_pass, training_loss};
+use super::reduce::Reducer;
 use super::references::TrainingTargets;
+use super::run;
 use candle_core::{Result, Tensor};
 
 /// Cross-entropy plus weighted BLEU loss of one training step, from the logits:
@@ -39,7 +40,14 @@ pub fn ce_bleu_from_logits(
     targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
 ) -> Result<TrainingLoss> {
-    ce_bleu_on(logits, targets, cfg, Path::for_device(logits.device()))
+    let path = Path::for_device(logits.device());
+    run::training(
+        Hypotheses::Logits(logits),
+        targets,
+        cfg,
+        path,
+        Reducer::Local,
+    )
 }
 
 /// [`ce_bleu_from_logits`] as composed candle ops, never the crate's kernels: the reference the
@@ -50,24 +58,6 @@ pub fn ce_bleu_from_logits_composed(
     targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
 ) -> Result<TrainingLoss> {
-    ce_bleu_on(logits, targets, cfg, Path::Composed)
-}
-
-fn ce_bleu_on(
-    logits: &Tensor,
-    targets: &TrainingTargets,
-    cfg: &TrainingLossConfig,
-    path: Path,
-) -> Result<TrainingLoss> {
-    let TrainingTargets {
-        tokens,
-        refs,
-        hyp_lengths,
-    } = *targets;
-    let (logits, tokens, bleu_weight) =
-        training_call(logits, hyp_lengths, refs, tokens, cfg, path)?;
-    let bleu = &cfg.bleu;
-    let side = refs.side(bleu.max_order, bleu.length.eos_id(), logits.tensor.dtype())?;
-    let (inputs, cross_entropy) = hypothesis_pass(&logits, &side, bleu, Some(&tokens))?;
-    training_loss(inputs, cross_entropy, &side, hyp_lengths, bleu, bleu_weight)
+    let input = Hypotheses::Logits(logits);
+    run::training(input, targets, cfg, Path::Composed, Reducer::Local)
 }

@@ -6,10 +6,30 @@
 
 use candle_bleu::loss::distributed::{self, shard_range, AllReduce};
 use candle_bleu::loss::{
-    ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, Form, LengthModel, LossSmoothing,
-    Reduction, References, TrainingLossConfig, TrainingTargets,
+    ce_bleu_from_hidden, ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
+    HiddenConfig, LengthModel, LossSmoothing, Reduction, References, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::{Device, Result, Tensor, Var};
+use candle_nn::Linear;
+
+/// What a worker passes the loss: the logits `x W + b`, or the hidden states `x` and the output
+/// layer `(Wᵀ, b)` with blocks of two rows (the hidden-state path, never storing the logits).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Input {
+    Logits,
+    Hidden,
+}
+
+impl Input {
+    /// Blocks of two rows: several blocks per shard.
+    pub fn blocks() -> HiddenConfig {
+        HiddenConfig {
+            block_elements: 2 * VOCAB,
+            ..Default::default()
+        }
+    }
+}
 
 pub const PAD: u32 = 0;
 pub const EOS: u32 = 5;
@@ -125,10 +145,14 @@ impl Fixture {
         cfg: &TrainingLossConfig,
         range: (usize, usize),
         reduce: Option<&dyn AllReduce>,
+        input: Input,
     ) -> Result<Outcome> {
         let (start, len) = range;
         let vars = self.vars()?;
         let logits = self.logits(&vars, start, len)?;
+        let hidden = self.x.narrow(0, start, len)?;
+        let proj = Linear::new(vars[0].as_tensor().t()?, Some(vars[1].as_tensor().clone()));
+        let blocks = Input::blocks();
         let refs = References::from_ids(&self.ref_ids.narrow(0, start, len)?, PAD)?;
         let targets = self.targets.narrow(0, start, len)?;
         let lengths = self.lengths.narrow(0, start, len)?;
@@ -136,24 +160,25 @@ impl Fixture {
             LengthModel::SoftEos { .. } => None,
             _ => Some(&lengths),
         };
-        let step = match reduce {
-            None => ce_bleu_from_logits(
-                &logits,
-                &TrainingTargets {
-                    tokens: &targets,
-                    refs: &refs,
-                    hyp_lengths: lengths,
-                },
+        let step_targets = TrainingTargets {
+            tokens: &targets,
+            refs: &refs,
+            hyp_lengths: lengths,
+        };
+        let step = match (reduce, input) {
+            (None, Input::Logits) => ce_bleu_from_logits(&logits, &step_targets, cfg)?,
+            (None, Input::Hidden) => {
+                ce_bleu_from_hidden(&hidden, &proj, &step_targets, cfg, &blocks)?
+            }
+            (Some(reduce), Input::Logits) => {
+                distributed::ce_bleu_from_logits(&logits, &step_targets, cfg, reduce)?
+            }
+            (Some(reduce), Input::Hidden) => distributed::ce_bleu_from_hidden(
+                &hidden,
+                &proj,
+                &step_targets,
                 cfg,
-            )?,
-            Some(reduce) => distributed::ce_bleu_from_logits(
-                &logits,
-                &TrainingTargets {
-                    tokens: &targets,
-                    refs: &refs,
-                    hyp_lengths: lengths,
-                },
-                cfg,
+                &blocks,
                 reduce,
             )?,
         };
@@ -177,15 +202,26 @@ impl Fixture {
         })
     }
 
-    /// The whole batch in one process.
+    /// The whole batch in one process, from the logits: the reference every worker is held to.
     pub fn single(&self, cfg: &TrainingLossConfig) -> Result<Outcome> {
-        self.run(cfg, (0, BATCH), None)
+        self.run(cfg, (0, BATCH), None, Input::Logits)
     }
 
-    /// Worker `reduce.rank()`'s view of the batch, split over `reduce.world_size()` workers.
+    /// Worker `reduce.rank()`'s view of the batch, split over `reduce.world_size()` workers,
+    /// from the logits.
     pub fn worker(&self, cfg: &TrainingLossConfig, reduce: &dyn AllReduce) -> Result<Outcome> {
+        self.worker_from(cfg, reduce, Input::Logits)
+    }
+
+    /// Worker `reduce.rank()`'s view of the batch from `input`.
+    pub fn worker_from(
+        &self,
+        cfg: &TrainingLossConfig,
+        reduce: &dyn AllReduce,
+        input: Input,
+    ) -> Result<Outcome> {
         let range = shard_range(BATCH, reduce.rank(), reduce.world_size())?;
-        self.run(cfg, range, Some(reduce))
+        self.run(cfg, range, Some(reduce), input)
     }
 }
 
@@ -259,7 +295,6 @@ pub fn configs() -> Vec<TrainingLossConfig> {
                             smoothing,
                             ..Default::default()
                         },
-                        ..Default::default()
                     });
                 }
             }

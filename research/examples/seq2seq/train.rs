@@ -163,7 +163,6 @@ pub fn run(
                 bleu_weight: cfg.lambda,
                 ce: cross_entropy,
                 bleu: cfg.loss.clone(),
-                ..Default::default()
             };
             let out = ce_bleu_from_logits(
                 &logits,

@@ -15,8 +15,8 @@
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_hidden, ce_bleu_from_hidden, cross_entropy_from_hidden, BleuLossConfig,
-    BleuLossOutput, CrossEntropyConfig, HiddenBleuConfig, HiddenConfig, HiddenCrossEntropyConfig,
-    LossSmoothing, Reduction, References, TrainingLossConfig, TrainingTargets,
+    BleuLossOutput, CrossEntropyConfig, HiddenConfig, LossSmoothing, Reduction, References,
+    TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -155,15 +155,12 @@ pub fn step_loss(
     let length = (model.length_loss(&memory, &batch.length_classes)? * LENGTH_LOSS_WEIGHT)?;
     let proj = &model.output_projection()?;
     let ce_only = || -> Result<Tensor> {
-        let cfg = HiddenCrossEntropyConfig {
-            ce: settings.cross_entropy,
-            hidden: settings.hidden,
-        };
         Ok(cross_entropy_from_hidden(
             &states,
             proj,
             &batch.targets,
-            &cfg,
+            &settings.cross_entropy,
+            &settings.hidden,
         )?)
     };
     let (bleu, form, mixing) = match objective {
@@ -183,11 +180,9 @@ pub fn step_loss(
     };
     let (main, ce) = match mixing {
         Mixing::Pure => {
-            let cfg = HiddenBleuConfig {
-                bleu,
-                hidden: settings.hidden,
-            };
-            let out = bleu_loss_from_hidden(&states, proj, Some(&batch.lengths), &refs, &cfg)?;
+            let lengths = Some(&batch.lengths);
+            let out =
+                bleu_loss_from_hidden(&states, proj, lengths, &refs, &bleu, &settings.hidden)?;
             let main = term(&out)?.to_dtype(DType::F32)?;
             let logged = main.detach();
             (main, logged)
@@ -197,11 +192,10 @@ pub fn step_loss(
                 bleu_weight: lambda,
                 ce: settings.cross_entropy,
                 bleu,
-                hidden: settings.hidden,
             };
             let targets =
                 TrainingTargets::new(&batch.targets, &refs).with_hyp_lengths(&batch.lengths);
-            let out = ce_bleu_from_hidden(&states, proj, &targets, &cfg)?;
+            let out = ce_bleu_from_hidden(&states, proj, &targets, &cfg, &settings.hidden)?;
             let main = match form {
                 // `CE + λ·(−log …)`, as the crate computes it.
                 Bon2Form::NegLog => out.loss,

@@ -16,7 +16,7 @@
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
     ce_bleu_from_hidden, cross_entropy_from_hidden, BleuLossConfig, CrossEntropyConfig, Form,
-    HiddenConfig, HiddenCrossEntropyConfig, References, TrainingLossConfig, TrainingTargets,
+    HiddenConfig, References, TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
@@ -453,11 +453,8 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
         let proj = &model.output_projection()?;
         Ok(match spec.objective {
             Objective::Ce => {
-                let cfg = HiddenCrossEntropyConfig {
-                    ce: setup.cross_entropy,
-                    hidden: setup.hidden,
-                };
-                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, &cfg)?;
+                let (cfg, blocks) = (&setup.cross_entropy, &setup.hidden);
+                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?;
                 (ce.clone(), ce)
             }
             Objective::CeBleu { form, lambda } => {
@@ -468,20 +465,16 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
                         form: form.form(),
                         ..setup.bleu.clone()
                     },
-                    hidden: setup.hidden,
                 };
                 let refs = References::from_ids(&batch.refs, setup.ids.pad)?;
                 let targets =
                     TrainingTargets::new(&batch.dec_out, &refs).with_hyp_lengths(&batch.ref_len);
-                let out = ce_bleu_from_hidden(&states, proj, &targets, &cfg)?;
+                let out = ce_bleu_from_hidden(&states, proj, &targets, &cfg, &setup.hidden)?;
                 (out.loss, out.cross_entropy)
             }
             Objective::Mrt { mu } => {
-                let cfg = HiddenCrossEntropyConfig {
-                    ce: setup.cross_entropy,
-                    hidden: setup.hidden,
-                };
-                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, &cfg)?;
+                let (cfg, blocks) = (&setup.cross_entropy, &setup.hidden);
+                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?;
                 let r = mrt_risk(
                     &model,
                     &batch.indices,

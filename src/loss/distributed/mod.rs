@@ -94,7 +94,6 @@
 //! error (`MPI_Abort`, as `examples/data_parallel.rs` does). Errors on the reduced values (no
 //! non-pad token in the global batch) are raised on every worker alike.
 
-mod all_reduce;
 mod thread;
 
 #[cfg(feature = "mpi")]
@@ -102,11 +101,12 @@ mod mpi_impl;
 #[cfg(feature = "nccl")]
 mod nccl_impl;
 
+pub use super::all_reduce::{AllReduce, SingleWorker};
+pub use super::reduce::global_sum;
 /// The rsmpi crate this module was built with (feature `mpi`), re-exported so that a program
 /// initialises MPI with the same version: `candle_bleu::loss::distributed::mpi::initialize()`.
 #[cfg(feature = "mpi")]
 pub use ::mpi;
-pub use all_reduce::{AllReduce, SingleWorker};
 /// cudarc's NCCL bindings (feature `nccl`), as candle re-exports them: `Comm` and `Id` for
 /// [`NcclAllReduce::new`].
 #[cfg(feature = "nccl")]
@@ -117,14 +117,21 @@ pub use mpi_impl::MpiAllReduce;
 pub use nccl_impl::NcclAllReduce;
 pub use thread::ThreadAllReduce;
 
+use super::checked::Hypotheses;
 use super::config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, Reduction, TrainingLoss,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, HiddenConfig, TrainingLoss,
     TrainingLossConfig,
 };
-use super::references::TrainingTargets;
-use super::score::{self, loss_from_stats};
+use super::dispatch::Path;
+use super::hidden::hidden_input;
+use super::reduce::{
+    bleu_loss_of_group, check_stats, global_sums, reduce_dtype, stats_in, Reducer,
+};
+use super::references::{References, TrainingTargets};
+use super::run;
 use candle_core::backprop::GradStore;
-use candle_core::{bail, DType, Device, Result, Tensor, Var};
+use candle_core::{bail, Result, Tensor, Var};
+use candle_nn::Linear;
 
 /// The range of elements `rank` holds when `total` elements are split over `world_size`
 /// workers as evenly as possible (the first `total % world_size` workers hold one more).
@@ -151,91 +158,14 @@ pub fn shard_range(total: usize, rank: usize, world_size: usize) -> Result<(usiz
     Ok((start, len))
 }
 
-/// The dtype of the numbers the loss all-reduces: f64 where the device has it, f32 on Metal.
-fn reduce_dtype(device: &Device) -> DType {
-    if device.is_metal() {
-        DType::F32
-    } else {
-        DType::F64
-    }
-}
-
-/// The sum of `local` over every worker, differentiable in this worker's term:
-/// `allreduce_sum(local) + (local − local.detach())`.
-///
-/// Its value is `Σ_w local_w` as the all-reduce returns it (the same bits on every worker);
-/// its gradient with
-/// respect to anything `local` depends on is that of `local` itself — the other workers' terms
-/// are constants. Any shape and float dtype the [`AllReduce`] supports.
-///
-/// ```
-/// use candle_bleu::loss::distributed::{global_sum, ThreadAllReduce};
-/// use candle_core::{Device, Tensor, Var};
-///
-/// let results = std::thread::scope(|s| {
-///     let handles: Vec<_> = ThreadAllReduce::group(2)
-///         .into_iter()
-///         .enumerate()
-///         .map(|(w, reduce)| s.spawn(move || -> candle_core::Result<(f64, f64)> {
-///             let x = Var::new(&[1f64 + w as f64], &Device::Cpu)?; // worker 0: 1, worker 1: 2
-///             let total = global_sum(&x.sqr()?, &reduce)?.sum_all()?; // 1² + 2² = 5
-///             let grad = total.backward()?.get(&x).unwrap().sum_all()?.to_scalar::<f64>()?;
-///             Ok((total.to_scalar::<f64>()?, grad)) // d/dx of this worker's x² only
-///         }))
-///         .collect();
-///     handles.into_iter().map(|h| h.join().unwrap()).collect::<candle_core::Result<Vec<_>>>()
-/// })?;
-/// assert_eq!(results, vec![(5.0, 2.0), (5.0, 4.0)]);
-/// # Ok::<(), candle_core::Error>(())
-/// ```
-pub fn global_sum(local: &Tensor, reduce: &(impl AllReduce + ?Sized)) -> Result<Tensor> {
-    let detached = local.detach();
-    let total = reduce.sum(&detached)?;
-    if total.dims() != local.dims() || total.dtype() != local.dtype() {
-        bail!(
-            "the all-reduce returned {:?} {:?} for a {:?} {:?} input",
-            total.dtype(),
-            total.dims(),
-            local.dtype(),
-            local.dims()
-        );
-    }
-    // `total` carries the value (bit-identical on every worker); `local − local` adds 0 and
-    // the gradient of `local`.
-    total + (local - detached)?
-}
-
-/// One all-reduce for several float tensors: each is flattened into one buffer of the reduce
-/// dtype, summed with [`global_sum`], and split back into its shape and dtype.
-fn global_sums(parts: &[Tensor], reduce: &(impl AllReduce + ?Sized)) -> Result<Vec<Tensor>> {
-    let Some(first) = parts.first() else {
-        return Ok(Vec::new());
-    };
-    let dtype = reduce_dtype(first.device());
-    let flat: Vec<Tensor> = parts
-        .iter()
-        .map(|p| p.to_dtype(dtype)?.flatten_all())
-        .collect::<Result<_>>()?;
-    let total = global_sum(&Tensor::cat(&flat, 0)?, reduce)?;
-    let mut offset = 0;
-    parts
-        .iter()
-        .map(|p| {
-            let n = p.elem_count();
-            let part = total.narrow(0, offset, n)?.reshape(p.shape())?;
-            offset += n;
-            Ok(part)
-        })
-        .collect()
-}
-
 /// The corpus statistics of the global batch, differentiable in this worker's shard: `matches`
 /// and `totals` `[1, N]`, `hyp_len` and `ref_len` `[1]`, each the sum over every worker's
 /// elements ([`global_sum`]), in f64 (f32 on Metal).
 ///
-/// [`loss_from_stats`] of the result under [`Reduction::Corpus`] is the corpus loss of the
-/// global batch. `local` is this worker's [`BleuStats`] (`[B_w, N]`, `[B_w]`, `B_w >= 1`).
-/// One all-reduce of `2·N + 2` numbers.
+/// [`loss_from_stats`](crate::loss::loss_from_stats) of the result under
+/// [`Reduction::Corpus`](crate::loss::Reduction::Corpus) is the corpus loss of the global batch.
+/// `local` is this worker's [`BleuStats`] (`[B_w, N]`, `[B_w]`, `B_w >= 1`). One all-reduce of
+/// `2·N + 2` numbers.
 pub fn global_stats(local: &BleuStats, reduce: &(impl AllReduce + ?Sized)) -> Result<BleuStats> {
     check_stats(local)?;
     let local = stats_in(local, reduce_dtype(local.matches.device()))?;
@@ -255,94 +185,6 @@ pub fn global_stats(local: &BleuStats, reduce: &(impl AllReduce + ?Sized)) -> Re
     })
 }
 
-/// Errors unless the statistics have the shapes [`loss_from_stats`] takes.
-fn check_stats(stats: &BleuStats) -> Result<()> {
-    let (batch, orders) = match stats.matches.dims() {
-        &[b, n] => (b, n),
-        dims => bail!("`stats.matches` must be [B, N], got shape {dims:?}"),
-    };
-    if stats.totals.dims() != [batch, orders]
-        || stats.hyp_len.dims() != [batch]
-        || stats.ref_len.dims() != [batch]
-    {
-        bail!(
-            "`stats` must be matches/totals [B, N] and hyp_len/ref_len [B], got {:?}, {:?}, {:?}, {:?}",
-            stats.matches.dims(),
-            stats.totals.dims(),
-            stats.hyp_len.dims(),
-            stats.ref_len.dims()
-        );
-    }
-    if batch == 0 {
-        bail!(
-            "`stats` of an empty shard (shape {:?}): every worker needs at least one element",
-            stats.matches.dims()
-        );
-    }
-    Ok(())
-}
-
-/// The statistics in the reduce dtype, so that the per-sentence losses of `SentenceMean` are
-/// summed without rounding to the caller's dtype first.
-fn stats_in(stats: &BleuStats, dtype: DType) -> Result<BleuStats> {
-    Ok(BleuStats {
-        matches: stats.matches.to_dtype(dtype)?,
-        totals: stats.totals.to_dtype(dtype)?,
-        hyp_len: stats.hyp_len.to_dtype(dtype)?,
-        ref_len: stats.ref_len.to_dtype(dtype)?,
-    })
-}
-
-/// The float dtype the crate computes `dtype` in (f16/bf16 in f32).
-fn compute_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::F64 => DType::F64,
-        _ => DType::F32,
-    }
-}
-
-/// What the BLEU loss contributes to the one all-reduce: the corpus sums, or the sum of the
-/// shard's sentence losses and its size.
-fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
-    check_stats(local)?;
-    // Each worker's own statistics: a negative one could hide in the global sums.
-    score::check_stats_values("", local, cfg.check_values)?;
-    let dtype = reduce_dtype(local.matches.device());
-    // Summed in the reduce dtype (f64), as the single-process score sums them.
-    let local = stats_in(local, dtype)?;
-    match cfg.reduction {
-        Reduction::Corpus => Ok(vec![
-            local.matches.sum(0)?,
-            local.totals.sum(0)?,
-            local.hyp_len.sum_keepdim(0)?,
-            local.ref_len.sum_keepdim(0)?,
-        ]),
-        Reduction::SentenceMean => {
-            let batch = local.matches.dim(0)?;
-            let mean = loss_from_stats(&local, cfg)?;
-            let count = Tensor::full(batch as f64, 1, local.matches.device())?.to_dtype(dtype)?;
-            Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
-        }
-    }
-}
-
-/// The global BLEU loss from the globally summed [`bleu_parts`], in `out_dtype`.
-fn bleu_from_parts(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> Result<Tensor> {
-    let loss = match cfg.reduction {
-        Reduction::Corpus => loss_from_stats(
-            &BleuStats {
-                matches: parts[0].unsqueeze(0)?,
-                totals: parts[1].unsqueeze(0)?,
-                hyp_len: parts[2].clone(),
-                ref_len: parts[3].clone(),
-            },
-            cfg,
-        )?,
-        Reduction::SentenceMean => parts[0].div(&parts[1])?.squeeze(0)?,
-    };
-    loss.to_dtype(out_dtype)
-}
-
 /// The BLEU loss of the global batch from this worker's statistics, with the gradient of this
 /// worker's share.
 ///
@@ -360,57 +202,7 @@ pub fn bleu_loss_from_stats(
     cfg: &BleuLossConfig,
     reduce: &(impl AllReduce + ?Sized),
 ) -> Result<Tensor> {
-    let out_dtype = compute_dtype(local.matches.dtype());
-    let parts = global_sums(&bleu_parts(local, cfg)?, reduce)?;
-    bleu_from_parts(&parts, cfg, out_dtype)
-}
-
-/// Targets with at least one non-pad position, and the number of non-pad positions of the
-/// original (a constant scalar in `dtype`); tensor ops only, no copy to the host.
-///
-/// When every target is `pad_id`, every position is replaced by a non-pad id (0, or 1 when
-/// `pad_id` is 0), so that the mean cross-entropy is defined; its weight, the count, is 0.
-fn count_and_fillable_targets(
-    targets: &Tensor,
-    vocab: usize,
-    cfg: &CrossEntropyConfig,
-    dtype: DType,
-) -> Result<(Tensor, Tensor)> {
-    if targets.dtype() != DType::U32 || targets.rank() != 2 {
-        bail!(
-            "`targets` must be u32 [B, S], got {:?} with shape {:?}",
-            targets.dtype(),
-            targets.dims()
-        );
-    }
-    let device = targets.device();
-    match cfg.pad_id {
-        None => {
-            let count = Tensor::full(targets.elem_count() as f64, (), device)?.to_dtype(dtype)?;
-            Ok((targets.clone(), count))
-        }
-        Some(pad) => {
-            let filler = u32::from(pad == 0);
-            if filler as usize >= vocab {
-                bail!(
-                    "`pad_id` {pad} is the only id of the vocabulary (V = {vocab}): no target can count"
-                );
-            }
-            let count = targets.ne(pad)?.to_dtype(DType::U32)?.sum_all()?;
-            let all_padding = count.eq(0u32)?.broadcast_as(targets.shape())?;
-            let filled = Tensor::full(filler, targets.shape(), device)?;
-            let targets = all_padding.where_cond(&filled, targets)?;
-            Ok((targets, count.to_dtype(dtype)?))
-        }
-    }
-}
-
-/// The vocabulary size of `[B, S, V]` logits, or the error the loss functions give.
-fn vocab_of(logits: &Tensor) -> Result<usize> {
-    match logits.dims() {
-        &[_, _, v] => Ok(v),
-        dims => bail!("`logits` must be [B, S, V], got shape {dims:?}"),
-    }
+    bleu_loss_of_group(local, cfg, reduce)
 }
 
 /// This worker's cross-entropy **sum** over its non-pad target positions and their count —
@@ -422,33 +214,19 @@ fn vocab_of(logits: &Tensor) -> Result<usize> {
 ///
 /// Returns `(sum, count)`: scalars, `sum` in the compute dtype of the logits (f32 for
 /// f16/bf16) with the gradient of the sum, `count` in f64 (f32 on Metal), a constant. The
-/// count comes from tensor ops: no copy to the host. On a shard of only padding the targets
-/// are replaced by a non-pad id before the fused kernel runs (so the kernel's work is done and
-/// multiplied by 0).
+/// count is the one the validation makes (in place on the CPU, one small counted copy off it,
+/// as every cross-entropy entry point).
 pub fn cross_entropy_sum_and_count(
     logits: &Tensor,
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
 ) -> Result<(Tensor, Tensor)> {
-    let vocab = vocab_of(logits)?;
-    let count_dtype = reduce_dtype(logits.device());
-    let (targets, count) = count_and_fillable_targets(targets, vocab, cfg, count_dtype)?;
-    let mean = super::cross_entropy::cross_entropy_from_logits(logits, &targets, cfg)?;
-    let sum = mean.mul(&count.to_dtype(mean.dtype())?)?;
+    let path = Path::for_device(logits.device());
+    let input = Hypotheses::Logits(logits);
+    let (sum, count) = run::cross_entropy_sum_and_count(input, targets, cfg, path)?;
+    let count =
+        Tensor::full(count as f64, (), logits.device())?.to_dtype(reduce_dtype(logits.device()))?;
     Ok((sum, count))
-}
-
-/// Errors unless the global count of non-pad targets is positive: one read of one number,
-/// counted by [`super::host_copies`] (a device-to-host copy off the CPU). Every worker holds
-/// the same count, so every worker errors alike.
-fn check_global_count(count: &Tensor) -> Result<()> {
-    let value = super::host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
-    if value <= 0.0 {
-        bail!(
-            "every `targets` position of every worker is `pad_id`: the mean cross-entropy over no positions is undefined"
-        );
-    }
-    Ok(())
 }
 
 /// The mean cross-entropy of the global batch from this worker's shard:
@@ -467,11 +245,63 @@ pub fn cross_entropy_from_logits(
     cfg: &CrossEntropyConfig,
     reduce: &(impl AllReduce + ?Sized),
 ) -> Result<Tensor> {
-    let (sum, count) = cross_entropy_sum_and_count(logits, targets, cfg)?;
-    let out_dtype = sum.dtype();
-    let g = global_sums(&[sum.reshape(1)?, count.reshape(1)?], reduce)?;
-    check_global_count(&g[1])?;
-    g[0].div(&g[1])?.squeeze(0)?.to_dtype(out_dtype)
+    let path = Path::for_device(logits.device());
+    let group = Reducer::Group(&reduce);
+    run::cross_entropy(Hypotheses::Logits(logits), targets, cfg, path, group)
+}
+
+/// [`cross_entropy_from_logits`] from the hidden states and the output layer:
+/// [`crate::loss::cross_entropy_from_hidden`] for data-parallel workers, the logits never
+/// stored. Arguments as that function, for this worker's shard, and the group's `reduce`.
+pub fn cross_entropy_from_hidden(
+    hidden: &Tensor,
+    proj: &Linear,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+    blocks: &HiddenConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<Tensor> {
+    let path = Path::for_device(hidden.device());
+    let input = hidden_input(hidden, proj, blocks);
+    run::cross_entropy(input, targets, cfg, path, Reducer::Group(&reduce))
+}
+
+/// The BLEU loss of the global batch from this worker's shard of logits:
+/// [`crate::loss::bleu_loss_from_logits`] followed by [`bleu_loss_from_stats`], in one call.
+/// Returns the global loss and **this worker's** per-element statistics.
+pub fn bleu_loss_from_logits(
+    logits: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<BleuLossOutput> {
+    let path = Path::for_device(logits.device());
+    let group = Reducer::Group(&reduce);
+    run::bleu(
+        Hypotheses::Logits(logits),
+        hyp_lengths,
+        refs,
+        cfg,
+        path,
+        group,
+    )
+}
+
+/// [`bleu_loss_from_logits`] from the hidden states and the output layer:
+/// [`crate::loss::bleu_loss_from_hidden`] for data-parallel workers.
+pub fn bleu_loss_from_hidden(
+    hidden: &Tensor,
+    proj: &Linear,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    blocks: &HiddenConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<BleuLossOutput> {
+    let path = Path::for_device(hidden.device());
+    let input = hidden_input(hidden, proj, blocks);
+    run::bleu(input, hyp_lengths, refs, cfg, path, Reducer::Group(&reduce))
 }
 
 /// The training step's loss of the **global** batch, `cross_entropy + cfg.bleu_weight · bleu`,
@@ -496,42 +326,38 @@ pub fn cross_entropy_from_logits(
 /// `bleu.stats` **this worker's** per-element statistics (`[B_w, N]`, `[B_w]`).
 ///
 /// Cost over the single-process call: one all-reduce of `2·N + 4` numbers (`Corpus`) or 4
-/// (`SentenceMean`), one read of the global token count to the host (one number, counted by
-/// [`crate::loss::host_copies`]), and on a shard of only padding nothing more (its cross-entropy is
-/// computed on filler targets and weighted by 0). Errors as the single-process function on
-/// this worker's input (before the all-reduce: see the module docs on errors), and on every
-/// worker when no worker has a non-pad target.
+/// (`SentenceMean`) and one read of the global token count to the host (one number, counted by
+/// [`crate::loss::host_copies`]); a shard of only padding costs nothing more (its row terms
+/// are 0). Errors as the single-process function on this worker's input (before the
+/// all-reduce: see the module docs on errors), and on every worker when no worker has a
+/// non-pad target.
 pub fn ce_bleu_from_logits(
     logits: &Tensor,
     targets: &TrainingTargets,
     cfg: &TrainingLossConfig,
     reduce: &(impl AllReduce + ?Sized),
 ) -> Result<TrainingLoss> {
-    let vocab = vocab_of(logits)?;
-    let count_dtype = reduce_dtype(logits.device());
-    let (filled, count) = count_and_fillable_targets(targets.tokens, vocab, &cfg.ce, count_dtype)?;
-    let shard = TrainingTargets {
-        tokens: &filled,
-        ..*targets
-    };
-    let local = super::training::ce_bleu_from_logits(logits, &shard, cfg)?;
-    let out_dtype = local.cross_entropy.dtype();
-    let ce_sum = local.cross_entropy.to_dtype(count_dtype)?.mul(&count)?;
-    let mut parts = vec![ce_sum.reshape(1)?, count.reshape(1)?];
-    parts.extend(bleu_parts(&local.bleu.stats, &cfg.bleu)?);
-    let g = global_sums(&parts, reduce)?;
-    check_global_count(&g[1])?;
-    let cross_entropy = g[0].div(&g[1])?.squeeze(0)?.to_dtype(out_dtype)?;
-    let bleu = bleu_from_parts(&g[2..], &cfg.bleu, out_dtype)?;
-    let loss = (&cross_entropy + bleu.affine(cfg.bleu_weight, 0.0)?)?;
-    Ok(TrainingLoss {
-        loss,
-        cross_entropy,
-        bleu: BleuLossOutput {
-            loss: bleu,
-            stats: local.bleu.stats,
-        },
-    })
+    let path = Path::for_device(logits.device());
+    let group = Reducer::Group(&reduce);
+    run::training(Hypotheses::Logits(logits), targets, cfg, path, group)
+}
+
+/// [`ce_bleu_from_logits`] from the hidden states and the output layer:
+/// [`crate::loss::ce_bleu_from_hidden`] for data-parallel workers, the fastest and leanest
+/// path (the `[B_w, S, V]` logits are never stored). Arguments as that function, for this
+/// worker's shard, and the group's `reduce`; the same costs and errors as
+/// [`ce_bleu_from_logits`].
+pub fn ce_bleu_from_hidden(
+    hidden: &Tensor,
+    proj: &Linear,
+    targets: &TrainingTargets,
+    cfg: &TrainingLossConfig,
+    blocks: &HiddenConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<TrainingLoss> {
+    let path = Path::for_device(hidden.device());
+    let input = hidden_input(hidden, proj, blocks);
+    run::training(input, targets, cfg, path, Reducer::Group(&reduce))
 }
 
 /// `vars` grouped by dtype, in order of first appearance, each group in the order of `vars`.

@@ -1,6 +1,6 @@
 //! [`MpiAllReduce`]: the sum all-reduce over an MPI communicator (feature `mpi`, rsmpi).
 
-use super::all_reduce::AllReduce;
+use crate::loss::all_reduce::AllReduce;
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::datatype::Equivalence;

@@ -3,7 +3,7 @@
 //! **Not yet run on a GPU**: compiled against candle's cudarc NCCL bindings (NCCL 2.30 API,
 //! linked against NCCL 2.32 from the `nvidia-nccl-cu13` wheel) on a machine without one.
 
-use super::all_reduce::AllReduce;
+use crate::loss::all_reduce::AllReduce;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
 use candle_core::cuda_backend::cudarc::nccl::{Comm, Id, NcclType, ReduceOp};

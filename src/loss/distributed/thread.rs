@@ -1,6 +1,6 @@
 //! [`ThreadAllReduce`]: a sum all-reduce between threads of one process.
 
-use super::all_reduce::AllReduce;
+use crate::loss::all_reduce::AllReduce;
 use candle_core::{bail, Result, Tensor};
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 

@@ -1,5 +1,7 @@
-//! The collective every data-parallel function of [`super`] runs on: a sum all-reduce over a
-//! group of workers, and the group of one.
+//! The collective that data-parallel training runs on: a sum all-reduce over a group of
+//! workers ([`AllReduce`]), and the group of one. At the bottom of the loss's layers: the
+//! reduction stage (`reduce`) sums over it, and `distributed` holds its back-ends (threads, MPI,
+//! NCCL) and re-exports it.
 
 use candle_core::{Result, Tensor};
 

@@ -1,0 +1,310 @@
+//! The reduction stage of every loss, between the statistics and the score. What a batch sums —
+//! the cross-entropy's row terms and its count of non-pad targets, the BLEU statistics of its
+//! elements — is summed over this process ([`Reducer::Local`]) or over every worker of a
+//! data-parallel group ([`Reducer::Group`], one all-reduce); then the rule that some target
+//! counts is checked on the sum; then the score.
+//!
+//! A global quantity `G = Σ_w g_w` is computed on worker `w` as
+//! `allreduce_sum(g_w) + (g_w − g_w.detach())` ([`global_sum`]): its value is `G`, the same bits
+//! on every worker, and its gradient is that of `g_w` alone. So every worker gets the loss of the
+//! global batch and the gradient of its own share, and the sum of the workers' parameter
+//! gradients is the single-process gradient of the global batch (docs/distributed.md).
+//!
+//! | quantity | `Local` | `Group` |
+//! |---|---|---|
+//! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels), summed: the mean | the row terms summed (weight 1), all-reduced with the count, divided by the global count |
+//! | corpus BLEU | `score::score` of the elements' statistics (summed there) | the statistics summed over the shard, all-reduced, scored |
+//! | `SentenceMean` BLEU | `score::score` (the mean of the sentence losses) | the shard's sum of sentence losses and its size, all-reduced, divided |
+//!
+//! `Local` is the single-process loss, bit for bit what it was before the stage existed.
+
+use super::all_reduce::AllReduce;
+use super::checked::CheckedTargets;
+use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, Reduction, TrainingLoss};
+use super::host;
+use super::score::{self, loss_from_stats};
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// Where a loss's sums are taken.
+#[derive(Clone, Copy)]
+pub(crate) enum Reducer<'a> {
+    /// Over this process's batch: the single-process loss.
+    Local,
+    /// Over every worker of a data-parallel group, each holding a shard of the global batch.
+    Group(&'a dyn AllReduce),
+}
+
+impl Reducer<'_> {
+    /// The targets with the divisor of their row terms set: the batch's count `n` for a local
+    /// mean, which must be `>= 1` (the rule that some target counts), or 1 for a shard's sum,
+    /// which may hold only padding (the rule is checked on the global count).
+    pub(crate) fn divide<'t>(self, targets: CheckedTargets<'t>) -> Result<CheckedTargets<'t>> {
+        match self {
+            Reducer::Local => {
+                if targets.count == 0 {
+                    bail!(
+                        "every one of the {} `targets` is `pad_id` ({:?}): the mean cross-entropy over no positions is undefined",
+                        targets.targets.elem_count(),
+                        targets.terms.pad_id,
+                    );
+                }
+                Ok(CheckedTargets {
+                    divisor: targets.count,
+                    ..targets
+                })
+            }
+            Reducer::Group(_) => Ok(CheckedTargets {
+                divisor: 1,
+                ..targets
+            }),
+        }
+    }
+
+    /// The mean cross-entropy from the pass's sum of row terms `share` (divided as
+    /// [`Self::divide`] set): the local mean as it is, or the global sum over the global count.
+    pub(crate) fn cross_entropy(self, share: Tensor, targets: &CheckedTargets) -> Result<Tensor> {
+        match self {
+            Reducer::Local => Ok(share),
+            Reducer::Group(reduce) => {
+                let out_dtype = share.dtype();
+                let g = global_sums(&cross_entropy_parts(&share, targets)?, reduce)?;
+                global_mean(&g[0], &g[1], out_dtype)
+            }
+        }
+    }
+
+    /// The BLEU loss from the elements' statistics `stats` (returned with it: this process's or
+    /// this worker's own, `[B, N]` and `[B]`).
+    pub(crate) fn bleu(self, stats: BleuStats, cfg: &BleuLossConfig) -> Result<BleuLossOutput> {
+        let loss = match self {
+            Reducer::Local => score::score(&stats, cfg)?,
+            Reducer::Group(reduce) => bleu_loss_of_group(&stats, cfg, reduce)?,
+        };
+        Ok(BleuLossOutput { loss, stats })
+    }
+
+    /// `cross_entropy + bleu_weight · bleu` from the pass's cross-entropy `share` and the
+    /// elements' statistics: in a group, one all-reduce carries both.
+    pub(crate) fn training(
+        self,
+        share: Tensor,
+        targets: &CheckedTargets,
+        stats: BleuStats,
+        cfg: &BleuLossConfig,
+        bleu_weight: f64,
+    ) -> Result<TrainingLoss> {
+        let (cross_entropy, bleu) = match self {
+            Reducer::Local => (share, self.bleu(stats, cfg)?),
+            Reducer::Group(reduce) => {
+                let out_dtype = share.dtype();
+                let mut parts = cross_entropy_parts(&share, targets)?;
+                parts.extend(bleu_parts(&stats, cfg)?);
+                let g = global_sums(&parts, reduce)?;
+                let cross_entropy = global_mean(&g[0], &g[1], out_dtype)?;
+                let loss = bleu_from_parts(&g[2..], cfg, out_dtype)?;
+                (cross_entropy, BleuLossOutput { loss, stats })
+            }
+        };
+        let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
+        Ok(TrainingLoss {
+            loss,
+            cross_entropy,
+            bleu,
+        })
+    }
+}
+
+/// The dtype of the numbers the loss all-reduces: f64 where the device has it, f32 on Metal.
+pub(crate) fn reduce_dtype(device: &Device) -> DType {
+    if device.is_metal() {
+        DType::F32
+    } else {
+        DType::F64
+    }
+}
+
+/// The sum of `local` over every worker, differentiable in this worker's term:
+/// `allreduce_sum(local) + (local − local.detach())`.
+///
+/// Its value is `Σ_w local_w` as the all-reduce returns it (the same bits on every worker);
+/// its gradient with respect to anything `local` depends on is that of `local` itself — the
+/// other workers' terms are constants. Any shape and float dtype the [`AllReduce`] supports.
+///
+/// ```
+/// use candle_bleu::loss::distributed::{global_sum, ThreadAllReduce};
+/// use candle_core::{Device, Tensor, Var};
+///
+/// let results = std::thread::scope(|s| {
+///     let handles: Vec<_> = ThreadAllReduce::group(2)
+///         .into_iter()
+///         .enumerate()
+///         .map(|(w, reduce)| s.spawn(move || -> candle_core::Result<(f64, f64)> {
+///             let x = Var::new(&[1f64 + w as f64], &Device::Cpu)?; // worker 0: 1, worker 1: 2
+///             let total = global_sum(&x.sqr()?, &reduce)?.sum_all()?; // 1² + 2² = 5
+///             let grad = total.backward()?.get(&x).unwrap().sum_all()?.to_scalar::<f64>()?;
+///             Ok((total.to_scalar::<f64>()?, grad)) // d/dx of this worker's x² only
+///         }))
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap()).collect::<candle_core::Result<Vec<_>>>()
+/// })?;
+/// assert_eq!(results, vec![(5.0, 2.0), (5.0, 4.0)]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn global_sum(local: &Tensor, reduce: &(impl AllReduce + ?Sized)) -> Result<Tensor> {
+    let detached = local.detach();
+    let total = reduce.sum(&detached)?;
+    if total.dims() != local.dims() || total.dtype() != local.dtype() {
+        bail!(
+            "the all-reduce returned {:?} {:?} for a {:?} {:?} input",
+            total.dtype(),
+            total.dims(),
+            local.dtype(),
+            local.dims()
+        );
+    }
+    // `total` carries the value (bit-identical on every worker); `local − local` adds 0 and
+    // the gradient of `local`.
+    total + (local - detached)?
+}
+
+/// One all-reduce for several float tensors: each is flattened into one buffer of the reduce
+/// dtype, summed with [`global_sum`], and split back into its shape (in the reduce dtype).
+pub(crate) fn global_sums(
+    parts: &[Tensor],
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<Vec<Tensor>> {
+    let Some(first) = parts.first() else {
+        return Ok(Vec::new());
+    };
+    let dtype = reduce_dtype(first.device());
+    let flat: Vec<Tensor> = parts
+        .iter()
+        .map(|p| p.to_dtype(dtype)?.flatten_all())
+        .collect::<Result<_>>()?;
+    let total = global_sum(&Tensor::cat(&flat, 0)?, reduce)?;
+    let mut offset = 0;
+    parts
+        .iter()
+        .map(|p| {
+            let n = p.elem_count();
+            let part = total.narrow(0, offset, n)?.reshape(p.shape())?;
+            offset += n;
+            Ok(part)
+        })
+        .collect()
+}
+
+/// What the cross-entropy contributes to the all-reduce: the shard's sum of row terms and its
+/// count of non-pad targets, `[1]` each in the reduce dtype.
+fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<Tensor>> {
+    let dtype = reduce_dtype(share.device());
+    let count = Tensor::full(targets.count as f64, 1, share.device())?.to_dtype(dtype)?;
+    Ok(vec![share.to_dtype(dtype)?.reshape(1)?, count])
+}
+
+/// `sum / count` of the globally summed cross-entropy, in `out_dtype`, after the rule that some
+/// target counts: one read of the global count to the host (counted by
+/// [`super::host_copies`]); every worker holds the same count, so every worker errors alike.
+fn global_mean(sum: &Tensor, count: &Tensor, out_dtype: DType) -> Result<Tensor> {
+    let value = host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
+    if value <= 0.0 {
+        bail!(
+            "every `targets` position of every worker is `pad_id`: the mean cross-entropy over no positions is undefined"
+        );
+    }
+    sum.div(count)?.squeeze(0)?.to_dtype(out_dtype)
+}
+
+/// Errors unless the statistics have the shapes [`loss_from_stats`] takes, with at least one
+/// element.
+pub(crate) fn check_stats(stats: &BleuStats) -> Result<()> {
+    let (batch, orders) = match stats.matches.dims() {
+        &[b, n] => (b, n),
+        dims => bail!("`stats.matches` must be [B, N], got shape {dims:?}"),
+    };
+    if stats.totals.dims() != [batch, orders]
+        || stats.hyp_len.dims() != [batch]
+        || stats.ref_len.dims() != [batch]
+    {
+        bail!(
+            "`stats` must be matches/totals [B, N] and hyp_len/ref_len [B], got {:?}, {:?}, {:?}, {:?}",
+            stats.matches.dims(),
+            stats.totals.dims(),
+            stats.hyp_len.dims(),
+            stats.ref_len.dims()
+        );
+    }
+    if batch == 0 {
+        bail!(
+            "`stats` of an empty shard (shape {:?}): every worker needs at least one element",
+            stats.matches.dims()
+        );
+    }
+    Ok(())
+}
+
+/// The statistics in `dtype`, so that the per-sentence losses of `SentenceMean` are summed
+/// without rounding to the caller's dtype first.
+pub(crate) fn stats_in(stats: &BleuStats, dtype: DType) -> Result<BleuStats> {
+    Ok(BleuStats {
+        matches: stats.matches.to_dtype(dtype)?,
+        totals: stats.totals.to_dtype(dtype)?,
+        hyp_len: stats.hyp_len.to_dtype(dtype)?,
+        ref_len: stats.ref_len.to_dtype(dtype)?,
+    })
+}
+
+/// What the BLEU loss contributes to the all-reduce: the corpus sums (`Corpus`), or the sum of
+/// the shard's sentence losses and its size (`SentenceMean`).
+fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
+    check_stats(local)?;
+    // Each worker's own statistics: a negative one could hide in the global sums.
+    score::check_stats_values("", local, cfg.check_values)?;
+    let dtype = reduce_dtype(local.matches.device());
+    // Summed in the reduce dtype (f64), as the single-process score sums them.
+    let local = stats_in(local, dtype)?;
+    match cfg.reduction {
+        Reduction::Corpus => Ok(vec![
+            local.matches.sum(0)?,
+            local.totals.sum(0)?,
+            local.hyp_len.sum_keepdim(0)?,
+            local.ref_len.sum_keepdim(0)?,
+        ]),
+        Reduction::SentenceMean => {
+            let batch = local.matches.dim(0)?;
+            let mean = loss_from_stats(&local, cfg)?;
+            let count = Tensor::full(batch as f64, 1, local.matches.device())?.to_dtype(dtype)?;
+            Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
+        }
+    }
+}
+
+/// The global BLEU loss from the globally summed [`bleu_parts`], in `out_dtype`.
+fn bleu_from_parts(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> Result<Tensor> {
+    let loss = match cfg.reduction {
+        Reduction::Corpus => loss_from_stats(
+            &BleuStats {
+                matches: parts[0].unsqueeze(0)?,
+                totals: parts[1].unsqueeze(0)?,
+                hyp_len: parts[2].clone(),
+                ref_len: parts[3].clone(),
+            },
+            cfg,
+        )?,
+        Reduction::SentenceMean => parts[0].div(&parts[1])?.squeeze(0)?,
+    };
+    loss.to_dtype(out_dtype)
+}
+
+/// The BLEU loss of the group's global batch from this worker's statistics: one all-reduce of
+/// `2·N + 2` numbers (`Corpus`) or 2 (`SentenceMean`). A scalar in the statistics' compute
+/// dtype (f32 for f16/bf16).
+pub(crate) fn bleu_loss_of_group(
+    local: &BleuStats,
+    cfg: &BleuLossConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<Tensor> {
+    let out_dtype = score::compute_dtype(local.matches.dtype())?;
+    let parts = global_sums(&bleu_parts(local, cfg)?, reduce)?;
+    bleu_from_parts(&parts, cfg, out_dtype)
+}

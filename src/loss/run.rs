@@ -1,0 +1,212 @@
+//! The one path of every loss, whatever its input (probabilities, logits, or hidden states with
+//! the output layer) and wherever its sums are taken (one process, or a data-parallel group):
+//!
+//! 1. validate the arguments once (`checked::*_call`);
+//! 2. set the cross-entropy's divisor (`reduce::Reducer::divide`: `n` for a local mean, with the
+//!    rule that some target counts; 1 for a shard's sum);
+//! 3. one pass over the logits or the hidden states (`pipeline`: the kernel op, the tiled
+//!    hidden-state op or composed ops, as `dispatch::Path` and the device say);
+//! 4. the per-element statistics (`pipeline::statistics`);
+//! 5. the reduction and the score (`reduce::Reducer`).
+//!
+//! The public entry points (`bleu`, `cross_entropy`, `training`, `hidden`, and the
+//! data-parallel ones of `distributed`) are short wrappers over these functions.
+
+use super::checked::{bleu_call, cross_entropy_call, training_call, Hypotheses};
+use super::config::{
+    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, TrainingLoss, TrainingLossConfig,
+};
+use super::dispatch::Path;
+use super::pipeline::{cross_entropy_pass, hypothesis_pass, statistics};
+use super::reduce::Reducer;
+use super::references::{References, TrainingTargets};
+use candle_core::{bail, Result, Tensor};
+
+/// The BLEU loss of `input` against `refs`.
+pub(crate) fn bleu(
+    input: Hypotheses<'_>,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    path: Path,
+    reducer: Reducer,
+) -> Result<BleuLossOutput> {
+    let input = bleu_call(input, hyp_lengths, refs, cfg, path)?;
+    let side = refs.side(cfg.max_order, cfg.length.eos_id(), input.dtype())?;
+    let (inputs, _) = hypothesis_pass(&input, &side, cfg, None)?;
+    reducer.bleu(statistics(inputs, &side, hyp_lengths, cfg)?, cfg)
+}
+
+/// The mean cross-entropy of `input` against `targets`.
+pub(crate) fn cross_entropy(
+    input: Hypotheses<'_>,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+    path: Path,
+    reducer: Reducer,
+) -> Result<Tensor> {
+    let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
+    let targets = reducer.divide(targets)?;
+    reducer.cross_entropy(cross_entropy_pass(&input, &targets)?, &targets)
+}
+
+/// `cross_entropy + bleu_weight · bleu` of `input`, both from one pass.
+pub(crate) fn training(
+    input: Hypotheses<'_>,
+    targets: &TrainingTargets,
+    cfg: &TrainingLossConfig,
+    path: Path,
+    reducer: Reducer,
+) -> Result<TrainingLoss> {
+    let TrainingTargets {
+        tokens,
+        refs,
+        hyp_lengths,
+    } = *targets;
+    let (input, tokens, bleu_weight) = training_call(input, hyp_lengths, refs, tokens, cfg, path)?;
+    let tokens = reducer.divide(tokens)?;
+    let bleu = &cfg.bleu;
+    let side = refs.side(bleu.max_order, bleu.length.eos_id(), input.dtype())?;
+    let (inputs, cross_entropy) = hypothesis_pass(&input, &side, bleu, Some(&tokens))?;
+    let Some(cross_entropy) = cross_entropy else {
+        bail!("internal: the pass computed no cross-entropy")
+    };
+    let stats = statistics(inputs, &side, hyp_lengths, bleu)?;
+    reducer.training(cross_entropy, &tokens, stats, bleu, bleu_weight)
+}
+
+/// This batch's (or shard's) cross-entropy **sum** over its non-pad targets and their count,
+/// without the rule that some target counts: a shard of only padding gives `(0, 0)`.
+pub(crate) fn cross_entropy_sum_and_count(
+    input: Hypotheses<'_>,
+    targets: &Tensor,
+    cfg: &CrossEntropyConfig,
+    path: Path,
+) -> Result<(Tensor, usize)> {
+    let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
+    // A divisor of 1: the pass sums the row terms (what a group's shard does).
+    let count = targets.count;
+    Ok((cross_entropy_pass(&input, &targets)?, count))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The one path with either reducer, on the kernels and on the composed ops (what devices
+    //! without the kernels run), from logits and from hidden states: a data-parallel group of
+    //! two threads gives every worker the single-process loss of the whole batch, and each
+    //! worker the single-process gradient of its own shard's inputs — the composed path
+    //! included, which the data-parallel tests (on the CPU, the kernels) do not reach.
+    use super::*;
+    use crate::loss::config::HiddenConfig;
+    use crate::loss::distributed::ThreadAllReduce;
+    use candle_core::{Device, Var};
+    use candle_nn::Linear;
+
+    const BATCH: usize = 4;
+    const SEQ: usize = 3;
+    const VOCAB: usize = 7;
+    const DIM: usize = 5;
+
+    /// Deterministic values in `[-scale, scale)`.
+    fn values(shape: &[usize], scale: f64, phase: f64) -> Result<Tensor> {
+        let count: usize = shape.iter().product();
+        let data: Vec<f64> = (0..count)
+            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+            .collect();
+        Tensor::from_vec(data, shape, &Device::Cpu)
+    }
+
+    /// The loss, cross-entropy and BLEU loss of elements `start..start + len`, and the gradient
+    /// of their inputs (logits, or hidden states), with `reducer`.
+    fn shard(
+        hidden_input: bool,
+        (start, len): (usize, usize),
+        path: Path,
+        reducer: Reducer,
+    ) -> Result<([f64; 3], Vec<f64>)> {
+        let hidden = values(&[BATCH, SEQ, DIM], 1.5, 0.1)?.narrow(0, start, len)?;
+        let weight = values(&[VOCAB, DIM], 1.0, 0.4)?;
+        let bias = values(&[VOCAB], 0.5, 0.7)?;
+        let proj = Linear::new(weight, Some(bias));
+        // Element 3's targets are all padding; every element has a reference.
+        let tokens = Tensor::new(&[[1u32, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]], &Device::Cpu)?
+            .narrow(0, start, len)?;
+        let ref_ids = Tensor::new(&[[1u32, 2, 3], [3, 4, 0], [4, 5, 6], [2, 2, 1]], &Device::Cpu)?
+            .narrow(0, start, len)?;
+        let refs = References::from_ids(&ref_ids, 0)?;
+        let targets = TrainingTargets::new(&tokens, &refs);
+        let cfg = TrainingLossConfig {
+            bleu_weight: 0.7,
+            ce: CrossEntropyConfig {
+                pad_id: Some(0),
+                label_smoothing: 0.1,
+            },
+            ..Default::default()
+        };
+        let blocks = HiddenConfig {
+            block_elements: 2 * VOCAB,
+            ..Default::default()
+        };
+        let x = Var::from_tensor(&if hidden_input {
+            hidden
+        } else {
+            candle_core::Module::forward(&proj, &hidden)?
+        })?;
+        let input = if hidden_input {
+            Hypotheses::Hidden {
+                hidden: x.as_tensor(),
+                proj: &proj,
+                blocks: &blocks,
+            }
+        } else {
+            Hypotheses::Logits(x.as_tensor())
+        };
+        let out = training(input, &targets, &cfg, path, reducer)?;
+        let grad = out.loss.backward()?;
+        let grad = grad.get(x.as_tensor()).expect("a gradient");
+        let scalars = [
+            out.loss.to_scalar::<f64>()?,
+            out.cross_entropy.to_scalar::<f64>()?,
+            out.bleu.loss.to_scalar::<f64>()?,
+        ];
+        Ok((scalars, grad.flatten_all()?.to_vec1::<f64>()?))
+    }
+
+    #[test]
+    fn a_group_of_two_gives_the_single_process_numbers_on_every_path() -> Result<()> {
+        for path in [Path::Kernels, Path::Composed] {
+            for hidden_input in [false, true] {
+                let (single, single_grad) = shard(hidden_input, (0, BATCH), path, Reducer::Local)?;
+                // Worker 1's shard holds only padding targets (element 3).
+                let ranges = [(0, 3), (3, 1)];
+                let workers = std::thread::scope(|s| {
+                    let handles: Vec<_> = ThreadAllReduce::group(2)
+                        .into_iter()
+                        .zip(ranges)
+                        .map(|(reduce, range)| {
+                            s.spawn(move || {
+                                shard(hidden_input, range, path, Reducer::Group(&reduce))
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("a worker"))
+                        .collect::<Result<Vec<_>>>()
+                })?;
+                let per_element = single_grad.len() / BATCH;
+                for ((scalars, grad), (start, len)) in workers.iter().zip(ranges) {
+                    let what = format!("{path:?}, hidden {hidden_input}, shard {start}+{len}");
+                    for (a, b) in scalars.iter().zip(&single) {
+                        assert!((a - b).abs() < 1e-12, "{what}: {scalars:?} vs {single:?}");
+                    }
+                    let expected = &single_grad[start * per_element..(start + len) * per_element];
+                    for (a, b) in grad.iter().zip(expected) {
+                        assert!((a - b).abs() < 1e-12, "{what}: gradient {a} vs {b}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
