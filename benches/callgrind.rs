@@ -9,12 +9,14 @@
 //! callgrind_annotate cg.out | head
 //! ```
 //!
-//! The argument picks the call: `cross_entropy`, `expected`, `lower_bound`, `paired` (from
+//! The argument picks the call: `cross_entropy` (`cross_entropy_sum`, `cross_entropy_none`: the
+//! other reductions), `expected`, `lower_bound`, `paired` (from
 //! logits), `hidden_cross_entropy`, `hidden_expected` (from hidden states `[4, 16, 64]`).
 
 use candle_bleu::loss::{
     bleu_loss_from_hidden, bleu_loss_from_logits, cross_entropy_from_hidden,
-    cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, References,
+    cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, Form,
+    HiddenConfig, References,
 };
 use candle_core::{Device, Result, Tensor, Var};
 
@@ -70,10 +72,29 @@ fn main() -> Result<()> {
         "paired" => Form::Paired,
         _ => Form::Expected,
     };
+    // `cross_entropy_sum` and `cross_entropy_none`: the same pass with another reduction (the
+    // per-position losses summed for the backward).
+    let ce_cfg = CrossEntropyConfig {
+        reduction: match which.as_str() {
+            "cross_entropy_sum" => CrossEntropyReduction::Sum,
+            "cross_entropy_none" => CrossEntropyReduction::None,
+            _ => CrossEntropyReduction::Mean,
+        },
+        ..Default::default()
+    };
+    let cross_entropy = |logits: &Tensor| -> Result<Tensor> {
+        let loss = cross_entropy_from_logits(logits, &targets, &ce_cfg)?;
+        if loss.rank() == 0 {
+            Ok(loss)
+        } else {
+            loss.sum_all()
+        }
+    };
+    let is_ce = which.starts_with("cross_entropy");
     // The calls repeat so that they, not the setup, make the count.
     for _ in 0..CALLS - 1 {
-        let loss = if which == "cross_entropy" {
-            cross_entropy_from_logits(logits.as_tensor(), &targets, &CrossEntropyConfig::default())?
+        let loss = if is_ce {
+            cross_entropy(logits.as_tensor())?
         } else {
             let cfg = BleuLossConfig {
                 form,
@@ -83,8 +104,8 @@ fn main() -> Result<()> {
         };
         loss.backward()?;
     }
-    let loss = if which == "cross_entropy" {
-        cross_entropy_from_logits(logits.as_tensor(), &targets, &CrossEntropyConfig::default())?
+    let loss = if is_ce {
+        cross_entropy(logits.as_tensor())?
     } else {
         let cfg = BleuLossConfig {
             form,

@@ -600,6 +600,7 @@ fn hidden_config() -> TrainingLossConfig {
         ce: CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            ..Default::default()
         },
         bleu: BleuLossConfig::default(),
     }

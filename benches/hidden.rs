@@ -198,6 +198,7 @@ fn config(args: &Args) -> TrainingLossConfig {
         ce: CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            ..Default::default()
         },
         bleu: BleuLossConfig {
             form: args.form,

@@ -334,6 +334,7 @@ fn loss_config(args: &Args) -> TrainingLossConfig {
         ce: CrossEntropyConfig {
             pad_id: Some(PAD),
             label_smoothing: 0.0,
+            ..Default::default()
         },
         bleu: BleuLossConfig::default(),
     }

@@ -290,6 +290,7 @@ fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
             CrossEntropyConfig {
                 pad_id: Some(PAD),
                 label_smoothing: 0.1,
+                ..Default::default()
             },
         ),
     ] {
@@ -368,6 +369,7 @@ fn hidden_grid(
                 ce: CrossEntropyConfig {
                     pad_id: Some(PAD),
                     label_smoothing: 0.1,
+                    ..Default::default()
                 },
                 bleu: bleu.clone(),
             };

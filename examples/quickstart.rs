@@ -97,6 +97,7 @@ fn main() -> Result<()> {
     let ce_cfg = CrossEntropyConfig {
         pad_id: Some(PAD),
         label_smoothing: 0.0,
+        ..Default::default()
     };
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);

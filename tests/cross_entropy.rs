@@ -123,6 +123,7 @@ fn padding_and_label_smoothing_follow_pytorch() -> Result<()> {
             let cfg = CrossEntropyConfig {
                 pad_id: pad,
                 label_smoothing: eps,
+                ..Default::default()
             };
             let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
             let expected = torch_semantics(&rows, &target_rows, pad, eps);
@@ -157,6 +158,7 @@ fn hand_computed_small_case() -> Result<()> {
     let cfg = CrossEntropyConfig {
         pad_id: Some(1),
         label_smoothing: 0.25,
+        ..Default::default()
     };
     let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
     // Row 1: lse = ln 4, -log p = [ln 4, ln 4, ln 2]: nll = ln 2, smooth = (5 ln 2)/3.
@@ -182,14 +184,17 @@ fn gradients_match_finite_differences() -> Result<()> {
         CrossEntropyConfig {
             pad_id: Some(3),
             label_smoothing: 0.0,
+            ..Default::default()
         },
         CrossEntropyConfig {
             pad_id: Some(3),
             label_smoothing: 0.3,
+            ..Default::default()
         },
         CrossEntropyConfig {
             pad_id: None,
             label_smoothing: 0.7,
+            ..Default::default()
         },
     ] {
         let report = check_gradients(
@@ -212,6 +217,7 @@ fn pad_rows_get_zero_gradient() -> Result<()> {
     let cfg = CrossEntropyConfig {
         pad_id: Some(4),
         label_smoothing: 0.2,
+        ..Default::default()
     };
     let (_, grad) = value_and_grad(|x| cross_entropy_from_logits(x, &targets, &cfg), &logits)?;
     let grad = grad.to_vec3::<f64>()?;
@@ -252,6 +258,7 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
     let cfg = CrossEntropyConfig {
         pad_id: Some(7),
         label_smoothing: 0.0,
+        ..Default::default()
     };
     let loss = cross_entropy_from_logits(&logits, &padded, &cfg)?.to_scalar::<f32>()?;
     assert!((loss - 5f32.ln()).abs() < 1e-6);
@@ -309,6 +316,7 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
         let cfg = CrossEntropyConfig {
             pad_id: None,
             label_smoothing: eps,
+            ..Default::default()
         };
         let message = error_of(cross_entropy_from_logits(&logits, &targets, &cfg));
         assert!(
@@ -335,6 +343,7 @@ fn half_precision_is_computed_in_f32() -> Result<()> {
     let cfg = CrossEntropyConfig {
         pad_id: None,
         label_smoothing: 0.1,
+        ..Default::default()
     };
     for dtype in [DType::F16, DType::BF16] {
         let half = logits.to_dtype(dtype)?;

@@ -173,6 +173,7 @@ fn evaluate(
     let ce = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.1,
+        ..Default::default()
     };
     let bleu = |form| BleuLossConfig {
         form,
@@ -468,6 +469,7 @@ fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
                 let ce = CrossEntropyConfig {
                     pad_id: Some(0),
                     label_smoothing: 0.1,
+                    ..Default::default()
                 };
                 // Small blocks, so that the GPU runs the blocked loop more than once.
                 let hidden_cfg = loss::HiddenConfig {

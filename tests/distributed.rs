@@ -152,6 +152,7 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
     let ce_cfg = CrossEntropyConfig {
         pad_id: Some(PAD),
         label_smoothing: 0.2,
+        ..Default::default()
     };
     let full_logits = fixture.logits(&vars, 0, BATCH)?;
     let single_ce = cross_entropy_from_logits(&full_logits, &fixture.targets, &ce_cfg)?;
@@ -233,6 +234,7 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
     let ce_cfg = CrossEntropyConfig {
         pad_id: Some(PAD),
         label_smoothing: 0.2,
+        ..Default::default()
     };
     let blocks = Input::blocks();
     let full_refs = References::from_ids(&fixture.ref_ids, PAD)?;

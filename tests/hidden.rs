@@ -77,6 +77,7 @@ fn ce_configs() -> [CrossEntropyConfig; 2] {
         CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            ..Default::default()
         },
     ]
 }
@@ -524,6 +525,7 @@ fn gradients_pass_finite_differences() -> Result<()> {
     let ce = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.1,
+        ..Default::default()
     };
     for form in [Form::Expected, Form::Paired, Form::LowerBound] {
         for length in [LengthModel::Given, LengthModel::SoftEos { eos_id: EOS }] {
@@ -656,6 +658,7 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
     let ce = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.1,
+        ..Default::default()
     };
     for form in [Form::Expected, Form::LowerBound] {
         let train_cfg = TrainingLossConfig {
@@ -833,6 +836,7 @@ fn dtypes() -> Result<()> {
         ce: CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            ..Default::default()
         },
         ..Default::default()
     };

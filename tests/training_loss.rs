@@ -102,6 +102,7 @@ fn equals_the_two_losses_computed_apart() -> Result<()> {
         CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            ..Default::default()
         },
     ];
     let mut checked = 0;
@@ -166,6 +167,7 @@ fn gradients_match_finite_differences() -> Result<()> {
     let ce = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.2,
+        ..Default::default()
     };
     for form in [Form::Expected, Form::Paired, Form::LowerBound] {
         for length in [LengthModel::Given, LengthModel::SoftEos { eos_id: EOS }] {
@@ -195,6 +197,7 @@ fn f32_agrees_with_f64() -> Result<()> {
     let ce = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.1,
+        ..Default::default()
     };
     for form in [Form::Expected, Form::Paired, Form::LowerBound] {
         let bleu = BleuLossConfig {
@@ -261,6 +264,7 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
     let pad = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.0,
+        ..Default::default()
     };
     for form in [Form::Expected, Form::Paired] {
         let bleu = BleuLossConfig {

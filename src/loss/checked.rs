@@ -13,7 +13,8 @@
 //! there.
 
 use super::config::{
-    BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig, LengthModel, TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, Form, HiddenConfig, LengthModel,
+    TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::host;
@@ -67,8 +68,11 @@ pub(crate) struct CheckedTargets<'a> {
     /// (`reduce::Reducer::divide`) on the sum it reduces over, not here.
     pub count: usize,
     /// What each non-pad row's term is divided by, set by the reduction stage: `n` for the
-    /// mean over this batch, 1 for a data-parallel shard's sum. 1 until then.
+    /// mean over this batch, 1 for a sum, each position's loss, or a data-parallel shard's sum.
+    /// 1 until then.
     pub divisor: usize,
+    /// How the token losses are reduced.
+    pub reduction: CrossEntropyReduction,
 }
 
 impl CheckedTargets<'_> {
@@ -328,6 +332,11 @@ pub(crate) fn training_call<'a>(
 ) -> Result<(CheckedInput, CheckedTargets<'a>, f64)> {
     let bleu_weight = checked_bleu_weight(cfg.bleu_weight)?;
     score::validate_config(&cfg.bleu)?;
+    if cfg.ce.reduction == CrossEntropyReduction::None {
+        bail!(
+            "`ce.reduction` None: a training step's loss `cross_entropy + bleu_weight · bleu` is a scalar; take per-position losses from `cross_entropy_from_logits` or `cross_entropy_from_hidden`"
+        );
+    }
     let shaped = shaped(input, path, cfg.bleu.check_values)?;
     let targets = {
         let shape = shaped.shape();
@@ -623,6 +632,7 @@ fn checked_targets<'a>(
         },
         count,
         divisor: 1,
+        reduction: cfg.reduction,
     })
 }
 

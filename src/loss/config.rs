@@ -178,7 +178,24 @@ pub(crate) fn constant(
     }
 }
 
-/// Configuration of [`cross_entropy_from_logits`](super::cross_entropy_from_logits). Default: no padding, no label smoothing.
+/// How the cross-entropy reduces its token losses (PyTorch's `reduction`): the mean over the
+/// non-pad targets, their sum, or none. Not the BLEU loss's [`Reduction`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CrossEntropyReduction {
+    /// The mean over the non-pad targets (PyTorch's `"mean"`): a scalar; at least one target
+    /// must not be padding.
+    #[default]
+    Mean,
+    /// The sum over the non-pad targets (`"sum"`): a scalar, 0 when every target is padding.
+    Sum,
+    /// Each position's loss (`"none"`): `[B, S]`, 0 at padding. For the cross-entropy entry
+    /// points alone: a training step's loss (`ce_bleu_*`) is a scalar, and the data-parallel
+    /// functions reduce over the group.
+    None,
+}
+
+/// Configuration of [`cross_entropy_from_logits`](super::cross_entropy_from_logits) (and of the
+/// cross-entropy part of a training step). Default: no padding, no label smoothing, the mean.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct CrossEntropyConfig {
     /// Target id of padding positions: they add nothing to the loss, its gradient or the count
@@ -187,6 +204,8 @@ pub struct CrossEntropyConfig {
     /// Label smoothing `ε ∈ [0, 1)`: the target distribution is `(1 − ε)·onehot + ε/V`
     /// (PyTorch's `label_smoothing`).
     pub label_smoothing: f64,
+    /// The mean, the sum, or each position's loss (PyTorch's `reduction`).
+    pub reduction: CrossEntropyReduction,
 }
 
 /// The loss of a training step and its two parts.
@@ -212,7 +231,7 @@ pub struct TrainingLoss {
 /// use candle_bleu::loss::{CrossEntropyConfig, TrainingLossConfig};
 /// let cfg = TrainingLossConfig {
 ///     bleu_weight: 0.3,
-///     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 },
+///     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1, ..Default::default() },
 ///     ..Default::default()
 /// };
 /// assert_eq!(cfg.bleu.max_order, 4);

@@ -91,6 +91,7 @@ mod tests {
             CrossEntropyConfig {
                 pad_id: Some(0),
                 label_smoothing: 0.2,
+                ..Default::default()
             },
         ] {
             let fused = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;

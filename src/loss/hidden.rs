@@ -64,7 +64,7 @@ use candle_nn::Linear;
 /// let embeddings = Tensor::randn(0f64, 1.0, (10, 4), &dev)?; // [V, D], tied output layer
 /// let proj = Linear::new(embeddings, None);
 /// let targets = Tensor::new(&[[1u32, 2, 3], [4, 5, 0]], &dev)?;
-/// let ce = CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1 };
+/// let ce = CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1, ..Default::default() };
 /// let from_hidden = cross_entropy_from_hidden(&hidden, &proj, &targets, &ce, &HiddenConfig::default())?;
 /// let from_logits = cross_entropy_from_logits(&proj.forward(&hidden)?, &targets, &ce)?;
 /// assert!((from_hidden.to_scalar::<f64>()? - from_logits.to_scalar::<f64>()?).abs() < 1e-12);
@@ -345,6 +345,7 @@ mod tests {
                                 ce: CrossEntropyConfig {
                                     pad_id: Some(0),
                                     label_smoothing: 0.1,
+                                    ..Default::default()
                                 },
                                 bleu: BleuLossConfig {
                                     form,

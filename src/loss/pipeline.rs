@@ -263,29 +263,69 @@ pub(crate) fn hypothesis_pass(
     }
 }
 
-/// The pass's cross-entropy alone, the sum of its row terms: [`logits_pass`] over logits, the
-/// hidden-state op over hidden states.
-pub(crate) fn cross_entropy_pass(input: &CheckedInput, targets: &CheckedTargets) -> Result<Tensor> {
-    let cross_entropy = match input {
+/// The token terms of the cross-entropy alone, from one pass: `[B, S, 1]` (or `[B, S]`), each
+/// non-pad position's term, 0 at padding.
+pub(crate) struct TokenLosses {
+    pub terms: Tensor,
+    /// Whether each term is divided by the targets' divisor already (the kernels and the
+    /// hidden-state op weight each row), or the sum is divided once (the composed ops on logits,
+    /// as they always computed the mean).
+    pub divided: bool,
+}
+
+impl TokenLosses {
+    /// The terms summed, divided by `divisor` unless they are.
+    pub(crate) fn sum(&self, divisor: usize) -> Result<Tensor> {
+        let sum = self.terms.sum_all()?;
+        if self.divided {
+            Ok(sum)
+        } else {
+            sum / divisor as f64
+        }
+    }
+
+    /// Each position's term, `[B, S]` (with a divisor of 1: the position's loss).
+    pub(crate) fn per_position(&self) -> Result<Tensor> {
+        let (batch, seq) = (self.terms.dim(0)?, self.terms.dim(1)?);
+        self.terms.reshape((batch, seq))
+    }
+}
+
+/// The cross-entropy's token terms alone, from one pass: the row op ([`RowOp`]) or composed
+/// ops over logits, the hidden-state op over hidden states.
+pub(crate) fn cross_entropy_pass(
+    input: &CheckedInput,
+    targets: &CheckedTargets,
+) -> Result<TokenLosses> {
+    match input {
         CheckedInput::Tensor { checked, .. } => {
-            logits_pass(
-                &checked.tensor,
-                Gather::Nothing,
-                Some(targets),
-                checked.path,
-            )?
-            .cross_entropy
+            if checked.path == Path::Composed {
+                let terms =
+                    composed::token_cross_entropy(&checked.tensor, targets.targets, targets.terms)?;
+                return Ok(TokenLosses {
+                    terms,
+                    divided: false,
+                });
+            }
+            let (_, seq, _) = checked.tensor.dims3()?;
+            let terms = Some((targets.targets, targets.terms, targets.inv_count()));
+            let op = RowOp::rows(false, None, terms)?;
+            let layout = op.layout(seq)?;
+            let out = op.apply(&checked.tensor)?;
+            Ok(TokenLosses {
+                terms: layout.cross_entropy_part(&out)?,
+                divided: true,
+            })
         }
         CheckedInput::Hidden {
             checked, blocks, ..
         } => {
             let (out, layout) = hidden_rows(checked, None, Some(targets), false, blocks)?;
-            Some(layout.cross_entropy_part(&out)?.sum_all()?)
+            Ok(TokenLosses {
+                terms: layout.cross_entropy_part(&out)?,
+                divided: true,
+            })
         }
-    };
-    match cross_entropy {
-        Some(cross_entropy) => Ok(cross_entropy),
-        None => bail!("internal: the pass computed no cross-entropy"),
     }
 }
 

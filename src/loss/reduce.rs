@@ -20,8 +20,11 @@
 
 use super::all_reduce::AllReduce;
 use super::checked::CheckedTargets;
-use super::config::{BleuLossConfig, BleuLossOutput, BleuStats, Reduction, TrainingLoss};
+use super::config::{
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyReduction, Reduction, TrainingLoss,
+};
 use super::host;
+use super::pipeline::TokenLosses;
 use super::score::{self, loss_from_stats};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
@@ -39,8 +42,16 @@ impl Reducer<'_> {
     /// mean, which must be `>= 1` (the rule that some target counts), or 1 for a shard's sum,
     /// which may hold only padding (the rule is checked on the global count).
     pub(crate) fn divide<'t>(self, targets: CheckedTargets<'t>) -> Result<CheckedTargets<'t>> {
-        match self {
-            Reducer::Local => {
+        match (self, targets.reduction) {
+            (Reducer::Group(_), CrossEntropyReduction::None) => bail!(
+                "`reduction` None with data-parallel training: each worker's per-position losses are its own shard's, with no global meaning; reduce with Mean or Sum over the group, or call the single-process entry point"
+            ),
+            // A sum, or each position's loss: no division, and no target needs to count.
+            (_, CrossEntropyReduction::Sum | CrossEntropyReduction::None) => Ok(CheckedTargets {
+                divisor: 1,
+                ..targets
+            }),
+            (Reducer::Local, CrossEntropyReduction::Mean) => {
                 if targets.count == 0 {
                     bail!(
                         "every one of the {} `targets` is `pad_id` ({:?}): the mean cross-entropy over no positions is undefined",
@@ -53,22 +64,31 @@ impl Reducer<'_> {
                     ..targets
                 })
             }
-            Reducer::Group(_) => Ok(CheckedTargets {
+            (Reducer::Group(_), CrossEntropyReduction::Mean) => Ok(CheckedTargets {
                 divisor: 1,
                 ..targets
             }),
         }
     }
 
-    /// The mean cross-entropy from the pass's sum of row terms `share` (divided as
-    /// [`Self::divide`] set): the local mean as it is, or the global sum over the global count.
-    pub(crate) fn cross_entropy(self, share: Tensor, targets: &CheckedTargets) -> Result<Tensor> {
+    /// The cross-entropy from the pass's token terms (divided as [`Self::divide`] set), as
+    /// `targets.reduction` says: locally the mean or the sum as it is, or each position's loss;
+    /// in a group the global sum, over the global count for the mean.
+    pub(crate) fn cross_entropy(
+        self,
+        losses: TokenLosses,
+        targets: &CheckedTargets,
+    ) -> Result<Tensor> {
+        if targets.reduction == CrossEntropyReduction::None {
+            return losses.per_position();
+        }
+        let share = losses.sum(targets.divisor)?;
         match self {
             Reducer::Local => Ok(share),
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
                 let g = global_sums(&cross_entropy_parts(&share, targets)?, reduce)?;
-                global_mean(&g[0], &g[1], out_dtype)
+                group_cross_entropy(&g[0], &g[1], targets, out_dtype)
             }
         }
     }
@@ -100,7 +120,7 @@ impl Reducer<'_> {
                 let mut parts = cross_entropy_parts(&share, targets)?;
                 parts.extend(bleu_parts(&stats, cfg)?);
                 let g = global_sums(&parts, reduce)?;
-                let cross_entropy = global_mean(&g[0], &g[1], out_dtype)?;
+                let cross_entropy = group_cross_entropy(&g[0], &g[1], targets, out_dtype)?;
                 let loss = bleu_from_parts(&g[2..], cfg, out_dtype)?;
                 (cross_entropy, BleuLossOutput { loss, stats })
             }
@@ -200,6 +220,20 @@ fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<T
     let dtype = reduce_dtype(share.device());
     let count = Tensor::full(targets.count as f64, 1, share.device())?.to_dtype(dtype)?;
     Ok(vec![share.to_dtype(dtype)?.reshape(1)?, count])
+}
+
+/// The group's cross-entropy from its global sum and count, in `out_dtype`: the sum itself for
+/// `Sum`, else [`global_mean`].
+fn group_cross_entropy(
+    sum: &Tensor,
+    count: &Tensor,
+    targets: &CheckedTargets,
+    out_dtype: DType,
+) -> Result<Tensor> {
+    match targets.reduction {
+        CrossEntropyReduction::Sum => sum.squeeze(0)?.to_dtype(out_dtype),
+        _ => global_mean(sum, count, out_dtype),
+    }
 }
 
 /// `sum / count` of the globally summed cross-entropy, in `out_dtype`, after the rule that some

@@ -37,7 +37,7 @@ pub(crate) fn bleu(
     reducer.bleu(statistics(inputs, &side, hyp_lengths, cfg)?, cfg)
 }
 
-/// The mean cross-entropy of `input` against `targets`.
+/// The cross-entropy of `input` against `targets`, reduced as `cfg.reduction` says.
 pub(crate) fn cross_entropy(
     input: Hypotheses<'_>,
     targets: &Tensor,
@@ -86,7 +86,7 @@ pub(crate) fn cross_entropy_sum_and_count(
     let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
     // A divisor of 1: the pass sums the row terms (what a group's shard does).
     let count = targets.count;
-    Ok((cross_entropy_pass(&input, &targets)?, count))
+    Ok((cross_entropy_pass(&input, &targets)?.sum(1)?, count))
 }
 
 #[cfg(test)]
@@ -129,10 +129,16 @@ mod tests {
         let bias = values(&[VOCAB], 0.5, 0.7)?;
         let proj = Linear::new(weight, Some(bias));
         // Element 3's targets are all padding; every element has a reference.
-        let tokens = Tensor::new(&[[1u32, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]], &Device::Cpu)?
-            .narrow(0, start, len)?;
-        let ref_ids = Tensor::new(&[[1u32, 2, 3], [3, 4, 0], [4, 5, 6], [2, 2, 1]], &Device::Cpu)?
-            .narrow(0, start, len)?;
+        let tokens = Tensor::new(
+            &[[1u32, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]],
+            &Device::Cpu,
+        )?
+        .narrow(0, start, len)?;
+        let ref_ids = Tensor::new(
+            &[[1u32, 2, 3], [3, 4, 0], [4, 5, 6], [2, 2, 1]],
+            &Device::Cpu,
+        )?
+        .narrow(0, start, len)?;
         let refs = References::from_ids(&ref_ids, 0)?;
         let targets = TrainingTargets::new(&tokens, &refs);
         let cfg = TrainingLossConfig {
@@ -140,6 +146,7 @@ mod tests {
             ce: CrossEntropyConfig {
                 pad_id: Some(0),
                 label_smoothing: 0.1,
+                ..Default::default()
             },
             ..Default::default()
         };

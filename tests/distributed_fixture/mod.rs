@@ -273,6 +273,7 @@ pub fn configs() -> Vec<TrainingLossConfig> {
                         CrossEntropyConfig {
                             pad_id: Some(PAD),
                             label_smoothing: 0.1,
+                            ..Default::default()
                         },
                         LossSmoothing::AddK(1.0),
                     ),
@@ -280,6 +281,7 @@ pub fn configs() -> Vec<TrainingLossConfig> {
                         CrossEntropyConfig {
                             pad_id: None,
                             label_smoothing: 0.0,
+                            ..Default::default()
                         },
                         LossSmoothing::None,
                     ),

@@ -126,8 +126,8 @@ def logits_case(rng, name, batch, seq, vocab, pads, scale):
         results.append(
             {
                 **opt,
-                "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss),
-                "z_loss": float(z),
+                "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss.detach()),
+                "z_loss": float(z.detach()),
                 "token_accuracy": acc,
                 "grad_logits": x.grad.reshape(-1).tolist(),
             }
@@ -163,8 +163,8 @@ def hidden_case(rng, name, batch, seq, dim, vocab, pads):
         results.append(
             {
                 **opt,
-                "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss),
-                "z_loss": float(z),
+                "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss.detach()),
+                "z_loss": float(z.detach()),
                 "token_accuracy": acc,
                 "grad_hidden": h.grad.reshape(-1).tolist(),
                 "grad_weight": wt.grad.reshape(-1).tolist(),

@@ -100,6 +100,7 @@ fn cross_entropy_config(label_smoothing: f64) -> CrossEntropyConfig {
     CrossEntropyConfig {
         pad_id: Some(PAD),
         label_smoothing,
+        ..Default::default()
     }
 }
 

@@ -197,6 +197,7 @@ fn masked_cross_entropy(logits: &Tensor, batch: &Batch, label_smoothing: f64) ->
     let cfg = CrossEntropyConfig {
         pad_id: Some(PAD),
         label_smoothing,
+        ..Default::default()
     };
     Ok(cross_entropy_from_logits(logits, &batch.dec_out, &cfg)?)
 }

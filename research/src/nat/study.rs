@@ -357,6 +357,7 @@ impl Study {
                 cross_entropy: CrossEntropyConfig {
                     pad_id: Some(PAD),
                     label_smoothing: common.label_smoothing,
+                    ..Default::default()
                 },
                 hidden: HiddenConfig::default(),
                 pad: PAD,

@@ -182,6 +182,7 @@ impl<'a> Setup<'a> {
             cross_entropy: CrossEntropyConfig {
                 pad_id: Some(PAD),
                 label_smoothing,
+                ..Default::default()
             },
             bleu: BleuLossConfig::default(),
             // The committed study's block size (the library's default then). The blocks set

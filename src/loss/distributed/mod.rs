@@ -48,7 +48,7 @@
 //! let logits = vb.get_with_hints((2, 4, 8), "logits", candle_nn::Init::Const(0.0))?;
 //! let cfg = TrainingLossConfig {
 //!     bleu_weight: 0.5,
-//!     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.0 },
+//!     ce: CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.0, ..Default::default() },
 //!     ..Default::default()
 //! };
 //! // The same variables in the same order on every worker, starting from worker 0's values.

@@ -26,14 +26,24 @@ pub(crate) fn masked_targets(targets: &Tensor, pad_id: Option<u32>) -> Result<(T
     Ok((safe_targets, pad_mask))
 }
 
-/// The mean cross-entropy of `softmax(logits)` (`[B, S, V]`) against checked targets with
-/// `count` non-pad positions, as the row kernel computes it:
-/// `(1/n) Σ_{non-pad} [(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])]`.
+/// The cross-entropy of `softmax(logits)` (`[B, S, V]`) against checked targets, summed and
+/// divided by `divisor` (the count `n` of non-pad positions for the mean, 1 for a sum), as the
+/// row kernel computes it: `(1/divisor) Σ_{non-pad} [(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])]`.
 pub(crate) fn cross_entropy(
     logits: &Tensor,
     targets: &Tensor,
     terms: CrossEntropyTerms,
-    count: usize,
+    divisor: usize,
+) -> Result<Tensor> {
+    token_cross_entropy(logits, targets, terms)?.sum_all()? / divisor as f64
+}
+
+/// Each position's cross-entropy term `[B, S]`, 0 at padding:
+/// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])`.
+pub(crate) fn token_cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    terms: CrossEntropyTerms,
 ) -> Result<Tensor> {
     let dtype = logits.dtype();
     let (safe_targets, pad_mask) = masked_targets(targets, terms.pad_id)?;
@@ -47,5 +57,5 @@ pub(crate) fn cross_entropy(
         row_loss = (row_loss - log_probs.mean(2)?.affine(eps, 0.0)?)?;
     }
     let weights = pad_mask.to_dtype(dtype)?;
-    (row_loss * &weights)?.sum_all()? / count as f64
+    row_loss * &weights
 }
