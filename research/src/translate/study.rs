@@ -2,51 +2,107 @@
 //! the λ and μ grids on seed 1, every objective on every seed, and the beam-search test decodes
 //! with the control's length-penalty sweep.
 
-use anyhow::Result;
-use candle_bleu_research::cli::output_dir;
-use candle_bleu_research::data::Bpe;
-use candle_bleu_research::decode::{BeamConfig, MaxLength};
-use candle_bleu_research::model::transformer::{PositionAdd, Transformer, TransformerConfig};
-use candle_bleu_research::translate::data::{prepare, DataConfig, SplitData, StudyData};
-use candle_bleu_research::translate::evaluate::{
+use crate::cli::output_dir;
+use crate::data::Bpe;
+use crate::decode::{BeamConfig, MaxLength};
+use crate::model::transformer::{PositionAdd, Transformer, TransformerConfig};
+use crate::translate::data::{prepare, DataConfig, SplitData, StudyData};
+use crate::translate::evaluate::{
     decode_texts, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
     CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
 };
-use candle_bleu_research::translate::run::{
+use crate::translate::run::{
     best_weights, load_model, run, FormName, Objective, RunSpec, RunState, Schedule, Setup,
 };
-use candle_bleu_research::translate::track::Tracker;
+use crate::translate::track::Tracker;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::report::RunRecord;
-use crate::Args;
+use super::config::Config;
+
+/// One row of results.json's `runs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The objective's name (`baseline`, `ce`, `ce+expected`, `mrt`, …).
+    pub objective: String,
+    /// The seed.
+    pub seed: u64,
+    /// λ or μ (none for `ce` and the baseline).
+    pub weight: Option<f64>,
+    /// The selected checkpoint's dev BLEU (greedy).
+    pub dev_bleu: f64,
+    /// The selected checkpoint's step.
+    pub best_step: usize,
+    /// The steps the run trained.
+    pub steps: usize,
+    /// Test BLEU (sacrebleu 13a), beam search.
+    pub test_bleu: f64,
+    /// Test chrF.
+    pub test_chrf: f64,
+    /// Test chrF++.
+    pub test_chrf_pp: f64,
+    /// Test BLEU without the brevity penalty.
+    pub test_bleu_without_bp: f64,
+    /// Hypothesis length over reference length, on test.
+    pub test_length_ratio: f64,
+    /// The test output file.
+    pub test_hyp: String,
+    /// The test reference file.
+    pub test_ref: String,
+    /// sacrebleu's BLEU signature.
+    pub bleu_signature: String,
+    /// sacrebleu's chrF signature.
+    pub chrf_signature: String,
+    /// sacrebleu's chrF++ signature.
+    pub chrf_pp_signature: String,
+    /// Milliseconds per training step.
+    pub ms_per_step: f64,
+    /// Training time, seconds.
+    pub train_seconds: f64,
+    /// Dev evaluation time, seconds.
+    pub eval_seconds: f64,
+}
 
 /// The progress plan's name for one beam-search decode of the test set.
 const TEST_DECODE: &str = "test decode";
 
 /// The whole study's setting: its flags, folders, data and model.
 pub struct Study {
-    pub args: Args,
+    /// The command line.
+    pub args: Config,
+    /// The output folder.
     pub out: PathBuf,
     /// The runs' checkpoints: `runs/seed<k>/<objective>`.
     pub runs_dir: PathBuf,
+    /// The device the study runs on.
     pub device: candle_core::Device,
+    /// The Transformer's sizes.
     pub model: TransformerConfig,
+    /// The corpus's summary (counts, splits, SHA-256), as `corpus.json` holds it.
     pub corpus_summary: serde_json::Value,
+    /// The BPE model.
     pub bpe: Bpe,
+    /// The training split.
     pub train: SplitData,
+    /// The dev split.
     pub dev: SplitData,
+    /// The test split.
     pub test: SplitData,
+    /// The seeds, `1..=--seeds`.
     pub seeds: Vec<u64>,
 }
 
 /// λ and μ as tuned on seed 1's dev set, with their grids (value, dev BLEU).
 pub struct Tuning {
+    /// λ and its dev BLEU, per grid point.
     pub lambda_grid: Vec<(f64, f64)>,
+    /// The λ chosen.
     pub lambda: f64,
+    /// μ and its dev BLEU, per grid point.
     pub mu_grid: Vec<(f64, f64)>,
     /// NaN without MRT.
     pub mu: f64,
@@ -56,6 +112,7 @@ pub struct Tuning {
 pub struct FineTuning {
     /// Its name in tables and `results.json` (`ce`, `ce+expected`, `mrt`, ...).
     pub name: String,
+    /// What it trains.
     pub objective: Objective,
     /// λ or μ (none for `ce`).
     pub weight: Option<f64>,
@@ -66,17 +123,20 @@ pub struct FineTuning {
 /// The test decodes: a record per run, the segment statistics of every fine-tuned run, and
 /// the control's length-penalty sweep.
 pub struct Tested {
+    /// A record per test decode.
     pub records: Vec<RunRecord>,
+    /// The segment statistics of every fine-tuned run, by objective and seed.
     pub segments: BTreeMap<(String, u64), SegmentStats>,
+    /// The control's length-penalty sweep.
     pub sweep: Vec<serde_json::Value>,
 }
 
 impl Study {
     /// The setting of `args`: the output folder (an earlier study's runs are removed unless
     /// resuming), the corpus and its BPE model, the model's sizes and `test.ref`.
-    pub fn prepare(args: Args) -> Result<Self> {
+    pub fn prepare(args: Config) -> Result<Self> {
         let common = &args.common;
-        let device = candle_bleu_research::device::device(common.cpu);
+        let device = crate::device::device(common.cpu);
         let out = output_dir(
             args.out.clone(),
             common.quick,
@@ -179,6 +239,7 @@ impl Study {
         plan
     }
 
+    /// The study's model with the weights in `weights`.
     pub fn load_model(&self, weights: &Path) -> Result<Transformer> {
         load_model(self.model, weights, &self.device)
     }
@@ -202,7 +263,7 @@ impl Study {
     ) -> Result<RunState> {
         let dev_bleu = |model: &Transformer| -> Result<f64> {
             let hyps = self.decode_texts(model, &self.dev, Search::Greedy)?;
-            candle_bleu_research::translate::evaluate::bleu(&hyps, &self.dev.references)
+            super::evaluate::bleu(&hyps, &self.dev.references)
         };
         let detok = |ids: &[u32]| self.bpe.decode(ids).unwrap_or_default();
         let setup = Setup {

@@ -3,54 +3,31 @@
 //! control's matched length, the summaries, `table.md` and `results.json`; and
 //! `--output-distribution`'s measurements of a finished study's models.
 
+use crate::data::{BOS, EOS, PAD};
+use crate::stats::{holm, mean_sd, paired_t_test, PairedT};
+use crate::translate::batches::BatchIds;
+use crate::translate::evaluate::{bootstrap, output_distribution, Bootstrap};
+use crate::translate::run::best_weights;
 use anyhow::{bail, Result};
 use candle_bleu::loss::HiddenConfig;
-use candle_bleu_research::data::{BOS, EOS, PAD};
-use candle_bleu_research::stats::{holm, mean_sd, paired_t_test, PairedT};
-use candle_bleu_research::translate::batches::BatchIds;
-use candle_bleu_research::translate::evaluate::{bootstrap, output_distribution, Bootstrap};
-use candle_bleu_research::translate::run::best_weights;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use crate::study::{FineTuning, Study, Tested, Tuning};
+use super::study::{FineTuning, RunRecord, Study, Tested, Tuning};
 
 /// Reads one reported number off a run.
 type Metric = fn(&RunRecord) -> f64;
 
-/// One row of results.json's `runs`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub objective: String,
-    pub seed: u64,
-    /// λ or μ (none for `ce` and the baseline).
-    pub weight: Option<f64>,
-    pub dev_bleu: f64,
-    pub best_step: usize,
-    pub steps: usize,
-    pub test_bleu: f64,
-    pub test_chrf: f64,
-    pub test_chrf_pp: f64,
-    pub test_bleu_without_bp: f64,
-    pub test_length_ratio: f64,
-    pub test_hyp: String,
-    pub test_ref: String,
-    pub bleu_signature: String,
-    pub chrf_signature: String,
-    pub chrf_pp_signature: String,
-    pub ms_per_step: f64,
-    pub train_seconds: f64,
-    pub eval_seconds: f64,
-}
-
 /// The study's results: `results.json`'s value, the table (`table.md`) and the BLEU loss's
 /// share of a `ce+expected` step.
 pub struct Results {
+    /// `results.json`'s value.
     pub json: serde_json::Value,
+    /// `table.md`.
     pub table: String,
+    /// The BLEU loss's share of a `ce+expected` step's time.
     pub bleu_loss_share: f64,
 }
 
