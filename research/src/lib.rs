@@ -36,6 +36,7 @@ pub mod nat;
 pub mod optim;
 pub mod plot;
 pub mod progress;
+pub mod seq2seq;
 pub mod stats;
 pub mod task;
 pub mod train;

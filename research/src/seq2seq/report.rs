@@ -2,16 +2,16 @@
 //! at the end the paired bootstrap and seed-level tests of `ce+bleu` against `ce`, `log.csv`,
 //! `results.json`, `curves.png` and the table.
 
+use crate::data::tokens::write_lines;
+use crate::data::EncodedCorpus;
+use crate::eval::{self, mean_sd};
+use crate::stats::seed_tests;
+use crate::train::log_csv;
 use anyhow::Result;
-use candle_bleu_research::data::tokens::write_lines;
-use candle_bleu_research::data::EncodedCorpus;
-use candle_bleu_research::eval::{self, mean_sd};
-use candle_bleu_research::stats::seed_tests;
-use candle_bleu_research::train::log_csv;
 use std::path::Path;
 
-use crate::plot;
-use crate::train::{Objective, RunOutput, TrainConfig};
+use super::plot;
+use super::train::{Objective, RunOutput, TrainConfig};
 
 /// A finished run's progress line.
 pub fn run_line(run: &RunOutput) -> String {
@@ -52,10 +52,13 @@ pub fn run_json(run: &RunOutput, out: &Path) -> Result<serde_json::Value> {
 pub struct Report<'a> {
     /// The output folder.
     pub out: &'a Path,
+    /// The number of seeds.
     pub seeds: u64,
     /// Resamples of the paired bootstrap.
     pub bootstrap: usize,
+    /// The runs' settings.
     pub cfg: &'a TrainConfig,
+    /// The encoded corpus.
     pub data: &'a EncodedCorpus,
     /// The synthetic task's rule-based test translations (none for files given by the user).
     pub test_oracle: Option<&'a [Vec<String>]>,

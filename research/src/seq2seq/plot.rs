@@ -1,15 +1,13 @@
 //! `curves.png`: dev BLEU, cross-entropy and `-log BLEU` against the training step, one line
-//! per run, coloured by objective (drawn with `candle_bleu_research::plot`).
+//! per run, coloured by objective (drawn with `crate::plot`).
 
+use crate::plot::{colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle};
 use anyhow::{anyhow, Result};
-use candle_bleu_research::plot::{
-    colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle,
-};
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::train::{Objective, RunOutput};
-use candle_bleu_research::train::LogRow;
+use super::train::{Objective, RunOutput};
+use crate::train::LogRow;
 
 const STYLE: CurveStyle = CurveStyle {
     caption: 22,

@@ -2,16 +2,16 @@
 //! and label-smoothed cross-entropy; the checkpoint with the best dev BLEU (greedy) among the
 //! evaluations after the warm-up is the one scored on test.
 
+use crate::data::{make_batch, Batch, Batches, Encoded, EncodedCorpus, PAD};
+use crate::eval::bleu_100;
+use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
+use crate::model::translate;
+use crate::train::{adamw, learning_rate, restore, snapshot, LogRow};
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
     CrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
 };
-use candle_bleu_research::data::{make_batch, Batch, Batches, Encoded, EncodedCorpus, PAD};
-use candle_bleu_research::eval::bleu_100;
-use candle_bleu_research::model::transformer::{Dropout, Transformer, TransformerConfig};
-use candle_bleu_research::model::translate;
-use candle_bleu_research::train::{adamw, learning_rate, restore, snapshot, LogRow};
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
 use indicatif::ProgressBar;
@@ -50,8 +50,11 @@ impl Objective {
 /// Settings shared by every run.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
+    /// The Transformer's sizes.
     pub model: TransformerConfig,
+    /// Training steps of every run.
     pub steps: usize,
+    /// Sentences per batch.
     pub batch_size: usize,
     /// Peak learning rate (linear warm-up, then cosine decay to 10%).
     pub lr: f64,
@@ -61,6 +64,7 @@ pub struct TrainConfig {
     pub bleu_start: usize,
     /// Weight `λ` of the BLEU loss.
     pub lambda: f64,
+    /// The BLEU loss of `CeThenBleu`'s second phase.
     pub loss: BleuLossConfig,
     /// Label smoothing of the cross-entropy (every objective).
     pub label_smoothing: f64,
@@ -76,7 +80,9 @@ pub struct TrainConfig {
 
 /// Everything a finished run produced.
 pub struct RunOutput {
+    /// The objective it trained.
     pub objective: Objective,
+    /// The seed.
     pub seed: u64,
     /// Dev BLEU of the selected checkpoint (the best in the selection window).
     pub dev_bleu: f64,
@@ -84,8 +90,11 @@ pub struct RunOutput {
     pub selected_step: usize,
     /// Dev BLEU at the last step.
     pub last_dev_bleu: f64,
+    /// Test BLEU of the selected checkpoint (greedy).
     pub test_bleu: f64,
+    /// The selected checkpoint's test outputs, tokens per segment.
     pub test_hyps: Vec<Vec<String>>,
+    /// Every logged step.
     pub log: Vec<LogRow>,
     /// Training and evaluation, seconds.
     pub wall_s: f64,
@@ -121,7 +130,7 @@ fn bleu_inputs(batch: &Batch, cfg: &BleuLossConfig) -> Result<(References, Optio
 }
 
 /// Trains one model and decodes dev and test with it; `progress` (from
-/// `candle_bleu_research::progress::bar`) counts the steps.
+/// `crate::progress::bar`) counts the steps.
 pub fn run(
     objective: Objective,
     seed: u64,
@@ -138,7 +147,7 @@ pub fn run(
     // The same masks for both objectives of a seed (same shapes, same batches).
     let mut dropout = Dropout::new(cfg.dropout, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let cross_entropy = cross_entropy_config(cfg.label_smoothing);
-    let mut best: Option<(f64, usize, candle_bleu_research::train::Snapshot)> = None;
+    let mut best: Option<(f64, usize, crate::train::Snapshot)> = None;
     let mut log = Vec::new();
     let (mut ce_sum, mut bleu_sum, mut window) = (0.0, 0.0, 0usize);
     // [without BLEU, with BLEU]: (total seconds, steps).
