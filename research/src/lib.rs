@@ -38,6 +38,7 @@ pub mod plot;
 pub mod progress;
 pub mod seq2seq;
 pub mod stats;
+pub mod study;
 pub mod task;
 pub mod train;
 pub mod translate;

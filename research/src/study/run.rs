@@ -1,22 +1,24 @@
 //! One run of the study (an objective and a seed, from the seed's shared warm-up to its test
 //! measures), its `results.json` entry, and `--project`'s timing of every objective.
 
+use crate::data::tokens::write_lines;
+use crate::data::EncodedCorpus;
+use crate::eval;
+use crate::progress;
+use crate::train::{process_cpu_s, restore, snapshot, LogRow, StepTime};
 use anyhow::{bail, Result};
-use candle_bleu_research::data::tokens::write_lines;
-use candle_bleu_research::data::EncodedCorpus;
-use candle_bleu_research::eval;
-use candle_bleu_research::progress;
-use candle_bleu_research::train::{process_cpu_s, restore, snapshot, LogRow, StepTime};
 use candle_core::Device;
 use indicatif::MultiProgress;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::arms::{self, Arm, Init, Stretch, TrainConfig, WarmStart};
+use super::arms::{self, Arm, Init, Stretch, TrainConfig, WarmStart};
 
 /// Everything a finished run produced.
 pub struct RunOutput {
+    /// The objective.
     pub arm: Arm,
+    /// The seed.
     pub seed: u64,
     /// Dev BLEU of the selected checkpoint (the best of this objective's own evaluations).
     pub dev_bleu: f64,
@@ -24,8 +26,11 @@ pub struct RunOutput {
     pub selected_step: usize,
     /// Dev BLEU at the last step.
     pub last_dev_bleu: f64,
+    /// Test BLEU of the selected checkpoint (greedy).
     pub test_bleu: f64,
+    /// The selected checkpoint's test outputs, tokens per segment.
     pub test_hyps: Vec<Vec<String>>,
+    /// The averaging measures of its test outputs.
     pub measures: eval::Measures,
     /// Including the shared warm-up's rows for warm-started objectives.
     pub log: Vec<LogRow>,

@@ -1,17 +1,15 @@
 //! `curves.png` (dev BLEU, cross-entropy and teacher-forced `-log BLEU` against the step, one
 //! line per run, coloured by objective) and `averaging.png` (the averaging-effect measures per
-//! objective, mean over seeds with a min–max bar), drawn with `candle_bleu_research::plot`.
+//! objective, mean over seeds with a min–max bar), drawn with `crate::plot`.
 
+use crate::eval::Measures;
+use crate::plot::{bar_panel, colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle};
+use crate::train::LogRow;
 use anyhow::{anyhow, Result};
-use candle_bleu_research::eval::Measures;
-use candle_bleu_research::plot::{
-    bar_panel, colour, curve_panel, register_font, Curve, CurvePanel, CurveStyle,
-};
-use candle_bleu_research::train::LogRow;
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::RunOutput;
+use super::run::RunOutput;
 
 const STYLE: CurveStyle = CurveStyle {
     caption: 20,

@@ -2,20 +2,16 @@
 //! warm-up, then an equal number of steps of each arm's objective, all with seeded dropout and
 //! label-smoothed cross-entropy; each arm keeps the weights of its best dev evaluation.
 
+use crate::data::tokens::Vocab;
+use crate::data::{make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD};
+use crate::eval;
+use crate::model::soft_decode::{weights_of, Feedback, SoftDecoder};
+use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
+use crate::train::{adamw, learning_rate, process_cpu_s, snapshot, LogRow, Snapshot, StepTime};
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
     bleu_loss_from_logits, cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
     LengthModel, References,
-};
-use candle_bleu_research::data::tokens::Vocab;
-use candle_bleu_research::data::{
-    make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD,
-};
-use candle_bleu_research::eval;
-use candle_bleu_research::model::soft_decode::{weights_of, Feedback, SoftDecoder};
-use candle_bleu_research::model::transformer::{Dropout, Transformer, TransformerConfig};
-use candle_bleu_research::train::{
-    adamw, learning_rate, process_cpu_s, snapshot, LogRow, Snapshot, StepTime,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
@@ -45,12 +41,15 @@ pub enum Decode {
 /// One objective of the study.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Arm {
+    /// Its name in tables and `results.json`.
     pub name: &'static str,
+    /// Where it starts.
     pub init: Init,
     /// Cross-entropy in the objective.
     pub ce: bool,
     /// The BLEU term's form and length model, if any.
     pub bleu: Option<(Form, LengthModel)>,
+    /// What the loss reads: teacher-forced rows or a soft free-running decode.
     pub decode: Decode,
 }
 
@@ -162,14 +161,17 @@ pub const DEFAULT_ARMS: usize = 11;
 /// Settings shared by every run.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
+    /// The Transformer's sizes.
     pub model: TransformerConfig,
     /// Cross-entropy warm-up steps, shared by the warm arms of a seed.
     pub warmup_steps: usize,
     /// Steps of each arm after the warm-up (scratch arms: warm-up + these).
     pub arm_steps: usize,
+    /// Sentences per batch.
     pub batch_size: usize,
     /// Peak learning rate (linear warm-up, cosine decay to 10% over all steps).
     pub lr: f64,
+    /// Learning-rate warm-up steps.
     pub lr_warmup: usize,
     /// Weight `λ` of the BLEU term next to cross-entropy.
     pub lambda: f64,
@@ -180,11 +182,14 @@ pub struct TrainConfig {
     pub dropout: f32,
     /// Extra free-running steps beyond the batch's longest reference + EOS.
     pub free_running_margin: usize,
+    /// Dev evaluation every this many steps.
     pub eval_every: usize,
+    /// The longest greedy decode.
     pub max_decode_len: usize,
 }
 
 impl TrainConfig {
+    /// The warm-up's and an objective's steps together.
     pub fn total_steps(&self) -> usize {
         self.warmup_steps + self.arm_steps
     }
@@ -237,7 +242,9 @@ pub fn init_model(cfg: &TrainConfig, seed: u64, device: &Device) -> Result<(VarM
 
 /// A seed's cross-entropy warm-up: the weights it ended with and its log.
 pub struct WarmStart {
+    /// The weights.
     pub snapshot: Snapshot,
+    /// Every logged step.
     pub log: Vec<LogRow>,
 }
 
@@ -267,6 +274,7 @@ pub struct Stretch<'a> {
     pub arm: Option<&'a Arm>,
     /// Global step numbers `first..last` (for the learning rate and the log).
     pub first: usize,
+    /// See `first`.
     pub last: usize,
     /// Batch-order seed.
     pub seed: u64,
@@ -274,9 +282,11 @@ pub struct Stretch<'a> {
 
 /// The weights of a stretch's best dev evaluation.
 pub struct Best {
+    /// Its dev BLEU (greedy).
     pub dev_bleu: f64,
     /// Global step.
     pub step: usize,
+    /// The weights.
     pub snapshot: Snapshot,
 }
 

@@ -2,26 +2,31 @@
 //! against `ce`, the averaging measures next to their no-model controls, `log.csv`,
 //! `results.json`, the figures and `table.md`.
 
+use crate::data::tokens::TokenCorpus;
+use crate::data::EncodedCorpus;
+use crate::eval::{self, mean_sd};
+use crate::stats::seed_tests;
+use crate::train::log_csv;
 use anyhow::Result;
-use candle_bleu_research::data::tokens::TokenCorpus;
-use candle_bleu_research::data::EncodedCorpus;
-use candle_bleu_research::eval::{self, mean_sd};
-use candle_bleu_research::stats::seed_tests;
-use candle_bleu_research::train::log_csv;
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use crate::arms::{Arm, TrainConfig};
-use crate::plots;
-use crate::run::RunOutput;
-use crate::Args;
+use super::arms::{Arm, TrainConfig};
+use super::config::Config;
+use super::plots;
+use super::run::RunOutput;
 
 /// What the final report reads besides the runs.
 pub struct Report<'a> {
-    pub args: &'a Args,
+    /// The command line.
+    pub args: &'a Config,
+    /// The runs' settings.
     pub cfg: &'a TrainConfig,
+    /// The synthetic corpus, as tokens.
     pub corpus: &'a TokenCorpus,
+    /// The corpus, encoded.
     pub data: &'a EncodedCorpus,
+    /// The objectives of the study.
     pub arms: &'a [Arm],
     /// The rule-based yardstick's test BLEU.
     pub oracle_bleu: Option<f64>,
