@@ -15,7 +15,7 @@ use candle_bleu::exact::bootstrap::{
 };
 use candle_bleu::exact::{corpus_bleu, corpus_stats, BleuConfig, BleuCounts};
 use candle_core::{Device, D};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::data::{make_batch, Encoded, EOS, PAD};
 use crate::model::transformer::Transformer;
@@ -343,7 +343,9 @@ pub fn measure_controls(
         for (i, gold) in reference.iter().enumerate() {
             words += 1;
             *ref_counts.entry(gold).or_default() += 1;
-            let elsewhere: HashSet<&str> = reference
+            // Ordered sets: the sums below run in one order in every process (a HashSet's
+            // order is random per process and moved the last bit of the sums between runs).
+            let elsewhere: BTreeSet<&str> = reference
                 .iter()
                 .enumerate()
                 .filter(|&(j, t)| j != i && t != gold)
@@ -358,7 +360,7 @@ pub fn measure_controls(
         if let Some(c) = bag_coverage(reference, |t| t == top) {
             constant_cover += c;
             // P(type t drawn at least once in `len` independent positions), averaged over types.
-            let types: HashSet<&String> = reference.iter().collect();
+            let types: BTreeSet<&String> = reference.iter().collect();
             unigram_cover += types
                 .iter()
                 .map(|t| 1.0 - (1.0 - p(t)).powi(len))
