@@ -27,7 +27,7 @@ use crate::nat::objective::Mixing;
 use crate::nat::report::{
     bootstraps_vs, delta_text, find, mean_sd_text, seed_level_tests_vs, summary, NatRecord,
 };
-use crate::nat::teacher::{distill, parse_ids, teacher, Teacher, TeacherStamp};
+use crate::nat::teacher::{parse_ids, teacher_and_distilled, Teacher, TeacherSetup, TeacherStamp};
 use crate::progress::format_duration;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::StudyData;
@@ -218,29 +218,19 @@ impl Study {
     /// Part 1: the teacher and the distilled targets, the infeasible pairs dropped.
     fn teacher_and_distillation(&self, tracker: &mut Tracker) -> Result<TrainingPairs> {
         let translate_run = self.translate_run();
-        let teacher = teacher(
-            self.teacher,
-            self.cfg.recipe(),
-            &self.data,
-            (self.cfg.teacher == TeacherChoice::Translate).then_some(translate_run.as_path()),
-            &self.out,
-            &self.cfg.teacher_dir(),
-            tracker,
-            &self.device,
-        )?;
-        tracker.progress.println(&format!(
-            "teacher: {} (dev BLEU {:.2})",
-            teacher.origin, teacher.dev_bleu
-        ));
-        let distilled = distill(
-            &teacher,
-            self.teacher,
-            &self.data,
-            self.beam,
-            &self.out,
-            tracker,
-            &self.device,
-        )?;
+        let teacher_dir = self.cfg.teacher_dir();
+        let setup = TeacherSetup {
+            config: self.teacher,
+            recipe: self.cfg.recipe(),
+            data: &self.data,
+            translate_run: (self.cfg.teacher == TeacherChoice::Translate)
+                .then_some(translate_run.as_path()),
+            out: &self.out,
+            work: &teacher_dir,
+            beam: self.beam,
+            device: &self.device,
+        };
+        let (teacher, distilled) = teacher_and_distilled(&setup, tracker)?;
         let frames = |s: usize| self.frames(s);
         let (distilled, dropped_distilled) = feasible_pairs(&distilled, frames);
         let pairs = TrainingPairs {

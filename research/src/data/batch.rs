@@ -7,8 +7,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use super::special::{BOS, EOS, PAD};
 use super::tokens::{TokenCorpus, TokenPair, Vocab};
-use super::{BOS, EOS, PAD};
 
 /// A pair as ids.
 #[derive(Debug, Clone)]

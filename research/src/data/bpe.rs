@@ -40,7 +40,7 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use super::corpus::Pair;
 
-pub use super::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};
+pub use super::special::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};
 
 /// Training settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -20,25 +20,15 @@
 //! - [`tokens`]: token-level pairs (the synthetic tasks, whitespace or character files) and
 //!   their vocabularies; [`batch`]: ids to padded tensors and shuffled batches, for either.
 //!
-//! Every vocabulary here — BPE or token-level — gives the special tokens the same ids:
-//! [`PAD`] 0, [`BOS`] 1, [`EOS`] 2, [`UNK`] 3.
+//! Every vocabulary here — BPE or token-level — gives the special tokens the same ids
+//! ([`special`]): [`PAD`] 0, [`BOS`] 1, [`EOS`] 2, [`UNK`] 3.
 
 pub mod batch;
 pub mod bpe;
 pub mod corpus;
 pub mod mo;
+pub mod special;
 pub mod tokens;
-
-/// Padding id: never a real token, and the `pad_id` of the losses and `References::from_ids`.
-pub const PAD: u32 = 0;
-/// Start-of-sentence id, the decoder's first input.
-pub const BOS: u32 = 1;
-/// End-of-sentence id, the decoder's last target.
-pub const EOS: u32 = 2;
-/// Unknown-token id, for tokens missing from a vocabulary (byte-level BPE never needs it).
-pub const UNK: u32 = 3;
-/// The special tokens' strings, indexed by id.
-pub const SPECIAL_TOKENS: [&str; 4] = ["<pad>", "<s>", "</s>", "<unk>"];
 
 pub use batch::{encode_pairs, make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus};
 pub use bpe::{Bpe, BpeConfig};
@@ -46,3 +36,4 @@ pub use corpus::{
     build_corpus, corpus_from_files, Corpus, CorpusConfig, CorpusSummary, Pair, Split,
 };
 pub use mo::{MoError, MoFile};
+pub use special::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};
+use super::special::{BOS, EOS, PAD, SPECIAL_TOKENS, UNK};
 
 /// Stand-in for a space in `--char` mode, so that character sequences written as
 /// whitespace-separated tokens keep their word boundaries.

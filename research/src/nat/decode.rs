@@ -47,18 +47,28 @@ impl Decoded {
     }
 }
 
-/// Decodes `sources` (ids without padding, each non-empty) at the `k` most likely lengths and,
-/// with `reference_lengths`, at those too; batches of `batch` sources of similar length.
-/// Lengths are capped at the model's positions.
+/// How [`decode_nat`] searches and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthBeam {
+    /// The number of most likely lengths decoded (`>= 1`).
+    pub k: usize,
+    /// Sources per batch, of similar length (`>= 1`).
+    pub batch: usize,
+    /// The padding id.
+    pub pad: u32,
+}
+
+/// Decodes `sources` (ids without padding, each non-empty) at the `search.k` most likely
+/// lengths and, with `reference_lengths`, at those too; batches of `search.batch` sources of
+/// similar length. Lengths are capped at the model's positions.
 pub fn decode_nat(
     model: &Nat,
     sources: &[Vec<u32>],
     reference_lengths: Option<&[usize]>,
-    k: usize,
-    batch: usize,
-    pad: u32,
+    search: LengthBeam,
     device: &Device,
 ) -> Result<Vec<Decoded>> {
+    let LengthBeam { k, batch, pad } = search;
     if k == 0 || batch == 0 {
         bail!("decode_nat: k ({k}) and batch ({batch}) must be >= 1");
     }

@@ -11,12 +11,14 @@ use std::time::Instant;
 
 use super::batches::{clipped_share, make_nat_batch, non_empty};
 use super::config::Config;
-use super::decode::{decode_nat, length_accuracy, repetition_share, timed, Decoded, Variant};
+use super::decode::{
+    decode_nat, length_accuracy, repetition_share, timed, Decoded, LengthBeam, Variant,
+};
 use super::files::write_lines_gz;
 use super::objective::{step_loss, NatObjective, StepSettings};
 use super::plan::{plan, step_estimates, PartMinutes};
 use super::report::{bootstraps, render_condition, seed_level_tests, summary, NatRecord};
-use super::teacher::{distill, teacher, Teacher};
+use super::teacher::{teacher_and_distilled, Teacher, TeacherSetup};
 use crate::checkpoint::save_json;
 use crate::cli::CatalogueStudyArgs;
 use crate::data::PAD;
@@ -82,9 +84,11 @@ impl Study {
             model,
             &self.data.dev.ids.src,
             None,
-            1,
-            128,
-            PAD,
+            LengthBeam {
+                k: 1,
+                batch: 128,
+                pad: PAD,
+            },
             &self.device,
         )?;
         let dedup = Variant {
@@ -136,9 +140,11 @@ impl Study {
             &model,
             &test.ids.src,
             Some(&ref_lengths),
-            self.cfg.length_beam,
-            64,
-            PAD,
+            LengthBeam {
+                k: self.cfg.length_beam,
+                batch: 64,
+                pad: PAD,
+            },
             &self.device,
         )?;
         let accuracy = length_accuracy(&decoded, &ref_lengths);
@@ -403,29 +409,17 @@ impl Study {
         tracker: &mut Tracker,
         translate_run: &Path,
     ) -> Result<TrainingPairs> {
-        let teacher: Teacher = teacher(
-            self.nat,
-            self.cfg.recipe(),
-            &self.data,
-            Some(translate_run),
-            &self.out,
-            &self.work,
-            tracker,
-            &self.device,
-        )?;
-        tracker.progress.println(&format!(
-            "teacher: {} (dev BLEU {:.2})",
-            teacher.origin, teacher.dev_bleu
-        ));
-        let distilled = distill(
-            &teacher,
-            self.nat,
-            &self.data,
-            self.beam,
-            &self.out,
-            tracker,
-            &self.device,
-        )?;
+        let setup = TeacherSetup {
+            config: self.nat,
+            recipe: self.cfg.recipe(),
+            data: &self.data,
+            translate_run: Some(translate_run),
+            out: &self.out,
+            work: &self.work,
+            beam: self.beam,
+            device: &self.device,
+        };
+        let (teacher, distilled) = teacher_and_distilled(&setup, tracker)?;
         let (distilled, empty_distilled) = non_empty(distilled);
         let (raw, empty_raw) = non_empty(self.data.train.ids.clone());
         tracker.progress.println(&format!(
@@ -608,7 +602,12 @@ impl Study {
         for (batch, sources) in [(64usize, &sources[..]), (1, &sources[..few])] {
             for l in [1, cfg.length_beam] {
                 let (seconds, per_second) = timed(sources.len(), || {
-                    decode_nat(&nat_model, sources, None, l, batch, PAD, &self.device).map(|_| ())
+                    let search = LengthBeam {
+                        k: l,
+                        batch,
+                        pad: PAD,
+                    };
+                    decode_nat(&nat_model, sources, None, search, &self.device).map(|_| ())
                 })?;
                 speed.push(json!({"model": "nat", "search": format!("length beam {l}"), "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
             }

@@ -123,21 +123,59 @@ pub struct TeacherStamp {
     pub recipe: Recipe,
 }
 
-/// The teacher: the seed-1 `ce` checkpoint of the translate run in `translate_run` (if given)
-/// when its corpus and tokenizer match and it loads into `config`, else translate's baseline
-/// trained in `work/teacher` with `recipe` (resumed when interrupted, reused when finished
-/// with the same corpus, tokenizer and recipe: [`TeacherStamp`]).
-#[allow(clippy::too_many_arguments)]
-pub fn teacher(
-    config: TransformerConfig,
-    recipe: Recipe,
-    data: &StudyData,
-    translate_run: Option<&Path>,
-    out: &Path,
-    work: &Path,
+/// Where and how a study gets its teacher and the teacher's distilled training targets:
+/// [`teacher`], [`distill`], and both in turn ([`teacher_and_distilled`]).
+pub struct TeacherSetup<'a> {
+    /// The teacher's sizes.
+    pub config: TransformerConfig,
+    /// How the teacher is trained when no translate run is reused.
+    pub recipe: Recipe,
+    /// The study's corpus and subwords.
+    pub data: &'a StudyData,
+    /// A finished translate study whose seed-1 `ce` model is reused when it matches.
+    pub translate_run: Option<&'a Path>,
+    /// The study's output folder: `tokenizer.json`, and the distillation cache
+    /// (`distilled.ids.gz`, `distilled.json`).
+    pub out: &'a Path,
+    /// Where the teacher trains (`work/teacher`).
+    pub work: &'a Path,
+    /// The distillation's beam search.
+    pub beam: BeamConfig,
+    /// The device.
+    pub device: &'a Device,
+}
+
+/// The teacher ([`teacher`]) and its distilled training targets ([`distill`]), the teacher's
+/// origin and dev BLEU printed.
+pub fn teacher_and_distilled(
+    setup: &TeacherSetup,
     tracker: &mut Tracker,
-    device: &Device,
-) -> Result<Teacher> {
+) -> Result<(Teacher, IdPairs)> {
+    let teacher = teacher(setup, tracker)?;
+    tracker.progress.println(&format!(
+        "teacher: {} (dev BLEU {:.2})",
+        teacher.origin, teacher.dev_bleu
+    ));
+    let distilled = distill(&teacher, setup, tracker)?;
+    Ok((teacher, distilled))
+}
+
+/// The teacher: the seed-1 `ce` checkpoint of the translate run in `setup.translate_run` (if
+/// given) when its corpus and tokenizer match and it loads into `setup.config`, else
+/// translate's baseline trained in `setup.work/teacher` with `setup.recipe` (resumed when
+/// interrupted, reused when finished with the same corpus, tokenizer and recipe:
+/// [`TeacherStamp`]).
+pub fn teacher(setup: &TeacherSetup, tracker: &mut Tracker) -> Result<Teacher> {
+    let TeacherSetup {
+        config,
+        recipe,
+        data,
+        translate_run,
+        out,
+        work,
+        device,
+        ..
+    } = *setup;
     if let Some((translate_run, state)) = match translate_run {
         Some(dir) => reusable(dir, data, out)?.map(|s| (dir, s)),
         None => None,
@@ -248,18 +286,19 @@ pub struct DistillRecord {
     pub sha256: String,
 }
 
-/// The teacher's beam search translations of `data.train`'s sources as id pairs (the
-/// distilled training data), read from `out/distilled.ids.gz` when `distilled.json` names the
-/// same teacher, corpus, tokenizer, search and content hash, else decoded and written there.
-pub fn distill(
-    teacher: &Teacher,
-    config: TransformerConfig,
-    data: &StudyData,
-    beam: BeamConfig,
-    out: &Path,
-    tracker: &mut Tracker,
-    device: &Device,
-) -> Result<IdPairs> {
+/// The teacher's beam search translations of `setup.data.train`'s sources as id pairs (the
+/// distilled training data), read from `setup.out/distilled.ids.gz` when `distilled.json`
+/// names the same teacher, corpus, tokenizer, search and content hash, else decoded and
+/// written there.
+pub fn distill(teacher: &Teacher, setup: &TeacherSetup, tracker: &mut Tracker) -> Result<IdPairs> {
+    let TeacherSetup {
+        config,
+        data,
+        beam,
+        out,
+        device,
+        ..
+    } = *setup;
     let sources = &data.train.ids.src;
     let ids_path = out.join("distilled.ids.gz");
     let record_path = out.join("distilled.json");
