@@ -14,7 +14,7 @@ pub struct Config {
     /// The flags translate shares with the NAT study (corpus, model, schedules, seeds).
     #[command(flatten)]
     pub common: CatalogueStudyArgs,
-    /// Output folder (default runs/translate/<lang>; with --quick, runs/quick/translate/<lang>).
+    /// Output folder (default `runs/translate/<lang>`; with --quick, `runs/quick/translate/<lang>`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Fine-tuning objectives, in order (the control `ce` is always run). The paired and

@@ -215,7 +215,7 @@ impl Study {
         self.seeds.len() * (2 + self.args.objectives.len() + sweep_extra)
     }
 
-    /// The plan, for the progress projection: one entry per [`Self::train`] call of the phases
+    /// The plan, for the progress projection: one entry per `Self::train` call of the phases
     /// below (each call takes back what it does not run: an early stop, a resumed run, or seed
     /// 1's final expected and MRT runs, which are the chosen grid runs), then the test decodes.
     pub fn plan(&self) -> Vec<(String, usize)> {

@@ -5,7 +5,7 @@
 //! Corpus BLEU is not a mean over sentences: it depends on the batch through its summed n-gram
 //! statistics, so averaging per-worker losses (what data-parallel cross-entropy does) would
 //! give a different, wrong loss. The same holds, less visibly, for the mean cross-entropy when
-//! shards hold different numbers of non-pad tokens, and for [`Reduction::SentenceMean`] when
+//! shards hold different numbers of non-pad tokens, and for [`Reduction::SentenceMean`](crate::loss::Reduction::SentenceMean) when
 //! they hold different numbers of sentences. Here every global quantity `G = Σ_w g_w` (a sum
 //! over workers `w`) is computed on worker `w` as
 //!
@@ -17,7 +17,7 @@
 //! gradient is that of `g_w` alone: the other workers' terms are constants ([`global_sum`]). Then
 //!
 //! - corpus BLEU: `g_w` = the shard's statistics summed over its elements, and the loss is
-//!   [`loss_from_stats`] of the global sums ([`global_stats`], [`bleu_loss_from_stats`]);
+//!   [`loss_from_stats`](crate::loss::loss_from_stats) of the global sums ([`global_stats`], [`bleu_loss_from_stats`]);
 //! - `SentenceMean`: `Σ_w (sum of the shard's sentence losses) / Σ_w (shard size)`;
 //! - cross-entropy: `Σ_w (sum of the shard's token losses) / Σ_w (shard's non-pad tokens)`; a
 //!   shard may hold only padding ([`cross_entropy_sum_and_count`]).
