@@ -116,8 +116,8 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
                 vec![r["loss"].as_f64().unwrap()]
             };
             for composed in [false, true] {
-                let what = format!("{name}, {r:?} (composed {composed}, {dtype:?})")
-                    .replace('\n', " ");
+                let what =
+                    format!("{name}, {r:?} (composed {composed}, {dtype:?})").replace('\n', " ");
                 match case["kind"].as_str().unwrap() {
                     "logits" => {
                         let vocab = shape[2];
