@@ -146,3 +146,73 @@ pub fn write_partial_results(dir: &Path, runs: &[serde_json::Value]) -> Result<(
     )?;
     Ok(())
 }
+
+/// One teacher-forced step's inputs on a synthetic task (the `seq2seq` and `study` examples):
+/// the next batch of `batches` from `data.train`, encoded and decoded with `dropout`. Returns
+/// the batch's examples, the batch and the decoder's logits `[B, S, V]`.
+pub fn teacher_forced_logits<'d>(
+    model: &crate::model::transformer::Transformer,
+    data: &'d crate::data::EncodedCorpus,
+    batches: &mut crate::data::Batches,
+    dropout: &mut crate::model::transformer::Dropout,
+    device: &candle_core::Device,
+) -> Result<(Vec<&'d crate::data::Encoded>, crate::data::Batch, Tensor)> {
+    let examples: Vec<&crate::data::Encoded> = batches
+        .next_indices()
+        .into_iter()
+        .map(|i| &data.train[i])
+        .collect();
+    let batch = crate::data::make_batch(&examples, device)?;
+    let memory = model.encode(&batch.src, crate::data::PAD, Some(dropout))?;
+    let logits = model.logits(&model.decode(&batch.dec_in, &memory, Some(dropout))?)?;
+    Ok((examples, batch, logits))
+}
+
+/// What the synthetic studies record of a run's selected checkpoint in `results.json`.
+pub struct SelectedRun<'a> {
+    /// The objective's name.
+    pub objective: &'a str,
+    /// The objective's name in file names.
+    pub slug: &'a str,
+    /// The seed.
+    pub seed: u64,
+    /// Dev BLEU of the selected checkpoint.
+    pub dev_bleu: f64,
+    /// Its step.
+    pub selected_step: usize,
+    /// Dev BLEU at the last step.
+    pub last_dev_bleu: f64,
+    /// Test BLEU of the selected checkpoint (greedy).
+    pub test_bleu: f64,
+    /// Its test outputs, tokens per segment.
+    pub test_hyps: &'a [Vec<String>],
+    /// The run's training and evaluation, seconds.
+    pub wall_s: f64,
+}
+
+/// Writes `run`'s test outputs as `out/test.<slug>.seed<k>.hyp` and returns its
+/// `results.json` fields: objective, seed, dev and test BLEU, the selected step, the output
+/// and reference files (relative to `out`) and the BLEU signature; a study adds its own.
+pub fn selected_run_json(
+    run: &SelectedRun,
+    out: &Path,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let hyp_name = format!("test.{}.seed{}.hyp", run.slug, run.seed);
+    crate::data::tokens::write_lines(&out.join(&hyp_name), run.test_hyps)?;
+    let record = serde_json::json!({
+        "objective": run.objective,
+        "seed": run.seed,
+        "dev_bleu": run.dev_bleu,
+        "selected_step": run.selected_step,
+        "last_dev_bleu": run.last_dev_bleu,
+        "test_bleu": run.test_bleu,
+        "test_hyp": hyp_name,
+        "test_ref": "test.ref",
+        "signature": crate::eval::BLEU_SIGNATURE_TOK_NONE,
+        "wall_s": run.wall_s,
+    });
+    match record {
+        serde_json::Value::Object(map) => Ok(map),
+        _ => bail!("internal: a run record is an object"),
+    }
+}

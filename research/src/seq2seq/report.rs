@@ -2,11 +2,10 @@
 //! at the end the paired bootstrap and seed-level tests of `ce+bleu` against `ce`, `log.csv`,
 //! `results.json`, `curves.png` and the table.
 
-use crate::data::tokens::write_lines;
 use crate::data::EncodedCorpus;
 use crate::eval::{self, mean_sd};
 use crate::stats::seed_tests;
-use crate::train::log_csv;
+use crate::train::{log_csv, selected_run_json, SelectedRun};
 use anyhow::Result;
 use std::path::Path;
 
@@ -32,20 +31,21 @@ pub fn run_line(run: &RunOutput) -> String {
 
 /// Writes `run`'s test hypotheses under `out` and returns its `results.json` entry.
 pub fn run_json(run: &RunOutput, out: &Path) -> Result<serde_json::Value> {
-    let hyp_name = format!("test.{}.seed{}.hyp", run.objective.slug(), run.seed);
-    write_lines(&out.join(&hyp_name), &run.test_hyps)?;
-    Ok(serde_json::json!({
-        "objective": run.objective.name(),
-        "seed": run.seed,
-        "dev_bleu": run.dev_bleu,
-        "selected_step": run.selected_step,
-        "last_dev_bleu": run.last_dev_bleu,
-        "test_bleu": run.test_bleu,
-        "test_hyp": hyp_name,
-        "test_ref": "test.ref",
-        "signature": eval::BLEU_SIGNATURE_TOK_NONE,
-        "wall_s": run.wall_s,
-    }))
+    let record = selected_run_json(
+        &SelectedRun {
+            objective: run.objective.name(),
+            slug: run.objective.slug(),
+            seed: run.seed,
+            dev_bleu: run.dev_bleu,
+            selected_step: run.selected_step,
+            last_dev_bleu: run.last_dev_bleu,
+            test_bleu: run.test_bleu,
+            test_hyps: &run.test_hyps,
+            wall_s: run.wall_s,
+        },
+        out,
+    )?;
+    Ok(serde_json::Value::Object(record))
 }
 
 /// What the final report reads besides the runs.

@@ -2,11 +2,11 @@
 //! and label-smoothed cross-entropy; the checkpoint with the best dev BLEU (greedy) among the
 //! evaluations after the warm-up is the one scored on test.
 
-use crate::data::{make_batch, Batch, Batches, Encoded, EncodedCorpus, PAD};
+use crate::data::{Batch, Batches, EncodedCorpus, PAD};
 use crate::eval::bleu_100;
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
 use crate::model::translate;
-use crate::train::{adamw, learning_rate, restore, snapshot, LogRow};
+use crate::train::{adamw, learning_rate, restore, snapshot, teacher_forced_logits, LogRow};
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
@@ -155,14 +155,8 @@ pub fn run(
     for step in 0..cfg.steps {
         let step_started = Instant::now();
         optimizer.set_learning_rate(learning_rate(cfg.lr, cfg.lr_warmup, cfg.steps, step));
-        let examples: Vec<&Encoded> = batches
-            .next_indices()
-            .into_iter()
-            .map(|i| &data.train[i])
-            .collect();
-        let batch = make_batch(&examples, device)?;
-        let memory = model.encode(&batch.src, PAD, Some(&mut dropout))?;
-        let logits = model.logits(&model.decode(&batch.dec_in, &memory, Some(&mut dropout))?)?;
+        let (_, batch, logits) =
+            teacher_forced_logits(&model, data, &mut batches, &mut dropout, device)?;
         let use_bleu = objective == Objective::CeThenBleu && step >= cfg.bleu_start;
         let (refs, lengths) = bleu_inputs(&batch, &cfg.loss)?;
         // With BLEU: one fused op reads the logits once for both losses and writes one logits

@@ -3,11 +3,14 @@
 //! label-smoothed cross-entropy; each arm keeps the weights of its best dev evaluation.
 
 use crate::data::tokens::Vocab;
-use crate::data::{make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD};
+use crate::data::{source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD};
 use crate::eval;
 use crate::model::soft_decode::{weights_of, Feedback, SoftDecoder};
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
-use crate::train::{adamw, learning_rate, process_cpu_s, snapshot, LogRow, Snapshot, StepTime};
+use crate::train::{
+    adamw, learning_rate, process_cpu_s, snapshot, teacher_forced_logits, LogRow, Snapshot,
+    StepTime,
+};
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
     bleu_loss_from_logits, cross_entropy_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
@@ -335,14 +338,8 @@ pub fn train(
             cfg.total_steps(),
             step,
         ));
-        let examples: Vec<&Encoded> = batches
-            .next_indices()
-            .into_iter()
-            .map(|i| &data.train[i])
-            .collect();
-        let batch = make_batch(&examples, device)?;
-        let memory = model.encode(&batch.src, PAD, Some(&mut dropout))?;
-        let logits = model.logits(&model.decode(&batch.dec_in, &memory, Some(&mut dropout))?)?;
+        let (examples, batch, logits) =
+            teacher_forced_logits(model, data, &mut batches, &mut dropout, device)?;
         let ce = masked_cross_entropy(&logits, &batch, cfg.label_smoothing)?;
         let monitored = teacher_forced_bleu(&logits.detach(), &batch, &examples, &yardstick)?;
         let mut loss = match stretch.arm {

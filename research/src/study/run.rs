@@ -1,11 +1,12 @@
 //! One run of the study (an objective and a seed, from the seed's shared warm-up to its test
 //! measures), its `results.json` entry, and `--project`'s timing of every objective.
 
-use crate::data::tokens::write_lines;
 use crate::data::EncodedCorpus;
 use crate::eval;
 use crate::progress;
-use crate::train::{process_cpu_s, restore, snapshot, LogRow, StepTime};
+use crate::train::{
+    process_cpu_s, restore, selected_run_json, snapshot, LogRow, SelectedRun, StepTime,
+};
 use anyhow::{bail, Result};
 use candle_core::Device;
 use indicatif::MultiProgress;
@@ -136,18 +137,22 @@ pub fn run_arm(
 
 /// Writes `run`'s test hypotheses to `out` and returns its `results.json` entry.
 pub fn run_json(run: &RunOutput, out: &Path) -> Result<serde_json::Value> {
-    let hyp_name = format!("test.{}.seed{}.hyp", run.arm.slug(), run.seed);
-    write_lines(&out.join(&hyp_name), &run.test_hyps)?;
-    Ok(serde_json::json!({
-        "objective": run.arm.name,
-        "seed": run.seed,
-        "dev_bleu": run.dev_bleu,
-        "selected_step": run.selected_step,
-        "last_dev_bleu": run.last_dev_bleu,
-        "test_bleu": run.test_bleu,
-        "test_hyp": hyp_name,
-        "test_ref": "test.ref",
-        "signature": eval::BLEU_SIGNATURE_TOK_NONE,
+    let slug = run.arm.slug();
+    let mut record = selected_run_json(
+        &SelectedRun {
+            objective: run.arm.name,
+            slug: &slug,
+            seed: run.seed,
+            dev_bleu: run.dev_bleu,
+            selected_step: run.selected_step,
+            last_dev_bleu: run.last_dev_bleu,
+            test_bleu: run.test_bleu,
+            test_hyps: &run.test_hyps,
+            wall_s: run.wall_s,
+        },
+        out,
+    )?;
+    let own = serde_json::json!({
         "measures": run.measures,
         "init": run.arm.init,
         "cross_entropy": run.arm.ce,
@@ -157,8 +162,11 @@ pub fn run_json(run: &RunOutput, out: &Path) -> Result<serde_json::Value> {
         "decode": run.arm.decode,
         "train_s_per_step": run.step.wall_s,
         "train_cpu_s_per_step": run.step.cpu_s,
-        "wall_s": run.wall_s,
-    }))
+    });
+    if let serde_json::Value::Object(own) = own {
+        record.extend(own);
+    }
+    Ok(serde_json::Value::Object(record))
 }
 
 /// `--project`: times steps of every objective and one dev evaluation, and extrapolates.
