@@ -247,6 +247,25 @@ pub fn seed_tests(control: &[f64], systems: &[(String, Vec<f64>)]) -> Result<Vec
         .collect())
 }
 
+/// The grid point with the best dev score: the first among equals (grids list the values in
+/// the order a study prefers them), `None` for an empty grid. The λ grids of `translate`,
+/// `nat` and `ctc_nat` choose with it.
+///
+/// ```
+/// use candle_bleu_research::stats::best_on_dev;
+/// assert_eq!(best_on_dev(&[(0.1, 20.0), (0.3, 21.5), (1.0, 21.5)]), Some(0.3));
+/// assert_eq!(best_on_dev::<f64>(&[]), None);
+/// ```
+pub fn best_on_dev<T: Copy>(grid: &[(T, f64)]) -> Option<T> {
+    let mut best: Option<(T, f64)> = None;
+    for &(point, score) in grid {
+        if best.is_none_or(|(_, b)| score > b) {
+            best = Some((point, score));
+        }
+    }
+    best.map(|(point, _)| point)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,7 @@ use crate::nat::report::{
 };
 use crate::nat::teacher::{parse_ids, teacher_and_distilled, Teacher, TeacherSetup, TeacherStamp};
 use crate::progress::format_duration;
+use crate::stats::best_on_dev;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::StudyData;
 use crate::translate::evaluate::{
@@ -413,17 +414,6 @@ impl Study {
     }
 }
 
-/// The grid's objective with the best dev BLEU (the first among equals).
-fn best_of(grid: &[(CtcObjective, f64)]) -> CtcObjective {
-    let mut best = (grid[0].0, f64::NEG_INFINITY);
-    for &(o, d) in grid {
-        if d > best.1 {
-            best = (o, d);
-        }
-    }
-    best.0
-}
-
 fn grid_text(grid: &[(CtcObjective, f64)]) -> String {
     grid.iter()
         .map(|(o, d)| format!("{} {d:.2}", o.label()))
@@ -559,7 +549,9 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         grid.push((objective, state.best_dev_bleu));
         states.insert((format!("grid:{}", objective.label()), 1), state);
     }
-    let bon2 = best_of(&grid);
+    let Some(bon2) = best_on_dev(&grid) else {
+        bail!("internal: an empty λ grid")
+    };
     let CtcObjective::Bon2 { mixing } = bon2 else {
         bail!("internal: the grid holds ctc+bon2 objectives only")
     };

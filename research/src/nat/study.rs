@@ -26,6 +26,7 @@ use crate::decode::BeamConfig;
 use crate::model::nat::Nat;
 use crate::model::transformer::{Dropout, PositionAdd, TransformerConfig};
 use crate::progress::format_duration;
+use crate::stats::best_on_dev;
 use crate::translate::batches::{Batches, IdPairs};
 use crate::translate::data::{prepare, DataConfig, StudyData};
 use crate::translate::evaluate::{
@@ -642,19 +643,6 @@ fn kind(objective: &NatObjective) -> &'static str {
     }
 }
 
-/// The grid's objective with the best dev BLEU (the first among equals).
-fn best_of(grid: &[(NatObjective, f64)]) -> NatObjective {
-    grid.iter()
-        .fold((grid[0].0, f64::NEG_INFINITY), |best, &(o, d)| {
-            if d > best.1 {
-                (o, d)
-            } else {
-                best
-            }
-        })
-        .0
-}
-
 /// Runs the study `cfg` describes (see `docs/nat.md`).
 pub fn run_study(mut cfg: Config) -> Result<()> {
     if cfg.common.quick {
@@ -691,7 +679,9 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     costs.push(("NAT baselines".into(), part.elapsed().as_secs_f64()));
     let part = Instant::now();
     let grid = study.tune_bon2(&mut tracker, &pairs.distilled, &mut states)?;
-    let bon2 = best_of(&grid);
+    let Some(bon2) = best_on_dev(&grid) else {
+        bail!("internal: an empty λ grid")
+    };
     let NatObjective::Bon2 { mixing, .. } = bon2 else {
         bail!("internal: the grid holds bon2 objectives only")
     };

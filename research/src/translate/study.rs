@@ -6,6 +6,7 @@ use crate::cli::output_dir;
 use crate::data::Bpe;
 use crate::decode::{BeamConfig, MaxLength};
 use crate::model::transformer::{PositionAdd, Transformer, TransformerConfig};
+use crate::stats::best_on_dev;
 use crate::translate::data::{prepare, DataConfig, SplitData, StudyData};
 use crate::translate::evaluate::{
     decode_texts, score, segment_stats, Search, SegmentStats, TextScores, BLEU_SIGNATURE,
@@ -381,9 +382,9 @@ impl Study {
             }
         }
         let tuning = Tuning {
-            lambda: best_of(&lambda_grid),
+            lambda: best_on_dev(&lambda_grid).unwrap_or(f64::NAN),
             mu: if self.with_mrt() {
-                best_of(&mu_grid)
+                best_on_dev(&mu_grid).unwrap_or(f64::NAN)
             } else {
                 f64::NAN
             },
@@ -569,19 +570,6 @@ fn kind_of(objective: &str) -> String {
         "mrt" => "mrt".into(),
         form => format!("ce+{form}"),
     }
-}
-
-/// The grid value with the best dev BLEU (the smaller value on a tie).
-fn best_of(grid: &[(f64, f64)]) -> f64 {
-    grid.iter()
-        .fold((f64::NAN, f64::NEG_INFINITY), |best, &(v, d)| {
-            if d > best.1 {
-                (v, d)
-            } else {
-                best
-            }
-        })
-        .0
 }
 
 fn grid_text(grid: &[(f64, f64)]) -> String {
