@@ -139,7 +139,7 @@ for step in "${steps[@]}"; do
             # Longest first (their times under contention on 2026-11-27).
             for name in ${SUITE:-loss_extreme loss_spec_reference loss_exact loss_props loss_grad \
                 loss_errors loss_host_copies hidden training_loss cross_entropy docs_worked_example \
-                ctc_loss ctc_bleu}; do
+                ctc_loss ctc_bleu ce_options}; do
                 jobs+=("$set/$name")
             done
         done

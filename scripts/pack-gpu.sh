@@ -33,7 +33,7 @@ build="$repo_root/scripts/build-cuda.sh"
 # The test binaries (cargo target names).
 tests=(cuda_kernels distributed loss_errors loss_exact loss_extreme loss_grad loss_host_copies
     loss_props loss_spec_reference hidden cross_entropy training_loss docs_worked_example ctc_loss
-    ctc_bleu)
+    ctc_bleu ce_options)
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 kind=cuda
