@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The argument picks the call: `cross_entropy` (`cross_entropy_sum`, `cross_entropy_none`: the
-//! other reductions), `expected`, `lower_bound`, `paired` (from
+//! other reductions; `cross_entropy_z`: with the z-loss, λ = 1e-4), `expected`, `lower_bound`, `paired` (from
 //! logits), `hidden_cross_entropy`, `hidden_expected` (from hidden states `[4, 16, 64]`).
 
 use candle_bleu::loss::{
@@ -80,6 +80,7 @@ fn main() -> Result<()> {
             "cross_entropy_none" => CrossEntropyReduction::None,
             _ => CrossEntropyReduction::Mean,
         },
+        z_loss: if which == "cross_entropy_z" { 1e-4 } else { 0.0 },
         ..Default::default()
     };
     let cross_entropy = |logits: &Tensor| -> Result<Tensor> {

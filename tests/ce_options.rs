@@ -1,5 +1,6 @@
 //! The cross-entropy's options against PyTorch (tests/golden/ce_options_torch.py, committed with
 //! its output): `reduction` (mean, sum, none) with padding (`ignore_index`) and label smoothing,
+//! and the z-loss (`λ·lse²` per non-pad position, Liger's `lse_square_scale`),
 //! from logits and from hidden states, on the kernels and on the composed references — values
 //! and gradients to 1e-10 in f64 and 1e-5 relative in f32.
 //!
@@ -38,9 +39,7 @@ fn golden_cases() -> Vec<Value> {
 /// Whether the crate implements the option set `r` (the others are in the golden file for the
 /// options still to come).
 fn supported(r: &Value) -> bool {
-    !r["weighted"].as_bool().unwrap()
-        && r["z_loss"].as_f64().unwrap() == 0.0
-        && r["softcap"].is_null()
+    !r["weighted"].as_bool().unwrap() && r["softcap"].is_null()
 }
 
 fn reduction(r: &Value) -> CrossEntropyReduction {
@@ -57,6 +56,7 @@ fn config(r: &Value) -> CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: r["label_smoothing"].as_f64().unwrap(),
         reduction: reduction(r),
+        z_loss: r["z_loss"].as_f64().unwrap(),
     }
 }
 
@@ -199,8 +199,9 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
     Ok(checked)
 }
 
-/// 3 cases × 6 supported option sets (3 reductions × 2 label smoothings) × 2 paths.
-const SUPPORTED_CHECKS: usize = 3 * 6 * 2;
+/// 3 cases × 12 supported option sets (3 reductions × 2 label smoothings × z-loss off and on)
+/// × 2 paths.
+const SUPPORTED_CHECKS: usize = 3 * 12 * 2;
 
 #[test]
 fn golden_pytorch_f64() -> Result<()> {
@@ -298,5 +299,114 @@ fn reductions_at_their_edges() -> Result<()> {
             "{none}"
         );
     }
+    Ok(())
+}
+
+/// The z-loss scale must be finite and `>= 0`: a named error on both paths.
+#[test]
+fn a_bad_z_loss_scale_is_a_named_error() -> Result<()> {
+    let dev = test_device();
+    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
+    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
+    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
+    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    for z_loss in [-0.1, f64::NAN, f64::INFINITY] {
+        let cfg = CrossEntropyConfig {
+            z_loss,
+            ..Default::default()
+        };
+        for err in [
+            cross_entropy_from_logits(&logits, &targets, &cfg).unwrap_err(),
+            cross_entropy_from_hidden(&hidden, &proj, &targets, &cfg, &HiddenConfig::default())
+                .unwrap_err(),
+        ] {
+            let err = err.to_string();
+            assert!(err.contains("`z_loss` must be finite and >= 0"), "{err}");
+        }
+    }
+    Ok(())
+}
+
+/// The z-loss in a training step: every form of the BLEU loss (the paired form runs the
+/// self-match pass, whose backward applies the softmax Jacobian), from logits and from hidden
+/// states, the kernels against the composed references in f64 — values and gradients.
+#[test]
+fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
+    use candle_bleu::loss::{
+        ce_bleu_from_hidden, ce_bleu_from_hidden_composed, ce_bleu_from_logits,
+        ce_bleu_from_logits_composed, BleuLossConfig, Form, References, TrainingLossConfig,
+        TrainingTargets,
+    };
+    let dev = test_device();
+    let (batch, seq, dim, vocab) = (2, 4, 3, 6);
+    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
+        (0..n)
+            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+            .collect()
+    };
+    let hidden = Tensor::from_vec(values(batch * seq * dim, 1.5, 0.1), (batch, seq, dim), &dev)?;
+    let weight = Tensor::from_vec(values(vocab * dim, 1.0, 0.4), (vocab, dim), &dev)?;
+    let bias = Tensor::from_vec(values(vocab, 0.5, 0.7), vocab, &dev)?;
+    let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 1, 0, 0]], &dev)?;
+    let refs = References::from_ids(&tokens, 0)?;
+    let targets = TrainingTargets::new(&tokens, &refs);
+    let blocks = HiddenConfig {
+        block_elements: 2 * vocab,
+        ..Default::default()
+    };
+    let mut checked = 0;
+    for form in [Form::Expected, Form::Paired, Form::LowerBound] {
+        let cfg = TrainingLossConfig {
+            bleu_weight: 0.7,
+            ce: CrossEntropyConfig {
+                pad_id: Some(0),
+                label_smoothing: 0.1,
+                z_loss: 0.05,
+                ..Default::default()
+            },
+            bleu: BleuLossConfig {
+                form,
+                ..Default::default()
+            },
+        };
+        let run = |from_hidden: bool, composed: bool| -> Result<Vec<Vec<f64>>> {
+            let (h, w, b) = (
+                Var::from_tensor(&hidden)?,
+                Var::from_tensor(&weight)?,
+                Var::from_tensor(&bias)?,
+            );
+            let proj = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+            let out = match (from_hidden, composed) {
+                (true, false) => {
+                    ce_bleu_from_hidden(h.as_tensor(), &proj, &targets, &cfg, &blocks)?
+                }
+                (true, true) => {
+                    ce_bleu_from_hidden_composed(h.as_tensor(), &proj, &targets, &cfg, &blocks)?
+                }
+                (false, c) => {
+                    let logits = candle_core::Module::forward(&proj, h.as_tensor())?;
+                    if c {
+                        ce_bleu_from_logits_composed(&logits, &targets, &cfg)?
+                    } else {
+                        ce_bleu_from_logits(&logits, &targets, &cfg)?
+                    }
+                }
+            };
+            let grads = out.loss.backward()?;
+            let mut all = vec![flat(&out.loss)?, flat(&out.cross_entropy)?];
+            for v in [&h, &w, &b] {
+                all.push(flat(grads.get(v.as_tensor()).expect("a gradient"))?);
+            }
+            Ok(all)
+        };
+        for from_hidden in [false, true] {
+            let (kernels, composed) = (run(from_hidden, false)?, run(from_hidden, true)?);
+            for (k, c) in kernels.iter().zip(&composed) {
+                compare(&format!("{form:?}, hidden {from_hidden}"), k, c, 1e-10);
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 6);
     Ok(())
 }

@@ -126,6 +126,22 @@ impl CheckedInput {
     }
 }
 
+impl Hypotheses<'_> {
+    /// The device the hypotheses are on.
+    fn device(&self) -> &Device {
+        match self {
+            Hypotheses::Probs(t) | Hypotheses::Logits(t) => t.device(),
+            Hypotheses::Hidden { hidden, .. } => hidden.device(),
+        }
+    }
+}
+
+/// Whether `cfg` asks for an option only the CPU kernels (and the composed ops) compute: the
+/// z-loss (the CUDA kernels take padding and label smoothing only).
+fn needs_cpu_kernels(cfg: &CrossEntropyConfig) -> bool {
+    cfg.z_loss != 0.0
+}
+
 /// The name of a tensor input in messages.
 fn input_name(probs: bool) -> &'static str {
     if probs {
@@ -314,6 +330,7 @@ pub(crate) fn cross_entropy_call<'a>(
     cfg: &CrossEntropyConfig,
     path: Path,
 ) -> Result<(CheckedInput, CheckedTargets<'a>)> {
+    let path = path.for_options(input.device(), needs_cpu_kernels(cfg));
     let shaped = shaped(input, path, false)?;
     let targets = input_targets(&shaped.shape(), targets, cfg)?;
     Ok((shaped.finish(false)?, targets))
@@ -337,6 +354,7 @@ pub(crate) fn training_call<'a>(
             "`ce.reduction` None: a training step's loss `cross_entropy + bleu_weight · bleu` is a scalar; take per-position losses from `cross_entropy_from_logits` or `cross_entropy_from_hidden`"
         );
     }
+    let path = path.for_options(input.device(), needs_cpu_kernels(&cfg.ce));
     let shaped = shaped(input, path, cfg.bleu.check_values)?;
     let targets = {
         let shape = shaped.shape();
@@ -584,6 +602,9 @@ fn checked_targets<'a>(
     if !(eps.is_finite() && (0.0..1.0).contains(&eps)) {
         bail!("`label_smoothing` must be in [0, 1), got {eps}");
     }
+    if !(cfg.z_loss.is_finite() && cfg.z_loss >= 0.0) {
+        bail!("`z_loss` must be finite and >= 0, got {}", cfg.z_loss);
+    }
     let pad_id = cfg.pad_id;
     let count = if targets.device().is_cpu() {
         host::with_cpu_slice::<u32, _>(targets, |values| {
@@ -629,6 +650,7 @@ fn checked_targets<'a>(
         terms: CrossEntropyTerms {
             pad_id,
             label_smoothing: eps,
+            z_loss: cfg.z_loss,
         },
         count,
         divisor: 1,

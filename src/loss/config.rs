@@ -206,6 +206,10 @@ pub struct CrossEntropyConfig {
     pub label_smoothing: f64,
     /// The mean, the sum, or each position's loss (PyTorch's `reduction`).
     pub reduction: CrossEntropyReduction,
+    /// The z-loss scale `λ` (finite, `>= 0`; 0, the default, is off): each non-pad position's
+    /// loss adds `λ·lse²`, `lse = log Σ_v exp(z_v)` (PaLM's auxiliary loss that keeps the
+    /// logits from drifting; Liger-Kernel's `lse_square_scale`), reduced with the cross-entropy.
+    pub z_loss: f64,
 }
 
 /// The loss of a training step and its two parts.

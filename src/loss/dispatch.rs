@@ -33,6 +33,17 @@ impl Path {
         self == Path::Kernels && device.is_cpu()
     }
 
+    /// The path for a cross-entropy with options the CUDA kernels do not compute (the z-loss):
+    /// composed ops instead of the CUDA kernels off the CPU — the CPU kernels' numbers, never a
+    /// silent change of them. The CPU kernels compute every option.
+    pub(crate) fn for_options(self, device: &Device, cpu_kernels_only: bool) -> Self {
+        if self == Path::Kernels && cpu_kernels_only && !device.is_cpu() {
+            Path::Composed
+        } else {
+            self
+        }
+    }
+
     /// Whether the kernels that run find non-finite logits in their own pass, so that the
     /// separate check is skipped: exactly when the CPU kernels run (the CUDA kernels and the
     /// composed ops do not look).

@@ -59,6 +59,7 @@ pub(crate) fn hidden_rows(
                 pad_id,
                 label_smoothing,
                 inv_count,
+                z_loss: targets.map_or(0.0, |t| t.terms.z_loss),
                 seq,
                 vocab,
             },
@@ -85,6 +86,7 @@ pub(crate) fn hidden_rows(
                 })
                 .transpose()?,
             label_smoothing: targets.map_or(0.0, |t| t.terms.label_smoothing),
+            z_loss: targets.map_or(0.0, |t| t.terms.z_loss),
             layout,
         };
         HiddenBlocks::Composed(ComposedBlocks::forward(

@@ -15,7 +15,8 @@ The options are those of Liger-Kernel's fused cross-entropy and of PyTorch's `F.
 - the token accuracy (Liger's `return_token_accuracy`): the share of non-ignored targets that
   are the argmax of their (capped) logits.
 
-Every case records the inputs, the options, and PyTorch's loss, z-loss, token accuracy and
+Every case records the inputs, the options (`z_loss` is the scale), and PyTorch's loss, the
+z-loss term (`z_loss_value`, reduced as the loss), the token accuracy and
 gradients: with respect to the logits (`kind = "logits"`), or to the hidden states, the output
 layer's weight `[V, D]` and its bias (`kind = "hidden"`, logits `h W^T + b`). For
 `reduction = none` the loss is per token `[B, S]` (0 at ignored tokens) and the gradient is that
@@ -127,7 +128,7 @@ def logits_case(rng, name, batch, seq, vocab, pads, scale):
             {
                 **opt,
                 "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss.detach()),
-                "z_loss": float(z.detach()),
+                "z_loss_value": float(z.detach()),
                 "token_accuracy": acc,
                 "grad_logits": x.grad.reshape(-1).tolist(),
             }
@@ -164,7 +165,7 @@ def hidden_case(rng, name, batch, seq, dim, vocab, pads):
             {
                 **opt,
                 "loss": loss.detach().reshape(-1).tolist() if opt["reduction"] == "none" else float(loss.detach()),
-                "z_loss": float(z.detach()),
+                "z_loss_value": float(z.detach()),
                 "token_accuracy": acc,
                 "grad_hidden": h.grad.reshape(-1).tolist(),
                 "grad_weight": wt.grad.reshape(-1).tolist(),

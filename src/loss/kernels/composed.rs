@@ -39,7 +39,7 @@ pub(crate) fn cross_entropy(
 }
 
 /// Each position's cross-entropy term `[B, S]`, 0 at padding:
-/// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])`.
+/// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v]) + λ·lse²` (the z-loss when `λ ≠ 0`).
 pub(crate) fn token_cross_entropy(
     logits: &Tensor,
     targets: &Tensor,
@@ -55,6 +55,11 @@ pub(crate) fn token_cross_entropy(
     let mut row_loss = target_log_probs.affine(-(1.0 - eps), 0.0)?;
     if eps != 0.0 {
         row_loss = (row_loss - log_probs.mean(2)?.affine(eps, 0.0)?)?;
+    }
+    if terms.z_loss != 0.0 {
+        // PaLM's z-loss, λ·lse² per position (Liger's `lse_square_scale`).
+        let lse = logits.log_sum_exp(D::Minus1)?;
+        row_loss = (row_loss + lse.sqr()?.affine(terms.z_loss, 0.0)?)?;
     }
     let weights = pad_mask.to_dtype(dtype)?;
     row_loss * &weights

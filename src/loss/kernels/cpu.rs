@@ -267,6 +267,8 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
 pub(crate) struct CrossEntropyTerms {
     pub pad_id: Option<u32>,
     pub label_smoothing: f64,
+    /// The z-loss scale `λ`: each non-pad row's term adds `λ·lse²` (0: off).
+    pub z_loss: f64,
 }
 
 /// What the row pass needs to know about the targets.
@@ -278,6 +280,8 @@ pub(crate) struct TargetRows<'a> {
     pub label_smoothing: f64,
     /// `1 / (number of non-pad rows)`.
     pub inv_count: f64,
+    /// The z-loss scale `λ` (0: off).
+    pub z_loss: f64,
 }
 
 impl<'a> TargetRows<'a> {
@@ -289,6 +293,7 @@ impl<'a> TargetRows<'a> {
             pad_id: terms.pad_id,
             label_smoothing: terms.label_smoothing,
             inv_count,
+            z_loss: terms.z_loss,
         }
     }
 
@@ -299,6 +304,7 @@ impl<'a> TargetRows<'a> {
             pad_id: None,
             label_smoothing: 0.0,
             inv_count: 0.0,
+            z_loss: 0.0,
         }
     }
 
@@ -331,7 +337,8 @@ impl<'a> TargetRows<'a> {
         out[3] = T::from_f64(self.weight(row_index));
     }
 
-    /// The row's cross-entropy term `w·(lse − (1 − ε)·x_t − ε·mean_v x_v)` from its statistics.
+    /// The row's cross-entropy term `w·(lse − (1 − ε)·x_t − ε·mean_v x_v + λ·lse²)` from its
+    /// statistics (the z-loss `λ·lse²` only when `λ ≠ 0`).
     #[inline]
     fn cross_entropy<T: KernelFloat>(&self, row: &[T], row_index: usize, stats: (T, T, T)) -> T {
         let weight = self.weight(row_index);
@@ -346,7 +353,12 @@ impl<'a> TargetRows<'a> {
         let lse = max.to_f64() + sum.to_f64().ln();
         let target_logit = row[target as usize].to_f64();
         let mean_logit = logit_sum.to_f64() / row.len() as f64;
-        T::from_f64(weight * (lse - (1.0 - eps) * target_logit - eps * mean_logit))
+        let term = lse - (1.0 - eps) * target_logit - eps * mean_logit;
+        if self.z_loss == 0.0 {
+            T::from_f64(weight * term)
+        } else {
+            T::from_f64(weight * (term + self.z_loss * lse * lse))
+        }
     }
 }
 
@@ -440,14 +452,15 @@ pub(crate) fn forward_rows_into<T: KernelFloat>(
 }
 
 /// The coefficients of one row's logits gradient (see [`backward_rows_into`]): `(scale, offset,
-/// ce_grad)` with `scale = (h·w − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` and `ce_grad = h·w`,
-/// from the row's forward output `stats` and its incoming gradient `grads` (same layout).
+/// ce_grad)` with `scale = (h·w·(1 + 2λ·lse) − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` and
+/// `ce_grad = h·w`, from the row's forward output `stats` and its incoming gradient `grads`
+/// (same layout); `λ` the z-loss scale.
 #[inline]
 pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     stats: &[T],
     grads: &[T],
     width: usize,
-    label_smoothing: f64,
+    (label_smoothing, z_loss): (f64, f64),
     vocab: usize,
 ) -> (T, T, T) {
     let layout = RowLayout::rows(width);
@@ -457,9 +470,22 @@ pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     for k in 0..width {
         weighted += grads[k] * stats[k];
     }
-    let scale = (ce_grad - weighted) / sum;
+    let dense = z_dense(ce_grad, z_loss, stats[layout.max_column()], sum);
+    let scale = (dense - weighted) / sum;
     let offset = T::ZERO - ce_grad * T::from_f64(label_smoothing / vocab as f64);
     (scale, offset, ce_grad)
+}
+
+/// The coefficient of `p_v` in a row's cross-entropy gradient: `h·w`, times `1 + 2λ·lse` with
+/// the z-loss (`∂(λ·lse²)/∂z_v = 2λ·lse·p_v`), `lse = max + ln(sum)` from the row's statistics.
+#[inline]
+fn z_dense<T: KernelFloat>(ce_grad: T, z_loss: f64, max: T, sum: T) -> T {
+    if z_loss == 0.0 {
+        ce_grad
+    } else {
+        let lse = max.to_f64() + sum.to_f64().ln();
+        ce_grad * T::from_f64(1.0 + 2.0 * z_loss * lse)
+    }
 }
 
 /// The sparse terms of a row's logits gradient: `−h·w·(1 − ε)` at the target and `s_k` at
@@ -604,7 +630,7 @@ fn backward_rows_columns_into<T: KernelFloat>(
             let grads = &grad_out[local * stride..][..stride];
             let max = stats[layout.max_column()];
             let (scale, offset, ce_grad) =
-                row_gradient_coefficients(stats, grads, width, eps, vocab);
+                row_gradient_coefficients(stats, grads, width, (eps, rows.z_loss), vocab);
             let row_ids = gathered.row_ids(row_index);
             let target = rows.target(row_index);
             let terms = (0..width).map(|k| grads[k] * stats[k]);
@@ -675,15 +701,16 @@ pub(crate) fn row_log_sum_exp<T: KernelFloat>(row: &[T]) -> Option<f64> {
 
 /// The softmax Jacobian applied in place to one row's gradient: `g` holds the dense gradient of
 /// the probabilities `p` and becomes the logits gradient
-/// `p ⊙ (g + h·w − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
-/// for sparse gradients `s_k` at `ids` and a cross-entropy gradient `ce_grad = h·w`.
+/// `p ⊙ (g + d − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
+/// for sparse gradients `s_k` at `ids` and the cross-entropy gradients `ce_grads = (h·w, d)`,
+/// `d = h·w·(1 + 2λ·lse)` the coefficient of `p` (`h·w` without the z-loss).
 #[inline(always)]
 fn jacobian_row_in_place_body<T: KernelFloat>(
     p: &[T],
     g: &mut [T],
     ids: &[u32],
     sparse: &[T],
-    ce_grad: T,
+    (ce_grad, ce_dense): (T, T),
     target: Option<u32>,
     eps: f64,
 ) {
@@ -691,7 +718,7 @@ fn jacobian_row_in_place_body<T: KernelFloat>(
     for (&id, &s) in ids.iter().zip(sparse) {
         dot += p[id as usize] * s;
     }
-    let shift = ce_grad - dot;
+    let shift = ce_dense - dot;
     let offset = T::ZERO - ce_grad * T::from_f64(eps / p.len() as f64);
     for (o, &pv) in g.iter_mut().zip(p) {
         *o = pv * (*o + shift) + offset;
@@ -708,7 +735,7 @@ wide_vectors! {
         g: &mut [T],
         ids: &[u32],
         sparse: &[T],
-        ce_grad: T,
+        ce_grads: (T, T),
         target: Option<u32>,
         eps: f64,
     ) -> () = jacobian_row_in_place_body;
@@ -743,7 +770,7 @@ pub(crate) fn softmax_backward<T: KernelFloat>(
         .zip(probs.par_chunks(vocab).zip(grad_probs.par_chunks(vocab)))
         .for_each(|(g, (p, dp))| {
             g.copy_from_slice(dp);
-            jacobian_row_in_place(p, g, &[], &[], T::ZERO, None, 0.0);
+            jacobian_row_in_place(p, g, &[], &[], (T::ZERO, T::ZERO), None, 0.0);
         });
     grad
 }
@@ -863,13 +890,15 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
         .for_each(|(local, (g, p))| {
             let row_index = first_row + local;
             let grads = &grad_out[local * stride..][..stride];
-            let ce_grad = grads[layout.ce_column()] * out[local * stride + layout.weight_column()];
+            let stats = &out[local * stride..][..stride];
+            let ce_grad = grads[layout.ce_column()] * stats[layout.weight_column()];
+            let (max, sum) = (stats[layout.max_column()], stats[layout.sum_column()]);
             jacobian_row_in_place(
                 p,
                 g,
                 gathered.row_ids(row_index),
                 &grads[layout.gathered_start()..layout.ce_column()],
-                ce_grad,
+                (ce_grad, z_dense(ce_grad, rows.z_loss, max, sum)),
                 rows.target(row_index),
                 eps,
             );
@@ -938,6 +967,7 @@ mod tests {
         let terms = CrossEntropyTerms {
             pad_id: Some(0),
             label_smoothing: 0.0,
+            z_loss: 0.0,
         };
         let non_pad = [3u32];
         let rows = TargetRows::new(&non_pad, terms, 1.0);

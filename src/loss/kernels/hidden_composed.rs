@@ -19,6 +19,8 @@ pub(crate) struct ComposedRows {
     /// padding).
     pub targets: Option<(Tensor, Tensor)>,
     pub label_smoothing: f64,
+    /// The z-loss scale `λ` (0: off): each row's term adds `λ·lse²`.
+    pub z_loss: f64,
     /// The columns of a row: `Z` (`S` of them, paired form), the gathered ids' and `ce`; no
     /// statistics.
     pub layout: RowLayout,
@@ -50,6 +52,10 @@ impl ComposedRows {
                     .affine(-(1.0 - eps), 0.0)?;
                 if eps != 0.0 {
                     row = (row - log_probs.mean_keepdim(1)?.affine(eps, 0.0)?)?;
+                }
+                if self.z_loss != 0.0 {
+                    let lse = logits.log_sum_exp(1)?.unsqueeze(1)?;
+                    row = (row + lse.sqr()?.affine(self.z_loss, 0.0)?)?;
                 }
                 row.broadcast_mul(&weights.narrow(0, start, n)?.unsqueeze(1)?)?
             }

@@ -36,6 +36,8 @@ pub(crate) struct RowSpec {
     pub pad_id: Option<u32>,
     pub label_smoothing: f64,
     pub inv_count: f64,
+    /// The z-loss scale `λ` (0: off).
+    pub z_loss: f64,
     pub seq: usize,
     pub vocab: usize,
 }
@@ -56,6 +58,7 @@ impl RowSpec {
                 pad_id: self.pad_id,
                 label_smoothing: self.label_smoothing,
                 inv_count: self.inv_count,
+                z_loss: self.z_loss,
             },
             None => TargetRows::none(),
         }
@@ -437,7 +440,8 @@ impl CpuBlocks {
             let row = block.start + r;
             let stats = &block.out[r * stride..][..stride];
             let grads_r = &block.grad_out[r * stride..][..stride];
-            let (_, offset, ce_grad) = row_gradient_coefficients(stats, grads_r, width, eps, vocab);
+            let (_, offset, ce_grad) =
+                row_gradient_coefficients(stats, grads_r, width, (eps, spec.z_loss), vocab);
             let hidden_r = &block.hidden_block[r * dim..][..dim];
             let grad_hidden_r = &mut grad_hidden[r * dim..][..dim];
             if offset != T::ZERO {
@@ -630,6 +634,7 @@ mod tests {
                     pad_id: with_targets.then_some(targets[2]),
                     label_smoothing: if with_targets { 0.1 } else { 0.0 },
                     inv_count: 1.0 / rows as f64,
+                    z_loss: 0.0,
                     seq,
                     vocab,
                 };
