@@ -80,7 +80,11 @@ fn main() -> Result<()> {
             "cross_entropy_none" => CrossEntropyReduction::None,
             _ => CrossEntropyReduction::Mean,
         },
-        z_loss: if which == "cross_entropy_z" { 1e-4 } else { 0.0 },
+        z_loss: if which == "cross_entropy_z" {
+            1e-4
+        } else {
+            0.0
+        },
         ..Default::default()
     };
     let cross_entropy = |logits: &Tensor| -> Result<Tensor> {
