@@ -557,3 +557,86 @@ fn the_loss_reads_one_number_to_the_host() -> Result<()> {
     assert_eq!(candle_bleu::loss::host_copies() - before, 1);
     Ok(())
 }
+
+/// The remaining entry points' data-parallel forms: the BLEU loss on probabilities
+/// (`distributed::bleu_loss`) and on CTC outputs (`distributed::ctc_bleu_loss_from_logits`),
+/// 2 workers of 3 + 2 elements against one process, both reductions: the loss of the global
+/// batch on every worker, and each worker's gradient of its own inputs the single-process one.
+#[test]
+fn probabilities_and_ctc_outputs_data_parallel() -> Result<()> {
+    use candle_bleu::loss::{bleu_loss, ctc_bleu_loss_from_logits};
+    let fixture = Fixture::new(false)?;
+    let vars = fixture.vars()?;
+    let logits = fixture.logits(&vars, 0, BATCH)?.detach();
+    let refs = References::from_ids(&fixture.ref_ids, PAD)?;
+    for reduction in [Reduction::Corpus, Reduction::SentenceMean] {
+        let cfg = BleuLossConfig {
+            max_order: 3,
+            reduction,
+            ..Default::default()
+        };
+        for ctc in [false, true] {
+            // One process: the loss and the gradient of the whole batch's inputs.
+            let input = |x: &Tensor| -> Result<Tensor> {
+                if ctc {
+                    Ok(x.clone())
+                } else {
+                    candle_nn::ops::softmax(x, candle_core::D::Minus1)
+                }
+            };
+            let x = Var::from_tensor(&logits)?;
+            let single = if ctc {
+                ctc_bleu_loss_from_logits(x.as_tensor(), None, &refs, PAD, &cfg)?
+            } else {
+                bleu_loss(&input(x.as_tensor())?, Some(&fixture.lengths), &refs, &cfg)?
+            };
+            let single_grad = single.loss.backward()?.get(x.as_tensor()).unwrap().clone();
+            let single_loss = single.loss.to_scalar::<f64>()?;
+            let results = in_threads(2, |r| -> Result<(f64, Vec<f64>, Vec<f64>)> {
+                let (start, len) = shard_range(BATCH, r.rank(), r.world_size())?;
+                let x = Var::from_tensor(&logits.narrow(0, start, len)?)?;
+                let shard_refs =
+                    References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
+                let out = if ctc {
+                    distributed::ctc_bleu_loss_from_logits(
+                        x.as_tensor(),
+                        None,
+                        &shard_refs,
+                        PAD,
+                        &cfg,
+                        r,
+                    )?
+                } else {
+                    let lengths = fixture.lengths.narrow(0, start, len)?;
+                    distributed::bleu_loss(
+                        &input(x.as_tensor())?,
+                        Some(&lengths),
+                        &shard_refs,
+                        &cfg,
+                        r,
+                    )?
+                };
+                let grad = out
+                    .loss
+                    .backward()?
+                    .get(x.as_tensor())
+                    .unwrap()
+                    .flatten_all()?;
+                let expected = single_grad.narrow(0, start, len)?.flatten_all()?;
+                Ok((out.loss.to_scalar()?, grad.to_vec1()?, expected.to_vec1()?))
+            });
+            for (rank, result) in results.into_iter().enumerate() {
+                let (loss, grad, expected) = result?;
+                let what = format!("{reduction:?}, ctc {ctc}, worker {rank}");
+                assert!(
+                    (loss - single_loss).abs() < TOLERANCE,
+                    "{what}: {loss} vs {single_loss}"
+                );
+                for (a, b) in grad.iter().zip(&expected) {
+                    assert!((a - b).abs() < TOLERANCE, "{what}: gradient {a} vs {b}");
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -69,7 +69,15 @@ pub fn ctc_bleu_loss_from_logits(
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
     let path = Path::for_device(logits.device());
-    ctc_bleu_on(logits, input_lengths, refs, blank, cfg, path)
+    ctc_bleu_on(
+        logits,
+        input_lengths,
+        refs,
+        blank,
+        cfg,
+        path,
+        Reducer::Local,
+    )
 }
 
 /// [`ctc_bleu_loss_from_logits`] as composed candle ops (`candle_nn::ops::softmax`, gathers and
@@ -83,22 +91,33 @@ pub fn ctc_bleu_loss_from_logits_composed(
     blank: u32,
     cfg: &BleuLossConfig,
 ) -> Result<BleuLossOutput> {
-    ctc_bleu_on(logits, input_lengths, refs, blank, cfg, Path::Composed)
+    ctc_bleu_on(
+        logits,
+        input_lengths,
+        refs,
+        blank,
+        cfg,
+        Path::Composed,
+        Reducer::Local,
+    )
 }
 
-fn ctc_bleu_on(
+/// The BLEU loss on CTC outputs with `reducer`'s sums: this process's, or a data-parallel
+/// group's (`distributed::ctc_bleu_loss_from_logits`).
+pub(crate) fn ctc_bleu_on(
     logits: &Tensor,
     input_lengths: Option<&Tensor>,
     refs: &References,
     blank: u32,
     cfg: &BleuLossConfig,
     path: Path,
+    reducer: Reducer,
 ) -> Result<BleuLossOutput> {
     let checked = ctc_bleu_call(logits, input_lengths, refs, blank, cfg, path)?;
     let side = refs.side(cfg.max_order, None, checked.logits.tensor.dtype())?;
     let width = side.first[0].dim(1)?;
     let expected = ctc_counts_pass(&checked, refs, blank, cfg.max_order, width)?;
-    Reducer::Local.bleu(ctc_statistics(expected, &side, cfg)?, cfg)
+    reducer.bleu(ctc_statistics(expected, &side, cfg)?, cfg)
 }
 
 /// The expected n-gram statistics of CTC outputs' collapsed sequences, before clipping: what

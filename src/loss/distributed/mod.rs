@@ -122,6 +122,7 @@ use super::config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, HiddenConfig, TrainingLoss,
     TrainingLossConfig,
 };
+use super::ctc_bleu::ctc_bleu_on;
 use super::dispatch::Path;
 use super::hidden::hidden_input;
 use super::reduce::{
@@ -286,6 +287,38 @@ pub fn bleu_loss_from_logits(
         path,
         group,
     )
+}
+
+/// The BLEU loss of the global batch from this worker's shard of probabilities:
+/// [`crate::loss::bleu_loss`] for data-parallel workers (composed ops, as that function).
+/// Returns the global loss and **this worker's** per-element statistics.
+pub fn bleu_loss(
+    hyp_probs: &Tensor,
+    hyp_lengths: Option<&Tensor>,
+    refs: &References,
+    cfg: &BleuLossConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<BleuLossOutput> {
+    let group = Reducer::Group(&reduce);
+    let input = Hypotheses::Probs(hyp_probs);
+    run::bleu(input, hyp_lengths, refs, cfg, Path::Composed, group)
+}
+
+/// The BLEU loss on CTC outputs of the global batch from this worker's shard:
+/// [`crate::loss::ctc_bleu_loss_from_logits`] for data-parallel workers (the globally summed
+/// expected statistics, scored once). Returns the global loss and **this worker's**
+/// per-element statistics.
+pub fn ctc_bleu_loss_from_logits(
+    logits: &Tensor,
+    input_lengths: Option<&Tensor>,
+    refs: &References,
+    blank: u32,
+    cfg: &BleuLossConfig,
+    reduce: &(impl AllReduce + ?Sized),
+) -> Result<BleuLossOutput> {
+    let path = Path::for_device(logits.device());
+    let group = Reducer::Group(&reduce);
+    ctc_bleu_on(logits, input_lengths, refs, blank, cfg, path, group)
 }
 
 /// [`bleu_loss_from_logits`] from the hidden states and the output layer:
