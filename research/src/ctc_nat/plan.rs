@@ -33,10 +33,11 @@ fn ctc_s(cfg: &Config) -> f64 {
 }
 
 /// The plan: `(kind, steps)` per run to come, and the estimated minutes of each part
-/// (`teacher_steps`: the teacher's steps still to train, 0 when it is reused).
+/// (`distill_sources`: the training sources to distil, 0 when the cache holds them;
+/// `teacher_steps`: the teacher's steps still to train, 0 when it is reused).
 pub(super) fn plan(
     cfg: &Config,
-    train_pairs: usize,
+    distill_sources: usize,
     teacher_steps: usize,
 ) -> (Vec<(String, usize)>, Vec<PartMinutes>) {
     let seeds = cfg.common.seeds as usize;
@@ -49,7 +50,9 @@ pub(super) fn plan(
     if teacher_steps > 0 {
         kinds.push((TEACHER.into(), teacher_steps));
     }
-    kinds.push((DISTILL.into(), train_pairs.div_ceil(DISTILL_CHUNK)));
+    if distill_sources > 0 {
+        kinds.push((DISTILL.into(), distill_sources.div_ceil(DISTILL_CHUNK)));
+    }
     let teacher_minutes = teacher_steps as f64 * AR_MS_PER_STEP / 6e4;
     let minutes = vec![
         (
@@ -58,7 +61,7 @@ pub(super) fn plan(
         ),
         (
             "distillation (beam 5)".into(),
-            train_pairs as f64 * DISTILL_SECONDS_PER_SOURCE / 60.0,
+            distill_sources as f64 * DISTILL_SECONDS_PER_SOURCE / 60.0,
         ),
         (
             format!("CTC baselines (r = {})", cfg.ratio),

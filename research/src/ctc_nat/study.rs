@@ -22,12 +22,14 @@ use crate::decode::{BeamConfig, Specials};
 use crate::model::ctc_nat::{CtcNat, BLANK};
 use crate::model::transformer::{Dropout, TransformerConfig};
 use crate::nat::decode::{repetition_share, timed};
-use crate::nat::files::{read_lines_gz, write_lines_gz};
+use crate::nat::files::{file_sha256, read_lines_gz, write_lines_gz};
 use crate::nat::objective::Mixing;
 use crate::nat::report::{
     bootstraps_vs, delta_text, find, mean_sd_text, seed_level_tests_vs, summary, NatRecord,
 };
-use crate::nat::teacher::{parse_ids, teacher_and_distilled, Teacher, TeacherSetup, TeacherStamp};
+use crate::nat::teacher::{
+    parse_ids, teacher_and_distilled, DistillRecord, Teacher, TeacherSetup, TeacherStamp,
+};
 use crate::progress::format_duration;
 use crate::stats::best_on_dev;
 use crate::translate::batches::{Batches, IdPairs};
@@ -206,6 +208,25 @@ impl Study {
             Some(s) if matches && s.done => 0,
             Some(s) if matches => self.cfg.recipe().steps.saturating_sub(s.step),
             _ => self.cfg.recipe().steps,
+        })
+    }
+
+    /// Whether the distilled targets in the output folder are the plateau teacher's (its best
+    /// weights' SHA-256, the corpus'), so that the run will read them instead of decoding: the
+    /// plan then leaves the distillation out. A teacher still to train, or the translate
+    /// study's, counts as not cached.
+    fn distillation_cached(&self, teacher_steps: usize) -> Result<bool> {
+        if teacher_steps > 0 || self.cfg.teacher == TeacherChoice::Translate {
+            return Ok(false);
+        }
+        let record: Option<DistillRecord> = load_json(&self.out.join("distilled.json"))?;
+        let weights = best_weights(&self.cfg.teacher_dir().join("teacher"));
+        Ok(match record {
+            Some(r) if weights.exists() && self.out.join("distilled.ids.gz").exists() => {
+                r.teacher_sha256 == file_sha256(&weights)?
+                    && r.corpus_sha256 == self.data.summary.sha256
+            }
+            _ => false,
         })
     }
 
@@ -508,7 +529,12 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     }
 
     let teacher_steps = study.teacher_steps_left()?;
-    let (kinds, planned_minutes) = plan(cfg, study.data.train.ids.len(), teacher_steps);
+    let distill_sources = if study.distillation_cached(teacher_steps)? {
+        0
+    } else {
+        study.data.train.ids.len()
+    };
+    let (kinds, planned_minutes) = plan(cfg, distill_sources, teacher_steps);
     let total: f64 = planned_minutes.iter().map(|m| m.1).sum();
     println!(
         "plan: {} seeds, r = {}, baseline cap {} steps (selection from step {}), grid {}, fine-tunes {} steps; estimated from measured costs on 2 cores:",
