@@ -98,8 +98,8 @@ pub(crate) struct LogitsPass {
     pub self_match: Option<Tensor>,
     /// `[B, S, V]`: every probability.
     pub probs: Option<Tensor>,
-    /// Scalar: the mean cross-entropy against the targets.
-    pub cross_entropy: Option<Tensor>,
+    /// The cross-entropy's token terms against the targets.
+    pub cross_entropy: Option<TokenLosses>,
 }
 
 /// One pass over checked `[B, S, V]` logits in their compute dtype: what `gather` asks for
@@ -139,7 +139,12 @@ pub(crate) fn logits_pass(
         self_match: layout.self_match_part(&out)?,
         probs: None,
         cross_entropy: targets
-            .map(|_| layout.cross_entropy_part(&out)?.sum_all())
+            .map(|_| -> Result<TokenLosses> {
+                Ok(TokenLosses {
+                    terms: layout.cross_entropy_part(&out)?,
+                    divided: true,
+                })
+            })
             .transpose()?,
     })
 }
@@ -151,7 +156,12 @@ fn composed_logits_pass(
     targets: Option<&CheckedTargets>,
 ) -> Result<LogitsPass> {
     let cross_entropy = targets
-        .map(|t| composed::cross_entropy(logits, t.targets, t.terms, t.divisor))
+        .map(|t| -> Result<TokenLosses> {
+            Ok(TokenLosses {
+                terms: composed::token_cross_entropy(logits, t.targets, t.terms)?,
+                divided: false,
+            })
+        })
         .transpose()?;
     let probs = match gather {
         Gather::Nothing => None,
@@ -195,7 +205,7 @@ fn logits_hypothesis_pass(
                 bail!("internal: the logits pass gathered nothing")
             };
             let inputs = inputs_from_gathered(&gathered, width, pass.self_match, cfg)?;
-            Ok((inputs, pass.cross_entropy))
+            Ok((inputs, summed(pass.cross_entropy, targets)?))
         }
         ReferenceTokens::Matrices(_) => {
             let pass = logits_pass(logits, Gather::Probs, targets, path)?;
@@ -203,8 +213,17 @@ fn logits_hypothesis_pass(
                 bail!("internal: the logits pass gave no probabilities")
             };
             let inputs = hypothesis_inputs_from_probs(&probs, side, cfg)?;
-            Ok((inputs, pass.cross_entropy))
+            Ok((inputs, summed(pass.cross_entropy, targets)?))
         }
+    }
+}
+
+/// The pass's cross-entropy, its token terms summed (and divided by the targets' divisor where
+/// the terms are not).
+fn summed(losses: Option<TokenLosses>, targets: Option<&CheckedTargets>) -> Result<Option<Tensor>> {
+    match (losses, targets) {
+        (Some(losses), Some(t)) => Ok(Some(losses.sum(t.divisor)?)),
+        _ => Ok(None),
     }
 }
 
@@ -299,23 +318,16 @@ pub(crate) fn cross_entropy_pass(
 ) -> Result<TokenLosses> {
     match input {
         CheckedInput::Tensor { checked, .. } => {
-            if checked.path == Path::Composed {
-                let terms =
-                    composed::token_cross_entropy(&checked.tensor, targets.targets, targets.terms)?;
-                return Ok(TokenLosses {
-                    terms,
-                    divided: false,
-                });
+            let pass = logits_pass(
+                &checked.tensor,
+                Gather::Nothing,
+                Some(targets),
+                checked.path,
+            )?;
+            match pass.cross_entropy {
+                Some(losses) => Ok(losses),
+                None => bail!("internal: the logits pass computed no cross-entropy"),
             }
-            let (_, seq, _) = checked.tensor.dims3()?;
-            let terms = Some((targets.targets, targets.terms, targets.inv_count()));
-            let op = RowOp::rows(false, None, terms)?;
-            let layout = op.layout(seq)?;
-            let out = op.apply(&checked.tensor)?;
-            Ok(TokenLosses {
-                terms: layout.cross_entropy_part(&out)?,
-                divided: true,
-            })
         }
         CheckedInput::Hidden {
             checked, blocks, ..

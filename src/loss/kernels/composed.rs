@@ -26,18 +26,6 @@ pub(crate) fn masked_targets(targets: &Tensor, pad_id: Option<u32>) -> Result<(T
     Ok((safe_targets, pad_mask))
 }
 
-/// The cross-entropy of `softmax(logits)` (`[B, S, V]`) against checked targets, summed and
-/// divided by `divisor` (the count `n` of non-pad positions for the mean, 1 for a sum), as the
-/// row kernel computes it: `(1/divisor) Σ_{non-pad} [(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v])]`.
-pub(crate) fn cross_entropy(
-    logits: &Tensor,
-    targets: &Tensor,
-    terms: CrossEntropyTerms,
-    divisor: usize,
-) -> Result<Tensor> {
-    token_cross_entropy(logits, targets, terms)?.sum_all()? / divisor as f64
-}
-
 /// Each position's cross-entropy term `[B, S]`, 0 at padding:
 /// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v]) + λ·lse²` (the z-loss when `λ ≠ 0`).
 pub(crate) fn token_cross_entropy(
