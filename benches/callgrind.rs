@@ -10,8 +10,11 @@
 //! ```
 //!
 //! The argument picks the call: `cross_entropy` (`cross_entropy_sum`, `cross_entropy_none`: the
-//! other reductions; `cross_entropy_z`: with the z-loss, λ = 1e-4), `expected`, `lower_bound`, `paired` (from
-//! logits), `hidden_cross_entropy`, `hidden_expected` (from hidden states `[4, 16, 64]`).
+//! other reductions; `cross_entropy_z`: with the z-loss, λ = 1e-4, and its value;
+//! `cross_entropy_accuracy`: with the token accuracy; `cross_entropy_softcap`: logits capped at
+//! 30), `expected`, `lower_bound`, `paired` (from logits), `hidden_cross_entropy` (and
+//! `hidden_cross_entropy_softcap`, `hidden_cross_entropy_accuracy`), `hidden_expected` (from
+//! hidden states `[4, 16, 64]`).
 
 use candle_bleu::loss::{
     bleu_loss_from_hidden, bleu_loss_from_logits, cross_entropy_from_hidden,
@@ -54,10 +57,20 @@ fn main() -> Result<()> {
         )?)?;
         let proj = candle_nn::Linear::new(weight.as_tensor().clone(), None);
         let hidden = hidden.as_tensor().clone();
+        // `hidden_cross_entropy_softcap`, `hidden_cross_entropy_accuracy`: with an option on.
+        let hidden_ce = CrossEntropyConfig {
+            softcap: (hidden_which == "cross_entropy_softcap").then_some(30.0),
+            token_accuracy: hidden_which == "cross_entropy_accuracy",
+            ..Default::default()
+        };
         for _ in 0..CALLS {
-            let loss = if hidden_which == "cross_entropy" {
+            let loss = if hidden_which.starts_with("cross_entropy") {
                 let blocks = HiddenConfig::default();
-                cross_entropy_from_hidden(&hidden, &proj, &targets, &Default::default(), &blocks)?
+                let out = cross_entropy_from_hidden(&hidden, &proj, &targets, &hidden_ce, &blocks)?;
+                if let Some(metric) = &out.token_accuracy {
+                    std::hint::black_box(metric.to_scalar::<f32>()?);
+                }
+                out.loss
             } else {
                 let (cfg, blocks) = (BleuLossConfig::default(), HiddenConfig::default());
                 bleu_loss_from_hidden(&hidden, &proj, None, &refs, &cfg, &blocks)?.loss
@@ -85,10 +98,17 @@ fn main() -> Result<()> {
         } else {
             0.0
         },
+        token_accuracy: which == "cross_entropy_accuracy",
+        softcap: (which == "cross_entropy_softcap").then_some(30.0),
         ..Default::default()
     };
     let cross_entropy = |logits: &Tensor| -> Result<Tensor> {
-        let loss = cross_entropy_from_logits(logits, &targets, &ce_cfg)?;
+        let out = cross_entropy_from_logits(logits, &targets, &ce_cfg)?;
+        // What the call reports besides is read, as a training loop that logs it would.
+        for metric in out.z_loss.iter().chain(&out.token_accuracy) {
+            std::hint::black_box(metric.sum_all()?.to_scalar::<f32>()?);
+        }
+        let loss = out.loss;
         if loss.rank() == 0 {
             Ok(loss)
         } else {

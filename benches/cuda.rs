@@ -508,9 +508,9 @@ fn logits_steps(x: &LogitsInputs) -> Vec<Steps<'_>> {
             Rc::new(move |fast| {
                 let (logits, cfg) = (x.var.as_tensor(), CrossEntropyConfig::default());
                 let loss = if fast {
-                    cross_entropy_from_logits(logits, &x.targets, &cfg)?
+                    cross_entropy_from_logits(logits, &x.targets, &cfg)?.loss
                 } else {
-                    cross_entropy_from_logits_composed(logits, &x.targets, &cfg)?
+                    cross_entropy_from_logits_composed(logits, &x.targets, &cfg)?.loss
                 };
                 drop(loss.backward()?);
                 Ok(())

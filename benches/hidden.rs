@@ -264,10 +264,12 @@ fn step(variant: &str, x: &Inputs, args: &Args) -> Result<()> {
             )?
             .loss
         }
-        "ce-logits" => cross_entropy_from_logits(&proj.forward(h)?, &x.targets, &config(args).ce)?,
+        "ce-logits" => {
+            cross_entropy_from_logits(&proj.forward(h)?, &x.targets, &config(args).ce)?.loss
+        }
         "ce-hidden" => {
             let cfg = config(args);
-            cross_entropy_from_hidden(h, &proj, &x.targets, &cfg.ce, &blocks(args, None))?
+            cross_entropy_from_hidden(h, &proj, &x.targets, &cfg.ce, &blocks(args, None))?.loss
         }
         "matmul" => {
             // The three products of the loss's forward and backward, as candle's CPU matmul

@@ -233,7 +233,8 @@ fn main() -> Result<()> {
                 var.as_tensor(),
                 &targets_2d,
                 &CrossEntropyConfig::default(),
-            )?;
+            )?
+            .loss;
             let _ = loss.backward()?;
             Ok(())
         };
@@ -243,7 +244,8 @@ fn main() -> Result<()> {
                 var.as_tensor(),
                 &targets_2d,
                 &CrossEntropyConfig::default(),
-            )?;
+            )?
+            .loss;
             std::hint::black_box(loss);
             Ok(())
         };
@@ -252,7 +254,8 @@ fn main() -> Result<()> {
                 var.as_tensor(),
                 &targets_2d,
                 &CrossEntropyConfig::default(),
-            )?;
+            )?
+            .loss;
             let bleu =
                 bleu_loss_from_logits(var.as_tensor(), None, &refs, &BleuLossConfig::default())?;
             let _ = (ce + bleu.loss)?.backward()?;

@@ -34,9 +34,9 @@ use candle_bleu::loss::{
     bleu_loss, bleu_loss_from_hidden, bleu_loss_from_logits, bleu_loss_from_logits_composed,
     ce_bleu_from_hidden, ce_bleu_from_logits, ce_bleu_from_logits_composed,
     cross_entropy_from_hidden, cross_entropy_from_logits, cross_entropy_from_logits_composed,
-    loss_from_stats, BleuLossConfig, BleuLossOutput, CrossEntropyConfig, Form, HiddenConfig,
-    LengthModel, LossSmoothing, Reduction, References, TrainingLoss, TrainingLossConfig,
-    TrainingTargets,
+    loss_from_stats, BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, Form,
+    HiddenConfig, LengthModel, LossSmoothing, Reduction, References, TrainingLoss,
+    TrainingLossConfig, TrainingTargets,
 };
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Linear;
@@ -222,7 +222,8 @@ struct Entry {
     name: &'static str,
     bleu_loss_from_logits:
         fn(&Tensor, Option<&Tensor>, &References, &BleuLossConfig) -> Result<BleuLossOutput>,
-    cross_entropy_from_logits: fn(&Tensor, &Tensor, &CrossEntropyConfig) -> Result<Tensor>,
+    cross_entropy_from_logits:
+        fn(&Tensor, &Tensor, &CrossEntropyConfig) -> Result<CrossEntropyOutput>,
     ce_bleu_from_logits: fn(&Tensor, &TrainingTargets, &TrainingLossConfig) -> Result<TrainingLoss>,
 }
 
@@ -295,7 +296,7 @@ fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
         ),
     ] {
         case(&format!("{tag}/cross_entropy/{ce_name}"), &logits, |x| {
-            (entry.cross_entropy_from_logits)(x, &targets, &ce)
+            (entry.cross_entropy_from_logits)(x, &targets, &ce).map(|o| o.loss)
         })?;
         for (refs_name, refs) in &references[..2] {
             for form in [Form::Expected, Form::Paired, Form::LowerBound] {
@@ -388,7 +389,7 @@ fn hidden_grid(
                 ),
                 (
                     "cross_entropy_from_hidden",
-                    cross_entropy_from_hidden(hs, &proj, targets, &cfg.ce, blocks),
+                    cross_entropy_from_hidden(hs, &proj, targets, &cfg.ce, blocks).map(|o| o.loss),
                 ),
             ];
             for (name, loss) in results {

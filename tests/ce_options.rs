@@ -1,8 +1,9 @@
 //! The cross-entropy's options against PyTorch (tests/golden/ce_options_torch.py, committed with
 //! its output): `reduction` (mean, sum, none) with padding (`ignore_index`) and label smoothing,
-//! and the z-loss (`λ·lse²` per non-pad position, Liger's `lse_square_scale`),
-//! from logits and from hidden states, on the kernels and on the composed references — values
-//! and gradients to 1e-10 in f64 and 1e-5 relative in f32.
+//! the z-loss (`λ·lse²` per non-pad position, Liger's `lse_square_scale`) and the value of its
+//! part, logit soft-capping (`c·tanh(z/c)`, Liger's `softcap`), and the token accuracy (Liger's `return_token_accuracy`), from logits and from hidden
+//! states, on the kernels and on the composed references, with the metrics asked for and not —
+//! values and gradients to 1e-10 in f64 and 1e-5 relative in f32.
 //!
 //! The golden file also holds the other options of Liger-Kernel's fused cross-entropy (class
 //! weights, z-loss, soft-capping, token accuracy); [`supported`] says which option sets the crate
@@ -12,7 +13,8 @@ mod common;
 
 use candle_bleu::loss::{
     cross_entropy_from_hidden, cross_entropy_from_hidden_composed, cross_entropy_from_logits,
-    cross_entropy_from_logits_composed, CrossEntropyConfig, CrossEntropyReduction, HiddenConfig,
+    cross_entropy_from_logits_composed, CrossEntropyConfig, CrossEntropyOutput,
+    CrossEntropyReduction, HiddenConfig,
 };
 use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::Linear;
@@ -37,9 +39,9 @@ fn golden_cases() -> Vec<Value> {
 }
 
 /// Whether the crate implements the option set `r` (the others are in the golden file for the
-/// options still to come).
+/// options still to come: class weights).
 fn supported(r: &Value) -> bool {
-    !r["weighted"].as_bool().unwrap() && r["softcap"].is_null()
+    !r["weighted"].as_bool().unwrap()
 }
 
 fn reduction(r: &Value) -> CrossEntropyReduction {
@@ -51,13 +53,61 @@ fn reduction(r: &Value) -> CrossEntropyReduction {
     }
 }
 
-fn config(r: &Value) -> CrossEntropyConfig {
+fn config(r: &Value, token_accuracy: bool) -> CrossEntropyConfig {
     CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: r["label_smoothing"].as_f64().unwrap(),
         reduction: reduction(r),
         z_loss: r["z_loss"].as_f64().unwrap(),
+        softcap: r["softcap"].as_f64(),
+        token_accuracy,
     }
+}
+
+/// The reported metrics against PyTorch's: the z-loss's part (`None` at `λ = 0`; for `None`,
+/// per position, whose sum over the `n` non-pad positions PyTorch's file records as a mean) and
+/// the token accuracy (`None` unless asked for).
+fn check_metrics(
+    what: &str,
+    out: &CrossEntropyOutput,
+    r: &Value,
+    cfg: &CrossEntropyConfig,
+    count: usize,
+    tol: f64,
+) -> Result<()> {
+    match &out.z_loss {
+        None => assert_eq!(cfg.z_loss, 0.0, "{what}: no z-loss value"),
+        Some(z) => {
+            assert!(cfg.z_loss != 0.0, "{what}: a z-loss value at λ = 0");
+            let value = if cfg.reduction == CrossEntropyReduction::None {
+                assert_eq!(z.dims(), out.loss.dims(), "{what}: per-position z-loss");
+                flat(z)?.iter().sum::<f64>() / count as f64
+            } else {
+                assert_eq!(z.rank(), 0, "{what}: a scalar z-loss");
+                flat(z)?[0]
+            };
+            compare(
+                &format!("{what} z_loss"),
+                &[value],
+                &[r["z_loss_value"].as_f64().unwrap()],
+                tol,
+            );
+        }
+    }
+    match &out.token_accuracy {
+        None => assert!(!cfg.token_accuracy, "{what}: no token accuracy"),
+        Some(accuracy) => {
+            assert!(cfg.token_accuracy, "{what}: an accuracy not asked for");
+            assert_eq!(accuracy.rank(), 0, "{what}: a scalar accuracy");
+            compare(
+                &format!("{what} token_accuracy"),
+                &flat(accuracy)?,
+                &[r["token_accuracy"].as_f64().unwrap()],
+                tol,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `max |ours − theirs| <= tol · max(1, max |theirs|)`.
@@ -100,6 +150,7 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
             .iter()
             .map(|&x| x as u32)
             .collect();
+        let count = targets.iter().filter(|&&t| t != 0).count();
         let targets = Tensor::from_vec(targets, (batch, seq), &dev)?;
         let row_weights = Tensor::from_vec(numbers(&case["row_weights"]), (batch, seq), &dev)?;
         let name = case["name"].as_str().unwrap();
@@ -107,101 +158,113 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
             if !supported(r) {
                 continue;
             }
-            let cfg = config(r);
-            let per_token = cfg.reduction == CrossEntropyReduction::None;
-            let expected_dims: Vec<usize> = if per_token { vec![batch, seq] } else { vec![] };
-            let expected_loss = if per_token {
-                numbers(&r["loss"])
-            } else {
-                vec![r["loss"].as_f64().unwrap()]
-            };
-            for composed in [false, true] {
-                let what =
-                    format!("{name}, {r:?} (composed {composed}, {dtype:?})").replace('\n', " ");
-                match case["kind"].as_str().unwrap() {
-                    "logits" => {
-                        let vocab = shape[2];
-                        let logits =
-                            Tensor::from_vec(numbers(&case["logits"]), (batch, seq, vocab), &dev)?
-                                .to_dtype(dtype)?;
-                        let x = Var::from_tensor(&logits)?;
-                        let loss = if composed {
-                            cross_entropy_from_logits_composed(x.as_tensor(), &targets, &cfg)?
-                        } else {
-                            cross_entropy_from_logits(x.as_tensor(), &targets, &cfg)?
-                        };
-                        assert_eq!(loss.dims(), expected_dims.as_slice());
-                        compare(&format!("{what} loss"), &flat(&loss)?, &expected_loss, tol);
-                        let grads = total(&loss, &row_weights)?.backward()?;
-                        let grad = grads.get(x.as_tensor()).expect("a gradient");
-                        compare(
-                            &format!("{what} grad"),
-                            &flat(grad)?,
-                            &numbers(&r["grad_logits"]),
-                            tol,
-                        );
-                    }
-                    "hidden" => {
-                        let (dim, vocab) = (shape[2], shape[3]);
-                        let to = |key: &str, dims: &[usize]| -> Result<Var> {
-                            Var::from_tensor(
-                                &Tensor::from_vec(numbers(&case[key]), dims, &dev)?
-                                    .to_dtype(dtype)?,
-                            )
-                        };
-                        let h = to("hidden", &[batch, seq, dim])?;
-                        let w = to("weight", &[vocab, dim])?;
-                        let b = to("bias", &[vocab])?;
-                        let proj = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
-                        // Blocks of two rows: a block boundary inside a sequence of three.
-                        let blocks = HiddenConfig {
-                            block_elements: 2 * vocab,
-                            ..Default::default()
-                        };
-                        let loss = if composed {
-                            cross_entropy_from_hidden_composed(
-                                h.as_tensor(),
-                                &proj,
-                                &targets,
-                                &cfg,
-                                &blocks,
+            for token_accuracy in [false, true] {
+                let cfg = config(r, token_accuracy);
+                let per_token = cfg.reduction == CrossEntropyReduction::None;
+                let expected_dims: Vec<usize> = if per_token { vec![batch, seq] } else { vec![] };
+                let expected_loss = if per_token {
+                    numbers(&r["loss"])
+                } else {
+                    vec![r["loss"].as_f64().unwrap()]
+                };
+                for composed in [false, true] {
+                    let what = format!(
+                        "{name}, {r:?} (composed {composed}, accuracy {token_accuracy}, {dtype:?})"
+                    )
+                    .replace('\n', " ");
+                    match case["kind"].as_str().unwrap() {
+                        "logits" => {
+                            let vocab = shape[2];
+                            let logits = Tensor::from_vec(
+                                numbers(&case["logits"]),
+                                (batch, seq, vocab),
+                                &dev,
                             )?
-                        } else {
-                            cross_entropy_from_hidden(
-                                h.as_tensor(),
-                                &proj,
-                                &targets,
-                                &cfg,
-                                &blocks,
-                            )?
-                        };
-                        assert_eq!(loss.dims(), expected_dims.as_slice());
-                        compare(&format!("{what} loss"), &flat(&loss)?, &expected_loss, tol);
-                        let grads = total(&loss, &row_weights)?.backward()?;
-                        for (var, key) in
-                            [(&h, "grad_hidden"), (&w, "grad_weight"), (&b, "grad_bias")]
-                        {
-                            let grad = grads.get(var.as_tensor()).expect("a gradient");
+                            .to_dtype(dtype)?;
+                            let x = Var::from_tensor(&logits)?;
+                            let out = if composed {
+                                cross_entropy_from_logits_composed(x.as_tensor(), &targets, &cfg)?
+                            } else {
+                                cross_entropy_from_logits(x.as_tensor(), &targets, &cfg)?
+                            };
+                            check_metrics(&what, &out, r, &cfg, count, tol)?;
+                            let loss = out.loss;
+                            assert_eq!(loss.dims(), expected_dims.as_slice());
+                            compare(&format!("{what} loss"), &flat(&loss)?, &expected_loss, tol);
+                            let grads = total(&loss, &row_weights)?.backward()?;
+                            let grad = grads.get(x.as_tensor()).expect("a gradient");
                             compare(
-                                &format!("{what} {key}"),
+                                &format!("{what} grad"),
                                 &flat(grad)?,
-                                &numbers(&r[key]),
+                                &numbers(&r["grad_logits"]),
                                 tol,
                             );
                         }
+                        "hidden" => {
+                            let (dim, vocab) = (shape[2], shape[3]);
+                            let to = |key: &str, dims: &[usize]| -> Result<Var> {
+                                Var::from_tensor(
+                                    &Tensor::from_vec(numbers(&case[key]), dims, &dev)?
+                                        .to_dtype(dtype)?,
+                                )
+                            };
+                            let h = to("hidden", &[batch, seq, dim])?;
+                            let w = to("weight", &[vocab, dim])?;
+                            let b = to("bias", &[vocab])?;
+                            let proj =
+                                Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+                            // Blocks of two rows: a block boundary inside a sequence of three.
+                            let blocks = HiddenConfig {
+                                block_elements: 2 * vocab,
+                                ..Default::default()
+                            };
+                            let out = if composed {
+                                cross_entropy_from_hidden_composed(
+                                    h.as_tensor(),
+                                    &proj,
+                                    &targets,
+                                    &cfg,
+                                    &blocks,
+                                )?
+                            } else {
+                                cross_entropy_from_hidden(
+                                    h.as_tensor(),
+                                    &proj,
+                                    &targets,
+                                    &cfg,
+                                    &blocks,
+                                )?
+                            };
+                            check_metrics(&what, &out, r, &cfg, count, tol)?;
+                            let loss = out.loss;
+                            assert_eq!(loss.dims(), expected_dims.as_slice());
+                            compare(&format!("{what} loss"), &flat(&loss)?, &expected_loss, tol);
+                            let grads = total(&loss, &row_weights)?.backward()?;
+                            for (var, key) in
+                                [(&h, "grad_hidden"), (&w, "grad_weight"), (&b, "grad_bias")]
+                            {
+                                let grad = grads.get(var.as_tensor()).expect("a gradient");
+                                compare(
+                                    &format!("{what} {key}"),
+                                    &flat(grad)?,
+                                    &numbers(&r[key]),
+                                    tol,
+                                );
+                            }
+                        }
+                        kind => panic!("kind {kind}"),
                     }
-                    kind => panic!("kind {kind}"),
+                    checked += 1;
                 }
-                checked += 1;
             }
         }
     }
     Ok(checked)
 }
 
-/// 3 cases × 12 supported option sets (3 reductions × 2 label smoothings × z-loss off and on)
-/// × 2 paths.
-const SUPPORTED_CHECKS: usize = 3 * 12 * 2;
+/// 3 cases × 24 supported option sets (3 reductions × 2 label smoothings × z-loss off and on ×
+/// soft-capping off and on) × the token accuracy asked for or not × 2 paths.
+const SUPPORTED_CHECKS: usize = 3 * 24 * 2 * 2;
 
 #[test]
 fn golden_pytorch_f64() -> Result<()> {
@@ -230,9 +293,23 @@ fn reductions_at_their_edges() -> Result<()> {
         ..Default::default()
     };
     let sum = cross_entropy_from_logits(&logits, &padding, &with(CrossEntropyReduction::Sum))?;
-    assert_eq!(sum.to_scalar::<f64>()?, 0.0);
+    assert_eq!(sum.loss.to_scalar::<f64>()?, 0.0);
     let none = cross_entropy_from_logits(&logits, &padding, &with(CrossEntropyReduction::None))?;
-    assert_eq!(none.to_vec2::<f64>()?, [[0.0, 0.0]]);
+    assert_eq!(none.loss.to_vec2::<f64>()?, [[0.0, 0.0]]);
+    // The token accuracy over no positions is undefined: a named error, on both paths.
+    for reduction in [CrossEntropyReduction::Sum, CrossEntropyReduction::None] {
+        let cfg = CrossEntropyConfig {
+            token_accuracy: true,
+            ..with(reduction)
+        };
+        for err in [
+            cross_entropy_from_logits(&logits, &padding, &cfg).unwrap_err(),
+            cross_entropy_from_logits_composed(&logits, &padding, &cfg).unwrap_err(),
+        ] {
+            let err = err.to_string();
+            assert!(err.contains("`token_accuracy` over no positions"), "{err}");
+        }
+    }
     let err = cross_entropy_from_logits(&logits, &padding, &with(CrossEntropyReduction::Mean))
         .unwrap_err()
         .to_string();
@@ -259,6 +336,7 @@ fn reductions_at_their_edges() -> Result<()> {
     )?;
     let targets2 = Tensor::new(&[[2u32, 1], [1, 0]], &dev)?;
     let single = cross_entropy_from_logits(&logits2, &targets2, &with(CrossEntropyReduction::Sum))?
+        .loss
         .to_scalar::<f64>()?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = ThreadAllReduce::group(2)
@@ -274,6 +352,7 @@ fn reductions_at_their_edges() -> Result<()> {
                         &with(CrossEntropyReduction::Sum),
                         &reduce,
                     )?
+                    .loss
                     .to_scalar::<f64>()?;
                     let none = distributed::cross_entropy_from_logits(
                         &l,
@@ -362,6 +441,7 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
                 pad_id: Some(0),
                 label_smoothing: 0.1,
                 z_loss: 0.05,
+                token_accuracy: true,
                 ..Default::default()
             },
             bleu: BleuLossConfig {
@@ -393,20 +473,309 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
                 }
             };
             let grads = out.loss.backward()?;
-            let mut all = vec![flat(&out.loss)?, flat(&out.cross_entropy)?];
+            let (Some(z), Some(accuracy)) = (&out.z_loss, &out.token_accuracy) else {
+                panic!(
+                    "a training step's metrics: {:?} {:?}",
+                    out.z_loss, out.token_accuracy
+                );
+            };
+            let mut all = vec![
+                flat(&out.loss)?,
+                flat(&out.cross_entropy)?,
+                flat(z)?,
+                flat(accuracy)?,
+            ];
             for v in [&h, &w, &b] {
                 all.push(flat(grads.get(v.as_tensor()).expect("a gradient"))?);
             }
             Ok(all)
         };
+        // The cross-entropy alone reports the same metrics.
+        let logits = candle_core::Module::forward(
+            &Linear::new(weight.clone(), Some(bias.clone())),
+            &hidden,
+        )?;
+        let alone = cross_entropy_from_logits(&logits, &tokens, &cfg.ce)?;
+        let alone = [
+            flat(&alone.loss)?,
+            flat(&alone.z_loss.expect("z"))?,
+            flat(&alone.token_accuracy.expect("accuracy"))?,
+        ];
         for from_hidden in [false, true] {
             let (kernels, composed) = (run(from_hidden, false)?, run(from_hidden, true)?);
             for (k, c) in kernels.iter().zip(&composed) {
                 compare(&format!("{form:?}, hidden {from_hidden}"), k, c, 1e-10);
             }
+            for (k, a) in kernels[1..4].iter().zip(&alone) {
+                compare(
+                    &format!("{form:?}, hidden {from_hidden}, alone"),
+                    k,
+                    a,
+                    1e-10,
+                );
+            }
             checked += 1;
         }
     }
     assert_eq!(checked, 6);
+    Ok(())
+}
+
+/// The metrics of a data-parallel group equal the single process's, from logits and from hidden
+/// states, under `Mean` and `Sum`: worker 1's shard holds only padding.
+#[test]
+fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
+    use candle_bleu::loss::distributed::{self, ThreadAllReduce};
+    let dev = test_device();
+    let (batch, seq, dim, vocab) = (3, 3, 4, 7);
+    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
+        (0..n)
+            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+            .collect()
+    };
+    let hidden = Tensor::from_vec(values(batch * seq * dim, 2.0, 0.2), (batch, seq, dim), &dev)?;
+    let proj = Linear::new(
+        Tensor::from_vec(values(vocab * dim, 1.5, 0.6), (vocab, dim), &dev)?,
+        Some(Tensor::from_vec(values(vocab, 0.5, 0.3), vocab, &dev)?),
+    );
+    let logits = candle_core::Module::forward(&proj, &hidden)?;
+    let tokens = Tensor::new(&[[1u32, 2, 3], [4, 5, 0], [0, 0, 0]], &dev)?;
+    let blocks = HiddenConfig::default();
+    let scalars = |out: CrossEntropyOutput| -> Result<[f64; 3]> {
+        let one = |t: Option<Tensor>| flat(&t.expect("a metric")).map(|v| v[0]);
+        Ok([
+            flat(&out.loss)?[0],
+            one(out.z_loss)?,
+            one(out.token_accuracy)?,
+        ])
+    };
+    let mut checked = 0;
+    for reduction in [CrossEntropyReduction::Mean, CrossEntropyReduction::Sum] {
+        let cfg = CrossEntropyConfig {
+            pad_id: Some(0),
+            label_smoothing: 0.1,
+            reduction,
+            z_loss: 0.02,
+            softcap: Some(2.0),
+            token_accuracy: true,
+        };
+        let single = scalars(cross_entropy_from_logits(&logits, &tokens, &cfg)?)?;
+        for from_hidden in [false, true] {
+            let ranges = [(0, 2), (2, 1)];
+            let workers = std::thread::scope(|s| {
+                let handles: Vec<_> = ThreadAllReduce::group(2)
+                    .into_iter()
+                    .zip(ranges)
+                    .map(|(reduce, (start, len))| {
+                        let (hidden, logits, tokens, proj, blocks) =
+                            (&hidden, &logits, &tokens, &proj, &blocks);
+                        s.spawn(move || -> Result<[f64; 3]> {
+                            let t = tokens.narrow(0, start, len)?;
+                            let out = if from_hidden {
+                                let h = hidden.narrow(0, start, len)?;
+                                distributed::cross_entropy_from_hidden(
+                                    &h, proj, &t, &cfg, blocks, &reduce,
+                                )?
+                            } else {
+                                let l = logits.narrow(0, start, len)?;
+                                distributed::cross_entropy_from_logits(&l, &t, &cfg, &reduce)?
+                            };
+                            scalars(out)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a worker"))
+                    .collect::<Result<Vec<_>>>()
+            })?;
+            for worker in workers {
+                compare(
+                    &format!("{reduction:?}, hidden {from_hidden}"),
+                    &worker,
+                    &single,
+                    1e-12,
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4);
+    Ok(())
+}
+
+/// Ties: the accuracy counts a target as correct only where it is the first of equal maxima,
+/// as `argmax` picks it — on the kernels and the composed references alike.
+#[test]
+fn token_accuracy_breaks_ties_as_argmax_does() -> Result<()> {
+    let dev = test_device();
+    // Row 0: maxima at 0 and 2, target 2 (not the argmax); row 1: maxima at 1 and 3, target 1.
+    let logits = Tensor::new(&[[[3f64, 1.0, 3.0, 0.0], [0.0, 2.0, 1.0, 2.0]]], &dev)?;
+    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
+    let cfg = CrossEntropyConfig {
+        token_accuracy: true,
+        ..Default::default()
+    };
+    for out in [
+        cross_entropy_from_logits(&logits, &targets, &cfg)?,
+        cross_entropy_from_logits_composed(&logits, &targets, &cfg)?,
+    ] {
+        assert_eq!(
+            out.token_accuracy.expect("accuracy").to_scalar::<f64>()?,
+            0.5
+        );
+        assert!(out.z_loss.is_none());
+    }
+    Ok(())
+}
+
+/// Soft-capping in a training step: the BLEU term sees the capped logits too — the loss and
+/// gradients equal those of the same step without the option on logits capped by hand — and the
+/// hidden-state path's kernels equal its composed blocks.
+#[test]
+fn softcap_reaches_the_bleu_term() -> Result<()> {
+    use candle_bleu::loss::{
+        ce_bleu_from_hidden, ce_bleu_from_hidden_composed, ce_bleu_from_logits, BleuLossConfig,
+        Form, References, TrainingLossConfig, TrainingTargets,
+    };
+    let dev = test_device();
+    let (batch, seq, dim, vocab) = (2, 4, 3, 6);
+    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
+        (0..n)
+            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+            .collect()
+    };
+    let hidden = Tensor::from_vec(values(batch * seq * dim, 3.0, 0.1), (batch, seq, dim), &dev)?;
+    let weight = Tensor::from_vec(values(vocab * dim, 2.0, 0.4), (vocab, dim), &dev)?;
+    let proj = Linear::new(weight, None);
+    let tokens = Tensor::new(&[[1u32, 2, 3, 4], [5, 1, 0, 0]], &dev)?;
+    let refs = References::from_ids(&tokens, 0)?;
+    let targets = TrainingTargets::new(&tokens, &refs);
+    let cap = 1.5;
+    for form in [Form::Expected, Form::Paired] {
+        let cfg = |softcap| TrainingLossConfig {
+            bleu_weight: 0.7,
+            ce: CrossEntropyConfig {
+                pad_id: Some(0),
+                softcap,
+                ..Default::default()
+            },
+            bleu: BleuLossConfig {
+                form,
+                ..Default::default()
+            },
+        };
+        let h = Var::from_tensor(&hidden)?;
+        let step = |capped_by_hand: bool| -> Result<Vec<Vec<f64>>> {
+            let logits = candle_core::Module::forward(&proj, h.as_tensor())?;
+            let out = if capped_by_hand {
+                let capped = ((logits / cap)?.tanh()? * cap)?;
+                ce_bleu_from_logits(&capped, &targets, &cfg(None))?
+            } else {
+                ce_bleu_from_logits(&logits, &targets, &cfg(Some(cap)))?
+            };
+            let grads = out.loss.backward()?;
+            Ok(vec![
+                flat(&out.loss)?,
+                flat(&out.bleu.loss)?,
+                flat(grads.get(h.as_tensor()).expect("a gradient"))?,
+            ])
+        };
+        let (option, by_hand) = (step(false)?, step(true)?);
+        for (a, b) in option.iter().zip(&by_hand) {
+            compare(&format!("{form:?}, option vs by hand"), a, b, 1e-12);
+        }
+        let blocks = HiddenConfig {
+            block_elements: 2 * vocab,
+            ..Default::default()
+        };
+        for composed in [false, true] {
+            let h = Var::from_tensor(&hidden)?;
+            let out = if composed {
+                ce_bleu_from_hidden_composed(
+                    h.as_tensor(),
+                    &proj,
+                    &targets,
+                    &cfg(Some(cap)),
+                    &blocks,
+                )?
+            } else {
+                ce_bleu_from_hidden(h.as_tensor(), &proj, &targets, &cfg(Some(cap)), &blocks)?
+            };
+            let grads = out.loss.backward()?;
+            let got = [
+                flat(&out.loss)?,
+                flat(&out.bleu.loss)?,
+                flat(grads.get(h.as_tensor()).expect("a gradient"))?,
+            ];
+            for (a, b) in got.iter().zip(&option) {
+                compare(
+                    &format!("{form:?}, hidden, composed {composed}"),
+                    a,
+                    b,
+                    1e-10,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A cap that is not finite and positive, and a cap with gradient filtering, are named errors;
+/// with a cap, infinite logits are still refused (`tanh` would hide them).
+#[test]
+fn bad_softcaps_are_named_errors() -> Result<()> {
+    let dev = test_device();
+    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
+    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
+    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
+    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    for cap in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let cfg = CrossEntropyConfig {
+            softcap: Some(cap),
+            ..Default::default()
+        };
+        for err in [
+            cross_entropy_from_logits(&logits, &targets, &cfg).unwrap_err(),
+            cross_entropy_from_hidden(&hidden, &proj, &targets, &cfg, &HiddenConfig::default())
+                .unwrap_err(),
+        ] {
+            let err = err.to_string();
+            assert!(err.contains("`softcap` must be finite and > 0"), "{err}");
+        }
+    }
+    let cfg = CrossEntropyConfig {
+        softcap: Some(5.0),
+        ..Default::default()
+    };
+    let filtered = HiddenConfig {
+        filter_below: Some(1e-6),
+        ..Default::default()
+    };
+    let err = cross_entropy_from_hidden(&hidden, &proj, &targets, &cfg, &filtered)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`softcap` (5) with gradient filtering"),
+        "{err}"
+    );
+    let infinite = Tensor::new(&[[[1f64, f64::INFINITY, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
+    for err in [
+        cross_entropy_from_logits(&infinite, &targets, &cfg).unwrap_err(),
+        cross_entropy_from_logits_composed(&infinite, &targets, &cfg).unwrap_err(),
+    ] {
+        let err = err.to_string();
+        assert!(err.contains("NaN or infinite"), "{err}");
+    }
+    if dev.is_cpu() {
+        // Finite inputs whose product overflows: the CPU blocks check the logits before capping.
+        let huge = Linear::new(Tensor::new(&[[1f64], [f64::MAX], [-1.0]], &dev)?, None);
+        let hidden = Tensor::new(&[[[3.0f64], [-2.0]]], &dev)?;
+        let err =
+            cross_entropy_from_hidden(&hidden, &huge, &targets, &cfg, &HiddenConfig::default())
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("NaN or infinite"), "{err}");
+    }
     Ok(())
 }

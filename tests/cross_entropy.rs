@@ -6,7 +6,7 @@
 mod common;
 
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
-use candle_bleu::loss::{cross_entropy_from_logits, CrossEntropyConfig};
+use candle_bleu::loss::{cross_entropy_from_logits, CrossEntropyConfig, CrossEntropyOutput};
 use candle_core::{DType, Result, Tensor, Var};
 use common::test_device;
 
@@ -63,7 +63,10 @@ fn equals_candle_nn_cross_entropy_without_pad_or_smoothing() -> Result<()> {
         {
             let (logits, targets) = random_case(dtype, batch, seq, vocab, seed)?;
             let (ours, our_grad) = value_and_grad(
-                |x| cross_entropy_from_logits(x, &targets, &CrossEntropyConfig::default()),
+                |x| {
+                    cross_entropy_from_logits(x, &targets, &CrossEntropyConfig::default())
+                        .map(|o| o.loss)
+                },
                 &logits,
             )?;
             let (theirs, their_grad) = value_and_grad(
@@ -125,13 +128,16 @@ fn padding_and_label_smoothing_follow_pytorch() -> Result<()> {
                 label_smoothing: eps,
                 ..Default::default()
             };
-            let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
+            let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?
+                .loss
+                .to_scalar::<f64>()?;
             let expected = torch_semantics(&rows, &target_rows, pad, eps);
             assert!(
                 (ours - expected).abs() <= 1e-12 * expected.abs(),
                 "pad {pad:?} ε {eps}: {ours} vs {expected}"
             );
             let ours32 = cross_entropy_from_logits(&logits.to_dtype(DType::F32)?, &targets, &cfg)?
+                .loss
                 .to_scalar::<f32>()? as f64;
             assert!(
                 (ours32 - expected).abs() <= 1e-5 * expected.abs(),
@@ -160,7 +166,9 @@ fn hand_computed_small_case() -> Result<()> {
         label_smoothing: 0.25,
         ..Default::default()
     };
-    let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
+    let ours = cross_entropy_from_logits(&logits, &targets, &cfg)?
+        .loss
+        .to_scalar::<f64>()?;
     // Row 1: lse = ln 4, -log p = [ln 4, ln 4, ln 2]: nll = ln 2, smooth = (5 ln 2)/3.
     // Row 2: lse = ln(e + 2), -log p = [lse - 1, lse, lse]: nll = lse - 1, smooth = lse - 1/3.
     let ln2 = std::f64::consts::LN_2;
@@ -198,7 +206,7 @@ fn gradients_match_finite_differences() -> Result<()> {
         },
     ] {
         let report = check_gradients(
-            |x| cross_entropy_from_logits(x, &targets, &cfg),
+            |x| cross_entropy_from_logits(x, &targets, &cfg).map(|o| o.loss),
             &logits,
             &GradCheckConfig::default(),
         )?;
@@ -219,7 +227,10 @@ fn pad_rows_get_zero_gradient() -> Result<()> {
         label_smoothing: 0.2,
         ..Default::default()
     };
-    let (_, grad) = value_and_grad(|x| cross_entropy_from_logits(x, &targets, &cfg), &logits)?;
+    let (_, grad) = value_and_grad(
+        |x| cross_entropy_from_logits(x, &targets, &cfg).map(|o| o.loss),
+        &logits,
+    )?;
     let grad = grad.to_vec3::<f64>()?;
     assert!(grad[0][0].iter().chain(&grad[0][2]).all(|&g| g == 0.0));
     // The one counted row: its gradient sums to 0 (softmax minus a distribution).
@@ -227,9 +238,9 @@ fn pad_rows_get_zero_gradient() -> Result<()> {
     Ok(())
 }
 
-fn error_of(result: Result<Tensor>) -> String {
+fn error_of(result: Result<CrossEntropyOutput>) -> String {
     match result {
-        Ok(t) => panic!("expected an error, got a tensor of shape {:?}", t.dims()),
+        Ok(t) => panic!("expected an error, got a loss of shape {:?}", t.loss.dims()),
         Err(e) => e.to_string(),
     }
 }
@@ -260,7 +271,9 @@ fn bad_inputs_are_clear_errors() -> Result<()> {
         label_smoothing: 0.0,
         ..Default::default()
     };
-    let loss = cross_entropy_from_logits(&logits, &padded, &cfg)?.to_scalar::<f32>()?;
+    let loss = cross_entropy_from_logits(&logits, &padded, &cfg)?
+        .loss
+        .to_scalar::<f32>()?;
     assert!((loss - 5f32.ln()).abs() < 1e-6);
 
     let all_pad = Tensor::full(7u32, (2, 3), &device)?;
@@ -347,9 +360,10 @@ fn half_precision_is_computed_in_f32() -> Result<()> {
     };
     for dtype in [DType::F16, DType::BF16] {
         let half = logits.to_dtype(dtype)?;
-        let ours = cross_entropy_from_logits(&half, &targets, &cfg)?;
+        let ours = cross_entropy_from_logits(&half, &targets, &cfg)?.loss;
         assert_eq!(ours.dtype(), DType::F32);
-        let reference = cross_entropy_from_logits(&half.to_dtype(DType::F32)?, &targets, &cfg)?;
+        let reference =
+            cross_entropy_from_logits(&half.to_dtype(DType::F32)?, &targets, &cfg)?.loss;
         assert_eq!(ours.to_scalar::<f32>()?, reference.to_scalar::<f32>()?);
     }
     Ok(())

@@ -181,9 +181,9 @@ fn evaluate(
     };
     match entry {
         Entry::CrossEntropy => Ok(vec![if composed {
-            loss::cross_entropy_from_logits_composed(logits, targets, &ce)?
+            loss::cross_entropy_from_logits_composed(logits, targets, &ce)?.loss
         } else {
-            loss::cross_entropy_from_logits(logits, targets, &ce)?
+            loss::cross_entropy_from_logits(logits, targets, &ce)?.loss
         }]),
         Entry::Bleu(form) | Entry::BleuMatrices(form) => {
             let refs = match entry {
@@ -479,9 +479,11 @@ fn hidden_state_functions_on_cuda_match_the_logits_path() -> Result<()> {
                 let value = match (form, from_hidden) {
                     (None, true) => {
                         loss::cross_entropy_from_hidden(h.as_tensor(), &proj, &t, &ce, &hidden_cfg)?
+                            .loss
                     }
                     (None, false) => {
                         loss::cross_entropy_from_logits(&proj.forward(h.as_tensor())?, &t, &ce)?
+                            .loss
                     }
                     (Some(form), _) => {
                         let cfg = TrainingLossConfig {

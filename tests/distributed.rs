@@ -104,6 +104,7 @@ fn a_shard_of_only_padding_adds_nothing_but_its_bleu() -> Result<()> {
         &fixture.targets.narrow(0, 0, 3)?,
         &cfg.ce,
     )?
+    .loss
     .to_scalar::<f64>()?;
     // 3 elements × 6 positions, 4 of them padding.
     assert_eq!(count.to_scalar::<f64>()?, 14.0);
@@ -155,7 +156,7 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
         ..Default::default()
     };
     let full_logits = fixture.logits(&vars, 0, BATCH)?;
-    let single_ce = cross_entropy_from_logits(&full_logits, &fixture.targets, &ce_cfg)?;
+    let single_ce = cross_entropy_from_logits(&full_logits, &fixture.targets, &ce_cfg)?.loss;
     let full_refs = References::from_ids(&fixture.ref_ids, PAD)?;
     for reduction in [Reduction::Corpus, Reduction::SentenceMean] {
         let bleu_cfg = BleuLossConfig {
@@ -172,7 +173,8 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
                 &fixture.targets.narrow(0, start, len)?,
                 &ce_cfg,
                 r,
-            )?;
+            )?
+            .loss;
             let refs = References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
             let lengths = fixture.lengths.narrow(0, start, len)?;
             let out = bleu_loss_from_logits(&logits, Some(&lengths), &refs, &bleu_cfg)?;
@@ -247,7 +249,7 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
         let single = {
             let vars = fixture.vars()?;
             let logits = fixture.logits(&vars, 0, BATCH)?;
-            let ce = cross_entropy_from_logits(&logits, &fixture.targets, &ce_cfg)?;
+            let ce = cross_entropy_from_logits(&logits, &fixture.targets, &ce_cfg)?.loss;
             let lengths = Some(&fixture.lengths);
             let bleu = bleu_loss_from_logits(&logits, lengths, &full_refs, &bleu_cfg)?.loss;
             let grads = (&ce + &bleu)?.backward()?;
@@ -277,7 +279,8 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
                         );
                         let ce = distributed::cross_entropy_from_hidden(
                             &hidden, &proj, &targets, &ce_cfg, &blocks, r,
-                        )?;
+                        )?
+                        .loss;
                         let bleu = distributed::bleu_loss_from_hidden(
                             &hidden,
                             &proj,
@@ -292,7 +295,8 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
                     Input::Logits => {
                         let logits = fixture.logits(&vars, start, len)?;
                         let ce =
-                            distributed::cross_entropy_from_logits(&logits, &targets, &ce_cfg, r)?;
+                            distributed::cross_entropy_from_logits(&logits, &targets, &ce_cfg, r)?
+                                .loss;
                         let bleu = distributed::bleu_loss_from_logits(
                             &logits,
                             Some(&lengths),

@@ -334,7 +334,7 @@ fn cross_entropy_from_hidden_equals_the_logits_path() -> Result<()> {
             let logits_path = evaluate(
                 |h, proj| {
                     Ok((
-                        cross_entropy_from_logits(&proj.forward(h)?, &fx.targets, &ce)?,
+                        cross_entropy_from_logits(&proj.forward(h)?, &fx.targets, &ce)?.loss,
                         vec![],
                     ))
                 },
@@ -353,7 +353,7 @@ fn cross_entropy_from_hidden_equals_the_logits_path() -> Result<()> {
                 };
                 let hidden_path = {
                     evaluate(
-                        |h, proj| Ok((entry(h, proj, &fx.targets, &ce, &hidden_cfg)?, vec![])),
+                        |h, proj| Ok((entry(h, proj, &fx.targets, &ce, &hidden_cfg)?.loss, vec![])),
                         &fx.hidden,
                         &fx.weight,
                         bias,

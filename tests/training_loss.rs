@@ -117,7 +117,7 @@ fn equals_the_two_losses_computed_apart() -> Result<()> {
                 )?;
                 let (apart, grad_apart) = value_and_grad(
                     |x| {
-                        let ce_loss = cross_entropy_from_logits(x, &targets, ce)?;
+                        let ce_loss = cross_entropy_from_logits(x, &targets, ce)?.loss;
                         let bleu_loss = bleu_loss_from_logits(x, hyp_lengths, refs, &bleu)?.loss;
                         ce_loss + bleu_loss.affine(weight, 0.0)?
                     },
@@ -135,7 +135,7 @@ fn equals_the_two_losses_computed_apart() -> Result<()> {
                 assert!(worst <= 1e-10, "{what}: gradients differ by {worst}");
                 // The parts are the two losses.
                 let out = ce_bleu(&logits, hyp_lengths, refs, &targets, weight, ce, &bleu)?;
-                let ce_alone = scalar(&cross_entropy_from_logits(&logits, &targets, ce)?);
+                let ce_alone = scalar(&cross_entropy_from_logits(&logits, &targets, ce)?.loss);
                 let bleu_alone =
                     scalar(&bleu_loss_from_logits(&logits, hyp_lengths, refs, &bleu)?.loss);
                 assert!(

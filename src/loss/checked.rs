@@ -18,6 +18,7 @@ use super::config::{
 };
 use super::dispatch::Path;
 use super::host;
+use super::kernels::composed;
 use super::kernels::cpu::CrossEntropyTerms;
 use super::kernels::ctc_cpu::CtcAlignments;
 use super::references::References;
@@ -137,9 +138,9 @@ impl Hypotheses<'_> {
 }
 
 /// Whether `cfg` asks for an option only the CPU kernels (and the composed ops) compute: the
-/// z-loss (the CUDA kernels take padding and label smoothing only).
+/// z-loss or the token accuracy (the CUDA kernels take padding and label smoothing only).
 fn needs_cpu_kernels(cfg: &CrossEntropyConfig) -> bool {
-    cfg.z_loss != 0.0
+    cfg.z_loss != 0.0 || cfg.token_accuracy
 }
 
 /// The name of a tensor input in messages.
@@ -207,27 +208,40 @@ impl ShapedInput<'_> {
     }
 
     /// The checked input: tensors converted to their compute dtype and checked for NaN/Inf
-    /// (as [`hypotheses`] does); hidden states as they were checked.
-    fn finish(self, check_off_cpu: bool) -> Result<CheckedInput> {
+    /// (as [`hypotheses`] does); hidden states as they were checked. With `softcap`, the logits
+    /// are capped (`c·tanh(z/c)`): logits as composed candle ops before any pass (the raw
+    /// logits checked for NaN and Inf first, which `tanh` would hide from the kernels' own
+    /// check), hidden states in their blocks.
+    fn finish(self, check_off_cpu: bool, softcap: Option<f64>) -> Result<CheckedInput> {
         Ok(match self {
             ShapedInput::Tensor {
                 tensor,
                 probs,
                 path,
                 ..
-            } => CheckedInput::Tensor {
-                checked: hypotheses(input_name(probs), tensor, path, check_off_cpu)?,
-                probs,
-            },
+            } => {
+                let name = input_name(probs);
+                let mut checked = hypotheses(name, tensor, path, check_off_cpu)?;
+                if let Some(cap) = softcap.filter(|_| !probs) {
+                    if path.checks_finite(checked.tensor.device()) {
+                        finite(name, &checked.tensor, check_off_cpu)?;
+                    }
+                    checked.tensor = composed::softcap(&checked.tensor, cap)?;
+                }
+                CheckedInput::Tensor { checked, probs }
+            }
             ShapedInput::Hidden {
-                checked,
+                mut checked,
                 blocks,
                 given,
-            } => CheckedInput::Hidden {
-                checked,
-                blocks,
-                given,
-            },
+            } => {
+                checked.softcap = softcap;
+                CheckedInput::Hidden {
+                    checked,
+                    blocks,
+                    given,
+                }
+            }
         })
     }
 }
@@ -245,6 +259,9 @@ pub(crate) struct CheckedHidden {
     pub path: Path,
     /// `hidden` and `proj`'s shapes, for messages.
     pub described: String,
+    /// Logit soft-capping `c` of the cross-entropy's config (`None`: off), applied to each
+    /// block of logits.
+    pub softcap: Option<f64>,
 }
 
 impl CheckedHidden {
@@ -318,7 +335,7 @@ pub(crate) fn bleu_call(
     score::validate_config(cfg)?;
     let shaped = shaped(input, path, cfg.check_values)?;
     bleu_arguments(&shaped.shape(), hyp_lengths, refs, cfg)?;
-    shaped.finish(cfg.check_values)
+    shaped.finish(cfg.check_values, None)
 }
 
 /// The arguments of a cross-entropy on logits or hidden states, checked:
@@ -331,9 +348,24 @@ pub(crate) fn cross_entropy_call<'a>(
     path: Path,
 ) -> Result<(CheckedInput, CheckedTargets<'a>)> {
     let path = path.for_options(input.device(), needs_cpu_kernels(cfg));
+    softcap_with_blocks(cfg, &input)?;
     let shaped = shaped(input, path, false)?;
     let targets = input_targets(&shaped.shape(), targets, cfg)?;
-    Ok((shaped.finish(false)?, targets))
+    Ok((shaped.finish(false, cfg.softcap)?, targets))
+}
+
+/// Refuses soft-capping with the hidden-state path's gradient filtering: a skipped tile's
+/// gradient is built from the rank-one structure of uncapped logits (`dz/dz = 1`), which
+/// capping breaks.
+fn softcap_with_blocks(cfg: &CrossEntropyConfig, input: &Hypotheses<'_>) -> Result<()> {
+    if let (Some(cap), Hypotheses::Hidden { blocks, .. }) = (cfg.softcap, input) {
+        if let Some(tau) = blocks.filter_below {
+            bail!(
+                "`softcap` ({cap}) with gradient filtering (`blocks.filter_below` = {tau}): a skipped tile's gradient assumes uncapped logits; use one or the other"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The arguments of a training step's loss on logits or hidden states, checked: the input, the
@@ -355,6 +387,7 @@ pub(crate) fn training_call<'a>(
         );
     }
     let path = path.for_options(input.device(), needs_cpu_kernels(&cfg.ce));
+    softcap_with_blocks(&cfg.ce, &input)?;
     let shaped = shaped(input, path, cfg.bleu.check_values)?;
     let targets = {
         let shape = shaped.shape();
@@ -362,7 +395,9 @@ pub(crate) fn training_call<'a>(
         bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
         targets
     };
-    Ok((shaped.finish(cfg.bleu.check_values)?, targets, bleu_weight))
+    // Capping changes the model's distribution: the BLEU term sees the capped logits too.
+    let input = shaped.finish(cfg.bleu.check_values, cfg.ce.softcap)?;
+    Ok((input, targets, bleu_weight))
 }
 
 /// The cross-entropy's targets checked against the hypotheses' `[B, S, V]`.
@@ -463,6 +498,7 @@ pub(crate) fn hidden_call(
             hidden.dims(),
             weight.dims()
         ),
+        softcap: None,
     };
     if !path.checks_finite(hidden.device()) {
         finite("hidden", &checked.hidden, check_off_cpu)?;
@@ -482,9 +518,12 @@ pub(crate) fn materialised_logits(
     logits: Tensor,
     check_off_cpu: bool,
 ) -> Result<CheckedHypotheses> {
-    let tensor = logits.to_dtype(inputs.dtype)?;
-    if !inputs.path.checks_finite(tensor.device()) {
+    let mut tensor = logits.to_dtype(inputs.dtype)?;
+    if !inputs.path.checks_finite(tensor.device()) || inputs.softcap.is_some() {
         finite("logits", &tensor, check_off_cpu)?;
+    }
+    if let Some(cap) = inputs.softcap {
+        tensor = composed::softcap(&tensor, cap)?;
     }
     Ok(CheckedHypotheses {
         tensor,
@@ -605,6 +644,11 @@ fn checked_targets<'a>(
     if !(cfg.z_loss.is_finite() && cfg.z_loss >= 0.0) {
         bail!("`z_loss` must be finite and >= 0, got {}", cfg.z_loss);
     }
+    if let Some(cap) = cfg.softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            bail!("`softcap` must be finite and > 0, got {cap}");
+        }
+    }
     let pad_id = cfg.pad_id;
     let count = if targets.device().is_cpu() {
         host::with_cpu_slice::<u32, _>(targets, |values| {
@@ -651,6 +695,7 @@ fn checked_targets<'a>(
             pad_id,
             label_smoothing: eps,
             z_loss: cfg.z_loss,
+            token_accuracy: cfg.token_accuracy,
         },
         count,
         divisor: 1,

@@ -210,6 +210,35 @@ pub struct CrossEntropyConfig {
     /// loss adds `λ·lse²`, `lse = log Σ_v exp(z_v)` (PaLM's auxiliary loss that keeps the
     /// logits from drifting; Liger-Kernel's `lse_square_scale`), reduced with the cross-entropy.
     pub z_loss: f64,
+    /// Logit soft-capping `c` (Gemma 2's; Liger-Kernel's and Cut Cross-Entropy's `softcap`):
+    /// the logits become `c·tanh(z/c)` before the softmax. `None`, the default, is off; `c` must
+    /// be finite and `> 0`. Capping changes the model's distribution, so in a training step
+    /// (`ce_bleu_*`) the BLEU term sees the capped logits too, and the token accuracy is that
+    /// of the capped logits. On the hidden-state path it is applied to each block of logits in
+    /// the loss's own pass, and refused with gradient filtering.
+    pub softcap: Option<f64>,
+    /// Also report the token accuracy (Liger-Kernel's `return_token_accuracy`): the share of
+    /// non-pad positions whose target is the argmax of their logits (the first index among
+    /// equal maxima, as `argmax` picks it), computed in the loss's own pass
+    /// ([`CrossEntropyOutput::token_accuracy`]). Default `false`: nothing is computed.
+    pub token_accuracy: bool,
+}
+
+/// The cross-entropy and what it reports besides
+/// ([`cross_entropy_from_logits`](super::cross_entropy_from_logits),
+/// [`cross_entropy_from_hidden`](super::cross_entropy_from_hidden)).
+#[derive(Debug, Clone)]
+pub struct CrossEntropyOutput {
+    /// The loss, reduced as [`CrossEntropyConfig::reduction`] says: a scalar (`Mean`, `Sum`)
+    /// or `[B, S]` (`None`, 0 at padding), in the compute dtype; call `backward` on this one.
+    pub loss: Tensor,
+    /// With a z-loss scale `λ ≠ 0`: the z-loss's part of `loss`, `λ·lse²` reduced as `loss` is
+    /// (the mean over the non-pad positions, their sum, or `[B, S]` for `None`), detached: for
+    /// logging (Liger-Kernel's `return_z_loss`). `None` when `λ = 0`.
+    pub z_loss: Option<Tensor>,
+    /// With [`CrossEntropyConfig::token_accuracy`]: the share of non-pad positions whose target
+    /// is the argmax of their logits, a scalar in `[0, 1]` in the compute dtype, detached.
+    pub token_accuracy: Option<Tensor>,
 }
 
 /// The loss of a training step and its two parts.
@@ -221,6 +250,12 @@ pub struct TrainingLoss {
     pub cross_entropy: Tensor,
     /// The BLEU loss and its statistics (as [`bleu_loss_from_logits`](super::bleu_loss_from_logits)).
     pub bleu: BleuLossOutput,
+    /// With `ce.z_loss` `λ ≠ 0`: the z-loss's part of `cross_entropy`, detached
+    /// ([`CrossEntropyOutput::z_loss`]).
+    pub z_loss: Option<Tensor>,
+    /// With `ce.token_accuracy`: the share of non-pad targets that are their row's argmax,
+    /// detached ([`CrossEntropyOutput::token_accuracy`]).
+    pub token_accuracy: Option<Tensor>,
 }
 
 /// Configuration of a training step's loss: `cross_entropy + bleu_weight · bleu_loss`

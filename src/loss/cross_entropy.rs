@@ -9,7 +9,7 @@
 //! token matches, and its backward receives both gradients in one call.
 
 use super::checked::Hypotheses;
-use super::config::CrossEntropyConfig;
+use super::config::{CrossEntropyConfig, CrossEntropyOutput};
 use super::dispatch::Path;
 use super::reduce::Reducer;
 use super::run;
@@ -34,9 +34,12 @@ use candle_core::{Result, Tensor};
 /// * `targets` - u32 `[B, S]`, each `< V` or equal to `cfg.pad_id`; not all padding.
 /// * `cfg` - padding id and label smoothing `ε ∈ [0, 1)`.
 ///
-/// Returns a scalar in the compute dtype. Errors (naming the argument and its shape or value) on
-/// a wrong rank, dtype or shape, a target outside the vocabulary, an all-padding batch, `ε`
-/// outside `[0, 1)`, or NaN/Inf in `logits`.
+/// Returns the loss ([`CrossEntropyOutput::loss`]: a scalar, or `[B, S]` with `reduction`
+/// `None`, in the compute dtype) and, when `cfg` asks for them, the z-loss's part of it and the
+/// token accuracy, computed in the same pass. Errors (naming the argument and its shape or
+/// value) on a wrong rank, dtype or shape, a target outside the vocabulary, an all-padding
+/// batch under `Mean` (or with `token_accuracy`), `ε` outside `[0, 1)`, a negative or
+/// non-finite `z_loss`, or NaN/Inf in `logits`.
 ///
 /// ```
 /// use candle_bleu::loss::{cross_entropy_from_logits, CrossEntropyConfig};
@@ -44,7 +47,7 @@ use candle_core::{Result, Tensor};
 /// let logits = Tensor::new(&[[[2f32, 0.0, 0.0], [0.0, 0.0, 0.0]]], &Device::Cpu)?;
 /// let targets = Tensor::new(&[[0u32, 2]], &Device::Cpu)?;
 /// let cfg = CrossEntropyConfig { pad_id: Some(2), ..Default::default() };
-/// let loss = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f32>()?;
+/// let loss = cross_entropy_from_logits(&logits, &targets, &cfg)?.loss.to_scalar::<f32>()?;
 /// // Only position 0 counts: -log(e² / (e² + 2)).
 /// assert!((loss - (1.0 + 2.0 * (-2f32).exp()).ln()).abs() < 1e-6);
 /// # Ok::<(), candle_core::Error>(())
@@ -53,7 +56,7 @@ pub fn cross_entropy_from_logits(
     logits: &Tensor,
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let path = Path::for_device(logits.device());
     run::cross_entropy(
         Hypotheses::Logits(logits),
@@ -72,7 +75,7 @@ pub fn cross_entropy_from_logits_composed(
     logits: &Tensor,
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let input = Hypotheses::Logits(logits);
     run::cross_entropy(input, targets, cfg, Path::Composed, Reducer::Local)
 }
@@ -94,9 +97,9 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            let fused = cross_entropy_from_logits(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
-            let composed =
-                cross_entropy_from_logits_composed(&logits, &targets, &cfg)?.to_scalar::<f64>()?;
+            let fused = cross_entropy_from_logits(&logits, &targets, &cfg)?.loss;
+            let composed = cross_entropy_from_logits_composed(&logits, &targets, &cfg)?.loss;
+            let (fused, composed) = (fused.to_scalar::<f64>()?, composed.to_scalar::<f64>()?);
             assert!((fused - composed).abs() < 1e-12, "{fused} vs {composed}");
         }
         Ok(())

@@ -24,8 +24,8 @@
 
 use super::checked::Hypotheses;
 use super::config::{
-    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, HiddenConfig, TrainingLoss,
-    TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, HiddenConfig,
+    TrainingLoss, TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::reduce::Reducer;
@@ -49,9 +49,10 @@ use candle_nn::Linear;
 /// * `blocks` - block size and gradient filtering ([`HiddenConfig`]; `&HiddenConfig::default()`
 ///   is exact).
 ///
-/// Returns a scalar in the compute dtype, differentiable with respect to `hidden`, the weight
-/// and the bias. Errors (naming the argument and its shape or value) as the logits function
-/// does, on a `proj` whose weight is not `[V, D]` with the `D` of `hidden` or whose dtype or
+/// Returns the loss ([`CrossEntropyOutput`]: a scalar, or `[B, S]` with `reduction` `None`, in
+/// the compute dtype, differentiable with respect to `hidden`, the weight and the bias) and the
+/// z-loss's part and token accuracy when `cfg` asks for them, computed in the same blocks.
+/// Errors (naming the argument and its shape or value) as the logits function does, on a `proj` whose weight is not `[V, D]` with the `D` of `hidden` or whose dtype or
 /// device differs, on an invalid `blocks`, and on non-finite logits (CPU).
 ///
 /// ```
@@ -67,7 +68,8 @@ use candle_nn::Linear;
 /// let ce = CrossEntropyConfig { pad_id: Some(0), label_smoothing: 0.1, ..Default::default() };
 /// let from_hidden = cross_entropy_from_hidden(&hidden, &proj, &targets, &ce, &HiddenConfig::default())?;
 /// let from_logits = cross_entropy_from_logits(&proj.forward(&hidden)?, &targets, &ce)?;
-/// assert!((from_hidden.to_scalar::<f64>()? - from_logits.to_scalar::<f64>()?).abs() < 1e-12);
+/// let (from_hidden, from_logits) = (from_hidden.loss.to_scalar::<f64>()?, from_logits.loss.to_scalar::<f64>()?);
+/// assert!((from_hidden - from_logits).abs() < 1e-12);
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn cross_entropy_from_hidden(
@@ -76,7 +78,7 @@ pub fn cross_entropy_from_hidden(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
     blocks: &HiddenConfig,
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let input = hidden_input(hidden, proj, blocks);
     let path = Path::for_device(hidden.device());
     run::cross_entropy(input, targets, cfg, path, Reducer::Local)
@@ -92,7 +94,7 @@ pub fn cross_entropy_from_hidden_composed(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
     blocks: &HiddenConfig,
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let input = hidden_input(hidden, proj, blocks);
     run::cross_entropy(input, targets, cfg, Path::Composed, Reducer::Local)
 }
@@ -404,13 +406,16 @@ mod tests {
                                     evaluate(
                                         |h, p| {
                                             let input = hidden_input(h, p, &hidden_cfg);
-                                            Ok(vec![run::cross_entropy(
-                                                input,
-                                                &fx.targets,
-                                                &cfg.ce,
-                                                path,
-                                                Reducer::Local,
-                                            )?])
+                                            Ok(vec![
+                                                run::cross_entropy(
+                                                    input,
+                                                    &fx.targets,
+                                                    &cfg.ce,
+                                                    path,
+                                                    Reducer::Local,
+                                                )?
+                                                .loss,
+                                            ])
                                         },
                                         &fx,
                                         bias,

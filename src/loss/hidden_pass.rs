@@ -8,6 +8,7 @@ use super::checked::{CheckedHidden, CheckedTargets};
 use super::config::HiddenConfig;
 use super::host::CpuView;
 use super::kernels::composed::masked_targets;
+use super::kernels::cpu::CrossEntropyTerms;
 use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
 use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
 use super::kernels::hidden_cpu::{CpuBlocks, RowSpec};
@@ -27,11 +28,13 @@ pub(crate) fn hidden_rows(
     let (batch, seq, vocab) = (inputs.batch, inputs.seq, inputs.vocab);
     let block_rows = cfg.block_rows(vocab, if paired { seq } else { 1 });
     let width = ids.map_or(Ok(0), |ids| ids.dim(1))?;
+    let metrics = targets.is_some_and(|t| t.terms.metrics());
     let kernels_layout = if paired {
         RowLayout::self_match(seq, width)
     } else {
         RowLayout::rows(width)
-    };
+    }
+    .with_metrics(metrics);
     let layout;
     let device = inputs.hidden.device();
     let blocks = if inputs.path.runs_cpu_kernels(device) {
@@ -42,24 +45,17 @@ pub(crate) fn hidden_rows(
             Ok(view.slice::<u32>()?.to_vec())
         };
         let ids = ids.map(|ids| read(ids, "ids")).transpose()?;
-        let (rows_targets, pad_id, label_smoothing, inv_count) = match targets {
-            Some(t) => (
-                Some(read(t.targets, "targets")?),
-                t.terms.pad_id,
-                t.terms.label_smoothing,
-                t.inv_count(),
-            ),
-            None => (None, None, 0.0, 0.0),
+        let (rows_targets, terms, inv_count) = match targets {
+            Some(t) => (Some(read(t.targets, "targets")?), t.terms, t.inv_count()),
+            None => (None, CrossEntropyTerms::default(), 0.0),
         };
         HiddenBlocks::Cpu(CpuBlocks {
             spec: RowSpec {
                 ids: ids.unwrap_or_default(),
                 layout,
                 targets: rows_targets,
-                pad_id,
-                label_smoothing,
+                terms,
                 inv_count,
-                z_loss: targets.map_or(0.0, |t| t.terms.z_loss),
                 seq,
                 vocab,
             },
@@ -67,6 +63,7 @@ pub(crate) fn hidden_rows(
             block_elements: cfg.block_elements,
             vocab_tile: cfg.vocab_tile,
             filter_below: cfg.filter_below,
+            softcap: inputs.softcap,
         })
     } else {
         layout = kernels_layout.without_statistics();
@@ -85,8 +82,8 @@ pub(crate) fn hidden_rows(
                     Ok((safe.flatten_all()?, weights.flatten_all()?))
                 })
                 .transpose()?,
-            label_smoothing: targets.map_or(0.0, |t| t.terms.label_smoothing),
-            z_loss: targets.map_or(0.0, |t| t.terms.z_loss),
+            terms: targets.map(|t| t.terms).unwrap_or_default(),
+            softcap: inputs.softcap,
             layout,
         };
         HiddenBlocks::Composed(ComposedBlocks::forward(

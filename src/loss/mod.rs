@@ -139,9 +139,9 @@ mod training;
 
 pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyReduction,
-    CtcConfig, CtcExpectedCounts, CtcReduction, Form, HiddenConfig, LengthModel, LossSmoothing,
-    Reduction, TrainingLoss, TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyOutput,
+    CrossEntropyReduction, CtcConfig, CtcExpectedCounts, CtcReduction, Form, HiddenConfig,
+    LengthModel, LossSmoothing, Reduction, TrainingLoss, TrainingLossConfig,
 };
 pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
 pub use ctc::{

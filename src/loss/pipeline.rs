@@ -18,6 +18,7 @@ use super::config::{BleuLossConfig, BleuStats, Form};
 use super::dispatch::Path;
 use super::hidden_pass::hidden_rows;
 use super::kernels::composed::{self, gather_columns};
+use super::kernels::layout::RowLayout;
 use super::kernels::row_op::{GatherIds, RowOp};
 use super::references::{ReferenceSide, ReferenceTokens};
 use super::{forms, length, score};
@@ -139,12 +140,7 @@ pub(crate) fn logits_pass(
         self_match: layout.self_match_part(&out)?,
         probs: None,
         cross_entropy: targets
-            .map(|_| -> Result<TokenLosses> {
-                Ok(TokenLosses {
-                    terms: layout.cross_entropy_part(&out)?,
-                    divided: true,
-                })
-            })
+            .map(|_| TokenLosses::from_rows(&out, &layout))
             .transpose()?,
     })
 }
@@ -157,9 +153,19 @@ fn composed_logits_pass(
 ) -> Result<LogitsPass> {
     let cross_entropy = targets
         .map(|t| -> Result<TokenLosses> {
+            let metrics = if t.terms.metrics() {
+                let (safe_targets, mask) = composed::masked_targets(t.targets, t.terms.pad_id)?;
+                let mask = mask.to_dtype(logits.dtype())?;
+                let (z, correct) =
+                    composed::token_metrics(logits, &safe_targets, &mask, t.terms.z_loss)?;
+                Some(TokenMetrics { z, correct })
+            } else {
+                None
+            };
             Ok(TokenLosses {
                 terms: composed::token_cross_entropy(logits, t.targets, t.terms)?,
                 divided: false,
+                metrics,
             })
         })
         .transpose()?;
@@ -190,7 +196,7 @@ fn logits_hypothesis_pass(
     side: &ReferenceSide,
     cfg: &BleuLossConfig,
     targets: Option<&CheckedTargets>,
-) -> Result<(HypothesisInputs, Option<Tensor>)> {
+) -> Result<(HypothesisInputs, Option<TokenLosses>)> {
     let (path, logits) = (logits.path, &logits.tensor);
     match &side.tokens {
         ReferenceTokens::Ids(ids) => {
@@ -205,7 +211,7 @@ fn logits_hypothesis_pass(
                 bail!("internal: the logits pass gathered nothing")
             };
             let inputs = inputs_from_gathered(&gathered, width, pass.self_match, cfg)?;
-            Ok((inputs, summed(pass.cross_entropy, targets)?))
+            Ok((inputs, pass.cross_entropy))
         }
         ReferenceTokens::Matrices(_) => {
             let pass = logits_pass(logits, Gather::Probs, targets, path)?;
@@ -213,17 +219,8 @@ fn logits_hypothesis_pass(
                 bail!("internal: the logits pass gave no probabilities")
             };
             let inputs = hypothesis_inputs_from_probs(&probs, side, cfg)?;
-            Ok((inputs, summed(pass.cross_entropy, targets)?))
+            Ok((inputs, pass.cross_entropy))
         }
-    }
-}
-
-/// The pass's cross-entropy, its token terms summed (and divided by the targets' divisor where
-/// the terms are not).
-fn summed(losses: Option<TokenLosses>, targets: Option<&CheckedTargets>) -> Result<Option<Tensor>> {
-    match (losses, targets) {
-        (Some(losses), Some(t)) => Ok(Some(losses.sum(t.divisor)?)),
-        _ => Ok(None),
     }
 }
 
@@ -237,7 +234,7 @@ fn gather_ids(side: &ReferenceSide) -> Result<&GatherIds> {
 }
 
 /// The hypothesis inputs of the BLEU side from any checked input (and, with `targets`, the
-/// pass's cross-entropy, the sum of its row terms): probabilities are used as they are; logits
+/// pass's cross-entropy token terms): probabilities are used as they are; logits
 /// go through [`logits_pass`]; hidden states through the hidden-state op
 /// ([`hidden_rows`]) with id references, and with matrix references (`[B, T, V]`
 /// themselves, as large as the logits) through their materialised logits.
@@ -246,7 +243,7 @@ pub(crate) fn hypothesis_pass(
     side: &ReferenceSide,
     cfg: &BleuLossConfig,
     targets: Option<&CheckedTargets>,
-) -> Result<(HypothesisInputs, Option<Tensor>)> {
+) -> Result<(HypothesisInputs, Option<TokenLosses>)> {
     match input {
         CheckedInput::Tensor {
             checked,
@@ -270,7 +267,7 @@ pub(crate) fn hypothesis_pass(
                 let gathered = layout.gathered_part(&out)?;
                 let inputs = inputs_from_gathered(&gathered, ids.dim(1)?, self_match, cfg)?;
                 let cross_entropy = targets
-                    .map(|_| layout.cross_entropy_part(&out)?.sum_all())
+                    .map(|_| TokenLosses::from_rows(&out, &layout))
                     .transpose()?;
                 Ok((inputs, cross_entropy))
             }
@@ -282,17 +279,38 @@ pub(crate) fn hypothesis_pass(
     }
 }
 
-/// The token terms of the cross-entropy alone, from one pass: `[B, S, 1]` (or `[B, S]`), each
-/// non-pad position's term, 0 at padding.
+/// The token terms of the cross-entropy, from one pass: `[B, S, 1]` (or `[B, S]`), each
+/// non-pad position's term, 0 at padding; and the metrics when the targets' terms ask for them.
 pub(crate) struct TokenLosses {
     pub terms: Tensor,
     /// Whether each term is divided by the targets' divisor already (the kernels and the
     /// hidden-state op weight each row), or the sum is divided once (the composed ops on logits,
     /// as they always computed the mean).
     pub divided: bool,
+    /// With a z-loss or the token accuracy: each position's metrics.
+    pub metrics: Option<TokenMetrics>,
+}
+
+/// Each position's metrics, detached, the shape of [`TokenLosses::terms`], 0 at padding:
+/// `λ·lse²` (unweighted) and 1 where the target is the row's argmax.
+pub(crate) struct TokenMetrics {
+    pub z: Tensor,
+    pub correct: Tensor,
 }
 
 impl TokenLosses {
+    /// The cross-entropy column of a row op's (or the hidden-state op's) output `out` — each
+    /// row's term divided already — and its metric columns when `layout` has them.
+    pub(crate) fn from_rows(out: &Tensor, layout: &RowLayout) -> Result<Self> {
+        Ok(Self {
+            terms: layout.cross_entropy_part(out)?,
+            divided: true,
+            metrics: layout
+                .metrics_part(out)?
+                .map(|(z, correct)| TokenMetrics { z, correct }),
+        })
+    }
+
     /// The terms summed, divided by `divisor` unless they are.
     pub(crate) fn sum(&self, divisor: usize) -> Result<Tensor> {
         let sum = self.terms.sum_all()?;
@@ -305,9 +323,14 @@ impl TokenLosses {
 
     /// Each position's term, `[B, S]` (with a divisor of 1: the position's loss).
     pub(crate) fn per_position(&self) -> Result<Tensor> {
-        let (batch, seq) = (self.terms.dim(0)?, self.terms.dim(1)?);
-        self.terms.reshape((batch, seq))
+        per_position(&self.terms)
     }
+}
+
+/// `[B, S, 1]` or `[B, S]` as `[B, S]`.
+pub(crate) fn per_position(terms: &Tensor) -> Result<Tensor> {
+    let (batch, seq) = (terms.dim(0)?, terms.dim(1)?);
+    terms.reshape((batch, seq))
 }
 
 /// The cross-entropy's token terms alone, from one pass: the row op ([`RowOp`]) or composed
@@ -333,10 +356,7 @@ pub(crate) fn cross_entropy_pass(
             checked, blocks, ..
         } => {
             let (out, layout) = hidden_rows(checked, None, Some(targets), false, blocks)?;
-            Ok(TokenLosses {
-                terms: layout.cross_entropy_part(&out)?,
-                divided: true,
-            })
+            TokenLosses::from_rows(&out, &layout)
         }
     }
 }

@@ -21,10 +21,11 @@
 use super::all_reduce::AllReduce;
 use super::checked::CheckedTargets;
 use super::config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyReduction, Reduction, TrainingLoss,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyOutput, CrossEntropyReduction,
+    Reduction, TrainingLoss,
 };
 use super::host;
-use super::pipeline::TokenLosses;
+use super::pipeline::{per_position, TokenLosses, TokenMetrics};
 use super::score::{self, loss_from_stats};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
@@ -73,22 +74,49 @@ impl Reducer<'_> {
 
     /// The cross-entropy from the pass's token terms (divided as [`Self::divide`] set), as
     /// `targets.reduction` says: locally the mean or the sum as it is, or each position's loss;
-    /// in a group the global sum, over the global count for the mean.
+    /// in a group the global sum, over the global count for the mean. The metrics the terms
+    /// ask for (the z-loss's part, the token accuracy) are reduced alike, in the same
+    /// all-reduce.
     pub(crate) fn cross_entropy(
         self,
         losses: TokenLosses,
         targets: &CheckedTargets,
-    ) -> Result<Tensor> {
+    ) -> Result<CrossEntropyOutput> {
         if targets.reduction == CrossEntropyReduction::None {
-            return losses.per_position();
+            // Single-process only: `divide` refuses `None` in a group.
+            let metrics = losses.metrics.as_ref();
+            let z_loss = match metrics {
+                Some(m) if targets.terms.z_loss != 0.0 => Some(per_position(&m.z)?),
+                _ => None,
+            };
+            return Ok(CrossEntropyOutput {
+                loss: losses.per_position()?,
+                z_loss,
+                token_accuracy: local_accuracy(metrics, targets)?,
+            });
         }
         let share = losses.sum(targets.divisor)?;
         match self {
-            Reducer::Local => Ok(share),
+            Reducer::Local => {
+                let (z_loss, token_accuracy) = local_metrics(losses.metrics.as_ref(), targets)?;
+                Ok(CrossEntropyOutput {
+                    loss: share,
+                    z_loss,
+                    token_accuracy,
+                })
+            }
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
-                let g = global_sums(&cross_entropy_parts(&share, targets)?, reduce)?;
-                group_cross_entropy(&g[0], &g[1], targets, out_dtype)
+                let mut parts = cross_entropy_parts(&share, targets)?;
+                parts.extend(metric_parts(losses.metrics.as_ref())?);
+                let g = global_sums(&parts, reduce)?;
+                let loss = group_cross_entropy(&g[0], &g[1], targets, out_dtype)?;
+                let (z_loss, token_accuracy) = group_metrics(&g[2..], &g[1], targets, out_dtype)?;
+                Ok(CrossEntropyOutput {
+                    loss,
+                    z_loss,
+                    token_accuracy,
+                })
             }
         }
     }
@@ -107,22 +135,32 @@ impl Reducer<'_> {
     /// elements' statistics: in a group, one all-reduce carries both.
     pub(crate) fn training(
         self,
-        share: Tensor,
+        losses: TokenLosses,
         targets: &CheckedTargets,
         stats: BleuStats,
         cfg: &BleuLossConfig,
         bleu_weight: f64,
     ) -> Result<TrainingLoss> {
-        let (cross_entropy, bleu) = match self {
-            Reducer::Local => (share, self.bleu(stats, cfg)?),
+        let share = losses.sum(targets.divisor)?;
+        let metrics = losses.metrics.as_ref();
+        let (cross_entropy, bleu, (z_loss, token_accuracy)) = match self {
+            Reducer::Local => (
+                share,
+                self.bleu(stats, cfg)?,
+                local_metrics(metrics, targets)?,
+            ),
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
                 let mut parts = cross_entropy_parts(&share, targets)?;
+                let metric_parts = metric_parts(metrics)?;
+                let bleu_start = 2 + metric_parts.len();
+                parts.extend(metric_parts);
                 parts.extend(bleu_parts(&stats, cfg)?);
                 let g = global_sums(&parts, reduce)?;
                 let cross_entropy = group_cross_entropy(&g[0], &g[1], targets, out_dtype)?;
-                let loss = bleu_from_parts(&g[2..], cfg, out_dtype)?;
-                (cross_entropy, BleuLossOutput { loss, stats })
+                let measured = group_metrics(&g[2..bleu_start], &g[1], targets, out_dtype)?;
+                let loss = bleu_from_parts(&g[bleu_start..], cfg, out_dtype)?;
+                (cross_entropy, BleuLossOutput { loss, stats }, measured)
             }
         };
         let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
@@ -130,6 +168,8 @@ impl Reducer<'_> {
             loss,
             cross_entropy,
             bleu,
+            z_loss,
+            token_accuracy,
         })
     }
 }
@@ -220,6 +260,85 @@ fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<T
     let dtype = reduce_dtype(share.device());
     let count = Tensor::full(targets.count as f64, 1, share.device())?.to_dtype(dtype)?;
     Ok(vec![share.to_dtype(dtype)?.reshape(1)?, count])
+}
+
+/// The z-loss's part and the token accuracy of one process's batch (a mean or a sum, as
+/// `targets.divisor` says), from the pass's metrics; each `None` unless asked for.
+fn local_metrics(
+    metrics: Option<&TokenMetrics>,
+    targets: &CheckedTargets,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let z_loss = match metrics {
+        Some(m) if targets.terms.z_loss != 0.0 => Some((m.z.sum_all()? / targets.divisor as f64)?),
+        _ => None,
+    };
+    Ok((z_loss, local_accuracy(metrics, targets)?))
+}
+
+/// The token accuracy of one process's batch, `Σ correct / n`, when asked for; an error where
+/// no position counts (a sum, or each position's loss, of only padding).
+fn local_accuracy(
+    metrics: Option<&TokenMetrics>,
+    targets: &CheckedTargets,
+) -> Result<Option<Tensor>> {
+    match metrics {
+        Some(m) if targets.terms.token_accuracy => {
+            if targets.count == 0 {
+                bail!(
+                    "`token_accuracy` over no positions: every one of the {} `targets` is `pad_id` ({:?})",
+                    targets.targets.elem_count(),
+                    targets.terms.pad_id,
+                );
+            }
+            Ok(Some((m.correct.sum_all()? / targets.count as f64)?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// What the metrics contribute to the all-reduce: the shard's sums of `λ·lse²` and of correct
+/// positions (none without metrics).
+fn metric_parts(metrics: Option<&TokenMetrics>) -> Result<Vec<Tensor>> {
+    let Some(m) = metrics else {
+        return Ok(Vec::new());
+    };
+    let dtype = reduce_dtype(m.z.device());
+    let sum = |t: &Tensor| t.to_dtype(dtype)?.sum_all()?.reshape(1);
+    Ok(vec![sum(&m.z)?, sum(&m.correct)?])
+}
+
+/// The group's z-loss part and token accuracy from the globally summed [`metric_parts`]
+/// (`parts`, empty without metrics) and the global count, in `out_dtype`. The accuracy divides
+/// by the count: under `Mean` the cross-entropy has refused a count of 0 already; under `Sum`
+/// it is read here (one copy to the host) and 0 is refused.
+fn group_metrics(
+    parts: &[Tensor],
+    count: &Tensor,
+    targets: &CheckedTargets,
+    out_dtype: DType,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let [z, correct] = parts else {
+        return Ok((None, None));
+    };
+    let z_loss = match (targets.terms.z_loss != 0.0, targets.reduction) {
+        (false, _) => None,
+        (true, CrossEntropyReduction::Sum) => Some(z.squeeze(0)?.to_dtype(out_dtype)?),
+        (true, _) => Some(z.div(count)?.squeeze(0)?.to_dtype(out_dtype)?),
+    };
+    let token_accuracy = if targets.terms.token_accuracy {
+        if targets.reduction == CrossEntropyReduction::Sum {
+            let value = host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
+            if value <= 0.0 {
+                bail!(
+                    "`token_accuracy` over no positions: every `targets` position of every worker is `pad_id`"
+                );
+            }
+        }
+        Some(correct.div(count)?.squeeze(0)?.to_dtype(out_dtype)?)
+    } else {
+        None
+    };
+    Ok((z_loss, token_accuracy))
 }
 
 /// The group's cross-entropy from its global sum and count, in `out_dtype`: the sum itself for

@@ -14,7 +14,8 @@
 
 use super::checked::{bleu_call, cross_entropy_call, training_call, Hypotheses};
 use super::config::{
-    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, TrainingLoss, TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, TrainingLoss,
+    TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::pipeline::{cross_entropy_pass, hypothesis_pass, statistics};
@@ -44,7 +45,7 @@ pub(crate) fn cross_entropy(
     cfg: &CrossEntropyConfig,
     path: Path,
     reducer: Reducer,
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
     let targets = reducer.divide(targets)?;
     reducer.cross_entropy(cross_entropy_pass(&input, &targets)?, &targets)
@@ -67,12 +68,12 @@ pub(crate) fn training(
     let tokens = reducer.divide(tokens)?;
     let bleu = &cfg.bleu;
     let side = refs.side(bleu.max_order, bleu.length.eos_id(), input.dtype())?;
-    let (inputs, cross_entropy) = hypothesis_pass(&input, &side, bleu, Some(&tokens))?;
-    let Some(cross_entropy) = cross_entropy else {
+    let (inputs, token_losses) = hypothesis_pass(&input, &side, bleu, Some(&tokens))?;
+    let Some(token_losses) = token_losses else {
         bail!("internal: the pass computed no cross-entropy")
     };
     let stats = statistics(inputs, &side, hyp_lengths, bleu)?;
-    reducer.training(cross_entropy, &tokens, stats, bleu, bleu_weight)
+    reducer.training(token_losses, &tokens, stats, bleu, bleu_weight)
 }
 
 /// This batch's (or shard's) cross-entropy **sum** over its non-pad targets and their count,

@@ -161,7 +161,8 @@ pub fn step_loss(
             &batch.targets,
             &settings.cross_entropy,
             &settings.hidden,
-        )?)
+        )?
+        .loss)
     };
     let (bleu, form, mixing) = match objective {
         NatObjective::Ce => {

@@ -179,7 +179,7 @@ pub fn run(
             )?;
             (out.loss, out.cross_entropy, out.bleu.loss)
         } else {
-            let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &cross_entropy)?;
+            let ce = cross_entropy_from_logits(&logits, &batch.dec_out, &cross_entropy)?.loss;
             let bleu =
                 bleu_loss_from_logits(&logits.detach(), lengths.as_ref(), &refs, &cfg.loss)?.loss;
             (ce.clone(), ce, bleu)

@@ -207,7 +207,7 @@ fn masked_cross_entropy(logits: &Tensor, batch: &Batch, label_smoothing: f64) ->
         label_smoothing,
         ..Default::default()
     };
-    Ok(cross_entropy_from_logits(logits, &batch.dec_out, &cfg)?)
+    Ok(cross_entropy_from_logits(logits, &batch.dec_out, &cfg)?.loss)
 }
 
 /// The teacher-forced BLEU loss of logits `[B, T+1, V]`: `Given` scores the `T` reference

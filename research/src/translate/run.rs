@@ -455,7 +455,8 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
         Ok(match spec.objective {
             Objective::Ce => {
                 let (cfg, blocks) = (&setup.cross_entropy, &setup.hidden);
-                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?;
+                let ce =
+                    cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?.loss;
                 (ce.clone(), ce)
             }
             Objective::CeBleu { form, lambda } => {
@@ -475,7 +476,8 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
             }
             Objective::Mrt { mu } => {
                 let (cfg, blocks) = (&setup.cross_entropy, &setup.hidden);
-                let ce = cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?;
+                let ce =
+                    cross_entropy_from_hidden(&states, proj, &batch.dec_out, cfg, blocks)?.loss;
                 let r = mrt_risk(
                     &model,
                     &batch.indices,

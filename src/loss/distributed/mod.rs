@@ -119,8 +119,8 @@ pub use thread::ThreadAllReduce;
 
 use super::checked::Hypotheses;
 use super::config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, HiddenConfig, TrainingLoss,
-    TrainingLossConfig,
+    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyOutput,
+    HiddenConfig, TrainingLoss, TrainingLossConfig,
 };
 use super::ctc_bleu::ctc_bleu_on;
 use super::dispatch::Path;
@@ -235,9 +235,11 @@ pub fn cross_entropy_sum_and_count(
 /// worker's share. A shard may hold only padding, as long as the global batch does not.
 ///
 /// Arguments as [`crate::loss::cross_entropy_from_logits`] (`logits` `[B_w, S, V]`, `targets`
-/// u32 `[B_w, S]`). Returns a scalar in the logits' compute dtype, the same on every worker.
-/// One all-reduce of 2 numbers and one read of the global count to the host (one number,
-/// counted by [`crate::loss::host_copies`]). Errors as that function does on this
+/// u32 `[B_w, S]`). Returns the loss, a scalar in the logits' compute dtype, the same on every
+/// worker, and the z-loss's part and token accuracy of the global batch when `cfg` asks for
+/// them ([`CrossEntropyOutput`]). One all-reduce of 2 numbers (4 with those) and one read of
+/// the global count to the host (one number, counted by [`crate::loss::host_copies`]; under
+/// `Sum` only with `token_accuracy`). Errors as that function does on this
 /// worker's input, except on all padding, and on every worker when no worker has a non-pad
 /// target.
 pub fn cross_entropy_from_logits(
@@ -245,7 +247,7 @@ pub fn cross_entropy_from_logits(
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
     reduce: &(impl AllReduce + ?Sized),
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let path = Path::for_device(logits.device());
     let group = Reducer::Group(&reduce);
     run::cross_entropy(Hypotheses::Logits(logits), targets, cfg, path, group)
@@ -261,7 +263,7 @@ pub fn cross_entropy_from_hidden(
     cfg: &CrossEntropyConfig,
     blocks: &HiddenConfig,
     reduce: &(impl AllReduce + ?Sized),
-) -> Result<Tensor> {
+) -> Result<CrossEntropyOutput> {
     let path = Path::for_device(hidden.device());
     let input = hidden_input(hidden, proj, blocks);
     run::cross_entropy(input, targets, cfg, path, Reducer::Group(&reduce))

@@ -52,3 +52,30 @@ pub(crate) fn token_cross_entropy(
     let weights = pad_mask.to_dtype(dtype)?;
     row_loss * &weights
 }
+
+/// The metric columns of rows of logits `[.., V]`, detached: `λ·lse²` and 1 where the target is
+/// the argmax (candle's `argmax`: on the CPU the first index among equal maxima), each times
+/// `mask` (1 at the positions that count, 0 at padding); `safe_targets` `[..]` u32 (padding
+/// replaced by any id).
+pub(crate) fn token_metrics(
+    logits: &Tensor,
+    safe_targets: &Tensor,
+    mask: &Tensor,
+    z_loss: f64,
+) -> Result<(Tensor, Tensor)> {
+    let logits = logits.detach();
+    let lse = logits.log_sum_exp(D::Minus1)?;
+    let z = (lse.sqr()?.affine(z_loss, 0.0)? * mask)?;
+    let correct = logits
+        .argmax(D::Minus1)?
+        .eq(safe_targets)?
+        .to_dtype(logits.dtype())?;
+    Ok((z, (correct * mask)?))
+}
+
+/// Logit soft-capping as candle ops, `c·tanh(z/c)` (Gemma 2's; Liger-Kernel's `softcap`),
+/// differentiable: what the logits entry points apply before their pass, and the composed
+/// hidden-state rows to each block.
+pub(crate) fn softcap(logits: &Tensor, cap: f64) -> Result<Tensor> {
+    logits.affine(1.0 / cap, 0.0)?.tanh()?.affine(cap, 0.0)
+}

@@ -19,7 +19,7 @@
 
 pub(crate) use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
-use super::layout::RowLayout;
+use super::layout::{RowLayout, CE_COLUMNS};
 use candle_core::Result;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -261,6 +261,39 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     ))
 }
 
+/// Logit soft-capping in place, `z ← c·tanh(z/c)` (Gemma 2's; Liger-Kernel's `softcap`), on a
+/// block of logits the hidden-state op has just computed. Errors (`false`) on NaN or Inf in
+/// `logits` before capping, which `tanh` would otherwise hide.
+pub(crate) fn softcap_in_place<T: KernelFloat>(logits: &mut [T], cap: f64) -> bool {
+    const CHUNK: usize = 4096;
+    let all_finite = AtomicBool::new(true);
+    let (cap, inv_cap) = (T::from_f64(cap), T::from_f64(1.0 / cap));
+    logits.par_chunks_mut(CHUNK).for_each(|chunk| {
+        for x in chunk {
+            if !x.is_finite() {
+                all_finite.store(false, Ordering::Relaxed);
+            }
+            *x = cap * (*x * inv_cap).tanh();
+        }
+    });
+    all_finite.load(Ordering::Relaxed)
+}
+
+/// The gradient of capped logits turned into that of the logits they were capped from:
+/// `g ← g·(1 − (y/c)²)` with `y = c·tanh(z/c)` the capped logits (`d y / d z = 1 − tanh²`).
+pub(crate) fn softcap_backward_in_place<T: KernelFloat>(grad: &mut [T], capped: &[T], cap: f64) {
+    const CHUNK: usize = 4096;
+    let inv_cap = T::from_f64(1.0 / cap);
+    grad.par_chunks_mut(CHUNK)
+        .zip(capped.par_chunks(CHUNK))
+        .for_each(|(g, y)| {
+            for (g, &y) in g.iter_mut().zip(y) {
+                let t = y * inv_cap;
+                *g *= T::ONE - t * t;
+            }
+        });
+}
+
 /// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
 /// add nothing) and the label smoothing `ε`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -269,6 +302,16 @@ pub(crate) struct CrossEntropyTerms {
     pub label_smoothing: f64,
     /// The z-loss scale `λ`: each non-pad row's term adds `λ·lse²` (0: off).
     pub z_loss: f64,
+    /// Whether the rows report whether their target is the argmax (the token accuracy).
+    pub token_accuracy: bool,
+}
+
+impl CrossEntropyTerms {
+    /// Whether each row also writes its metric columns `[z | correct]`
+    /// ([`RowLayout::with_metrics`]): with a z-loss or the token accuracy.
+    pub(crate) fn metrics(&self) -> bool {
+        self.z_loss != 0.0 || self.token_accuracy
+    }
 }
 
 /// What the row pass needs to know about the targets.
@@ -282,6 +325,8 @@ pub(crate) struct TargetRows<'a> {
     pub inv_count: f64,
     /// The z-loss scale `λ` (0: off).
     pub z_loss: f64,
+    /// Whether each row writes the metric columns `[z | correct]` after its statistics.
+    pub metrics: bool,
 }
 
 impl<'a> TargetRows<'a> {
@@ -294,6 +339,7 @@ impl<'a> TargetRows<'a> {
             label_smoothing: terms.label_smoothing,
             inv_count,
             z_loss: terms.z_loss,
+            metrics: terms.metrics(),
         }
     }
 
@@ -305,7 +351,19 @@ impl<'a> TargetRows<'a> {
             label_smoothing: 0.0,
             inv_count: 0.0,
             z_loss: 0.0,
+            metrics: false,
         }
+    }
+
+    /// The output layout of a row pass gathering `width` columns: [`RowLayout::rows`] with the
+    /// metric columns when the rows write them.
+    pub(crate) fn rows_layout(&self, width: usize) -> RowLayout {
+        RowLayout::rows(width).with_metrics(self.metrics)
+    }
+
+    /// The self-match pass's layout over elements of `seq` rows (see [`Self::rows_layout`]).
+    pub(crate) fn self_match_layout(&self, seq: usize, width: usize) -> RowLayout {
+        RowLayout::self_match(seq, width).with_metrics(self.metrics)
     }
 
     /// The target of `row`, unless it is padding (or there are no targets).
@@ -335,6 +393,33 @@ impl<'a> TargetRows<'a> {
         out[1] = max;
         out[2] = sum;
         out[3] = T::from_f64(self.weight(row_index));
+        if self.metrics {
+            let (z, correct) = self.metric_columns(row, row_index, (max, sum));
+            out[CE_COLUMNS] = z;
+            out[CE_COLUMNS + 1] = correct;
+        }
+    }
+
+    /// The row's metric columns: `λ·lse²` (unweighted) and 1 where the target is the row's
+    /// argmax — its logit is the maximum and no earlier column reaches it, the first index
+    /// among equal maxima as `argmax` picks it — both 0 at padding.
+    #[inline]
+    fn metric_columns<T: KernelFloat>(
+        &self,
+        row: &[T],
+        row_index: usize,
+        (max, sum): (T, T),
+    ) -> (T, T) {
+        let Some(target) = self.target(row_index) else {
+            return (T::ZERO, T::ZERO);
+        };
+        let lse = max.to_f64() + sum.to_f64().ln();
+        let t = target as usize;
+        let is_argmax = row[t] == max && !row[..t].contains(&max);
+        (
+            T::from_f64(self.z_loss * lse * lse),
+            if is_argmax { T::ONE } else { T::ZERO },
+        )
     }
 
     /// The row's cross-entropy term `w·(lse − (1 − ε)·x_t − ε·mean_v x_v + λ·lse²)` from its
@@ -397,7 +482,7 @@ fn forward_row<T: KernelFloat>(
     for (o, &id) in out_row[..width].iter_mut().zip(row_ids) {
         *o = T::exp_nonpositive(row[id as usize] - max) * inv_sum;
     }
-    let ce_column = RowLayout::rows(width).ce_column();
+    let ce_column = rows.rows_layout(width).ce_column();
     rows.columns(
         row,
         row_index,
@@ -432,7 +517,7 @@ pub(crate) fn forward_rows_into<T: KernelFloat>(
     out: &mut [T],
 ) -> Result<()> {
     let width = gathered.width;
-    let stride = RowLayout::rows(width).stride();
+    let stride = rows.rows_layout(width).stride();
     let all_finite = AtomicBool::new(true);
     let with_logit_sum = rows.label_smoothing != 0.0;
     out.par_chunks_mut(stride)
@@ -618,7 +703,7 @@ fn backward_rows_columns_into<T: KernelFloat>(
     zeroed: bool,
 ) {
     let width = gathered.width;
-    let layout = RowLayout::rows(width);
+    let layout = rows.rows_layout(width);
     let stride = layout.stride();
     let eps = rows.label_smoothing;
     grad.par_chunks_mut(len)
@@ -791,7 +876,7 @@ pub(crate) fn self_match_forward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let layout = RowLayout::self_match(seq, width);
+    let layout = rows.self_match_layout(seq, width);
     let stride = layout.stride();
     let with_logit_sum = rows.label_smoothing != 0.0;
     let mut probs = vocab_sized_buffer::<T>(logits.len());
@@ -850,7 +935,7 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
     let seq = gathered.rows_per_batch;
     let width = gathered.width;
     let row_count = logits.len() / vocab;
-    let layout = RowLayout::self_match(seq, width);
+    let layout = rows.self_match_layout(seq, width);
     let stride = layout.stride();
     let eps = rows.label_smoothing;
     // P again, from the logits and each row's max and sum kept in the output.
@@ -929,7 +1014,7 @@ mod tests {
         gathered: Gathered,
         rows: &TargetRows,
     ) -> Vec<T> {
-        let stride = RowLayout::rows(gathered.width).stride();
+        let stride = rows.rows_layout(gathered.width).stride();
         let mut out = vec![T::ZERO; logits.len() / vocab * stride];
         forward_rows_into(logits, vocab, gathered, rows, 0, &mut out).unwrap();
         out
@@ -966,8 +1051,7 @@ mod tests {
         let padded = [0u32];
         let terms = CrossEntropyTerms {
             pad_id: Some(0),
-            label_smoothing: 0.0,
-            z_loss: 0.0,
+            ..Default::default()
         };
         let non_pad = [3u32];
         let rows = TargetRows::new(&non_pad, terms, 1.0);

@@ -21,6 +21,8 @@ pub(crate) trait KernelFloat: WithDType {
         }
     }
     fn is_finite(self) -> bool;
+    /// The hyperbolic tangent (soft-capping).
+    fn tanh(self) -> Self;
 }
 
 impl KernelFloat for f32 {
@@ -63,6 +65,9 @@ impl KernelFloat for f32 {
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
+    fn tanh(self) -> Self {
+        f32::tanh(self)
+    }
 }
 
 impl KernelFloat for f64 {
@@ -75,5 +80,8 @@ impl KernelFloat for f64 {
     }
     fn is_finite(self) -> bool {
         f64::is_finite(self)
+    }
+    fn tanh(self) -> Self {
+        f64::tanh(self)
     }
 }

@@ -5,6 +5,8 @@
 //! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact. A row
 //! holds [`RowLayout`]'s columns without the kernels' statistics (`[Z | x | ce]`).
 
+use super::composed::{softcap, token_metrics};
+use super::cpu::CrossEntropyTerms;
 use super::layout::RowLayout;
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Storage, Tensor, Var, D};
@@ -18,19 +20,29 @@ pub(crate) struct ComposedRows {
     /// u32 `[R]` targets (padding replaced by 0) and float `[R]` weights (`1/n`, 0 at
     /// padding).
     pub targets: Option<(Tensor, Tensor)>,
-    pub label_smoothing: f64,
-    /// The z-loss scale `λ` (0: off): each row's term adds `λ·lse²`.
-    pub z_loss: f64,
-    /// The columns of a row: `Z` (`S` of them, paired form), the gathered ids' and `ce`; no
-    /// statistics.
+    /// The cross-entropy's smoothing and z-loss scale `λ` (each row's term adds `λ·lse²`).
+    pub terms: CrossEntropyTerms,
+    /// Logit soft-capping `c`: each block's logits become `c·tanh(z/c)` first.
+    pub softcap: Option<f64>,
+    /// The columns of a row: `Z` (`S` of them, paired form), the gathered ids', `ce` and the
+    /// metric columns `z | correct` when it has them; no statistics.
     pub layout: RowLayout,
 }
 
 impl ComposedRows {
     /// The outputs of rows `start..start + n` from their logits `[n, V]`.
     pub(crate) fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor> {
+        let capped;
+        let logits = match self.softcap {
+            Some(cap) => {
+                capped = softcap(logits, cap)?;
+                &capped
+            }
+            None => logits,
+        };
         let n = logits.dim(0)?;
-        let mut columns = Vec::with_capacity(3);
+        let mut columns = Vec::with_capacity(5);
+        let mut metrics = None;
         if self.layout.paired() || self.ids.is_some() {
             let probs = candle_nn::ops::softmax(logits, D::Minus1)?;
             if let Some(seq) = self.layout.self_match {
@@ -44,7 +56,7 @@ impl ComposedRows {
         }
         columns.push(match &self.targets {
             Some((targets, weights)) => {
-                let eps = self.label_smoothing;
+                let eps = self.terms.label_smoothing;
                 let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
                 let target_index = targets.narrow(0, start, n)?.unsqueeze(1)?.contiguous()?;
                 let mut row = log_probs
@@ -53,14 +65,23 @@ impl ComposedRows {
                 if eps != 0.0 {
                     row = (row - log_probs.mean_keepdim(1)?.affine(eps, 0.0)?)?;
                 }
-                if self.z_loss != 0.0 {
+                let z_loss = self.terms.z_loss;
+                if z_loss != 0.0 {
                     let lse = logits.log_sum_exp(1)?.unsqueeze(1)?;
-                    row = (row + lse.sqr()?.affine(self.z_loss, 0.0)?)?;
+                    row = (row + lse.sqr()?.affine(z_loss, 0.0)?)?;
                 }
-                row.broadcast_mul(&weights.narrow(0, start, n)?.unsqueeze(1)?)?
+                let weights = weights.narrow(0, start, n)?;
+                if self.layout.has_metrics() {
+                    let mask = weights.ne(0.0)?.to_dtype(logits.dtype())?;
+                    let targets = targets.narrow(0, start, n)?;
+                    let (z, correct) = token_metrics(logits, &targets, &mask, z_loss)?;
+                    metrics = Some([z.unsqueeze(1)?, correct.unsqueeze(1)?]);
+                }
+                row.broadcast_mul(&weights.unsqueeze(1)?)?
             }
             None => Tensor::zeros((n, 1), logits.dtype(), logits.device())?,
         });
+        columns.extend(metrics.into_iter().flatten());
         Tensor::cat(&columns, 1)
     }
 }

@@ -11,8 +11,8 @@
 
 use super::cpu::{
     backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
-    row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
-    Gathered, TargetRows,
+    row_max_checked, self_match_backward_into, self_match_forward_into, softcap_backward_in_place,
+    softcap_in_place, vocab_sized_buffer, CrossEntropyTerms, Gathered, TargetRows,
 };
 use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
@@ -33,11 +33,10 @@ pub(crate) struct RowSpec {
     pub layout: RowLayout,
     /// u32 `[B·S]` cross-entropy targets; `None` for the BLEU loss alone.
     pub targets: Option<Vec<u32>>,
-    pub pad_id: Option<u32>,
-    pub label_smoothing: f64,
+    /// The cross-entropy's padding id, smoothing, z-loss and metrics (defaults without
+    /// targets).
+    pub terms: CrossEntropyTerms,
     pub inv_count: f64,
-    /// The z-loss scale `λ` (0: off).
-    pub z_loss: f64,
     pub seq: usize,
     pub vocab: usize,
 }
@@ -53,16 +52,17 @@ impl RowSpec {
 
     fn target_rows(&self) -> TargetRows<'_> {
         match &self.targets {
-            Some(targets) => TargetRows {
-                targets: Some(targets),
-                pad_id: self.pad_id,
-                label_smoothing: self.label_smoothing,
-                inv_count: self.inv_count,
-                z_loss: self.z_loss,
-            },
+            Some(targets) => TargetRows::new(targets, self.terms, self.inv_count),
             None => TargetRows::none(),
         }
     }
+}
+
+/// The error for NaN or Inf among the logits the op computes.
+fn non_finite_logits() -> candle_core::Error {
+    candle_core::Error::Msg(
+        "the logits `hidden · proj.weightᵀ + proj.bias` contain NaN or infinite values; the loss needs finite logits".into(),
+    )
 }
 
 /// `logits = hidden_block · weightᵀ (+ bias)`, `[rows, V]`, as `candle_nn::Linear` computes it.
@@ -148,6 +148,9 @@ pub(crate) struct CpuBlocks {
     pub vocab_tile: usize,
     /// Gradient filtering's threshold `τ` (`None`: exact gradients).
     pub filter_below: Option<f64>,
+    /// Logit soft-capping `c` (`z ← c·tanh(z/c)` right after each block's product; `None`:
+    /// off). The validation refuses it with filtering, whose skipped tiles assume `dz/dz = 1`.
+    pub softcap: Option<f64>,
 }
 
 impl CpuBlocks {
@@ -170,17 +173,18 @@ impl CpuBlocks {
             let logits = &mut logits[..n * vocab];
             let hidden_block = &hidden[start * dim..][..n * dim];
             block_logits(hidden_block, weight, bias, (n, dim, vocab), logits);
+            if let Some(cap) = self.softcap {
+                if !softcap_in_place(logits, cap) {
+                    return Err(non_finite_logits());
+                }
+            }
             let out = &mut out[start * stride..][..n * stride];
             let pass = if spec.layout.paired() {
                 self_match_forward_into(logits, vocab, gathered, &target_rows, start, out)
             } else {
                 forward_rows_into(logits, vocab, gathered, &target_rows, start, out)
             };
-            pass.map_err(|_| {
-                candle_core::Error::Msg(
-                    "the logits `hidden · proj.weightᵀ + proj.bias` contain NaN or infinite values; the loss needs finite logits".into(),
-                )
-            })?;
+            pass.map_err(|_| non_finite_logits())?;
         }
         Ok(out)
     }
@@ -239,7 +243,7 @@ impl CpuBlocks {
         let mut skipped = vec![false; tiles.len()];
         // Σ_{v in tile} W_v per tile, for the label-smoothing offset of skipped tiles.
         let weight_tile_sums =
-            (filter.is_some() && spec.targets.is_some() && spec.label_smoothing != 0.0)
+            (filter.is_some() && spec.targets.is_some() && spec.terms.label_smoothing != 0.0)
                 .then(|| weight_tile_sums(weight, dim, &tiles));
         let mut logits = vocab_sized_buffer::<T>(block * vocab);
         let mut grad_logits = vocab_sized_buffer::<T>(block * vocab);
@@ -249,6 +253,10 @@ impl CpuBlocks {
             let grad_logits = &mut grad_logits[..n * vocab];
             let hidden_block = &hidden[start * dim..][..n * dim];
             block_logits(hidden_block, weight, bias, (n, dim, vocab), logits);
+            if let Some(cap) = self.softcap {
+                // Finite: the forward checked these logits.
+                softcap_in_place(logits, cap);
+            }
             let out = &out[start * stride..][..n * stride];
             let grad_out = &grad_out[start * stride..][..n * stride];
             if spec.layout.paired() {
@@ -274,6 +282,9 @@ impl CpuBlocks {
                     grad_logits,
                     false,
                 );
+            }
+            if let Some(cap) = self.softcap {
+                softcap_backward_in_place(grad_logits, logits, cap);
             }
             if let Some(tau) = filter {
                 mark_skipped(
@@ -378,6 +389,9 @@ impl CpuBlocks {
                     (n, dim, len),
                     logits,
                 );
+                if let Some(cap) = self.softcap {
+                    softcap_in_place(logits, cap);
+                }
                 backward_rows_tile_into(
                     logits,
                     (v0, len),
@@ -389,6 +403,9 @@ impl CpuBlocks {
                     grad_out,
                     grad_logits,
                 );
+                if let Some(cap) = self.softcap {
+                    softcap_backward_in_place(grad_logits, logits, cap);
+                }
                 let grad_tile = MatRef::row_major(&*grad_logits, n, len);
                 matmul(
                     MatMut::row_major(&mut grads.hidden[start * dim..][..n * dim], n, dim),
@@ -420,7 +437,7 @@ impl CpuBlocks {
     ) {
         let spec = &self.spec;
         let (vocab, stride, width) = (spec.vocab, spec.layout.stride(), spec.layout.gathered);
-        let eps = spec.label_smoothing;
+        let eps = spec.terms.label_smoothing;
         let dim = weight.len() / vocab;
         let n = block.hidden_block.len() / dim;
         let target_rows = spec.target_rows();
@@ -441,7 +458,7 @@ impl CpuBlocks {
             let stats = &block.out[r * stride..][..stride];
             let grads_r = &block.grad_out[r * stride..][..stride];
             let (_, offset, ce_grad) =
-                row_gradient_coefficients(stats, grads_r, width, (eps, spec.z_loss), vocab);
+                row_gradient_coefficients(stats, grads_r, width, (eps, spec.terms.z_loss), vocab);
             let hidden_r = &block.hidden_block[r * dim..][..dim];
             let grad_hidden_r = &mut grad_hidden[r * dim..][..dim];
             if offset != T::ZERO {
@@ -631,10 +648,12 @@ mod tests {
                     ids: ids.clone(),
                     layout: RowLayout::rows(width),
                     targets: with_targets.then(|| targets.clone()),
-                    pad_id: with_targets.then_some(targets[2]),
-                    label_smoothing: if with_targets { 0.1 } else { 0.0 },
+                    terms: CrossEntropyTerms {
+                        pad_id: with_targets.then_some(targets[2]),
+                        label_smoothing: if with_targets { 0.1 } else { 0.0 },
+                        ..Default::default()
+                    },
                     inv_count: 1.0 / rows as f64,
-                    z_loss: 0.0,
                     seq,
                     vocab,
                 };
@@ -645,6 +664,7 @@ mod tests {
                     block_elements: 4 * vocab,
                     vocab_tile: vocab,
                     filter_below: None,
+                    softcap: None,
                 };
                 let out = reference.forward(&hidden, &weight, bias, dim).unwrap();
                 let grad_out = values(out.len(), 0.7, 0.4);
@@ -668,6 +688,7 @@ mod tests {
                         block_elements,
                         vocab_tile,
                         filter_below: None,
+                        softcap: None,
                     };
                     let got =
                         tiled.backward_vocab_tiles(&hidden, &weight, bias, &out, &grad_out, dim);

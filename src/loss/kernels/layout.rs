@@ -8,7 +8,10 @@
 //!
 //! `Z` is the self-match `P Pᵀ` within the row's batch element, `x_k` the softmax at the
 //! gathered ids, `ce` the row's scaled cross-entropy term and `max | sum | weight` what the
-//! kernels' backward needs ([`CE_COLUMNS`]). Every back-end (the CPU row kernels, the CUDA
+//! kernels' backward needs ([`CE_COLUMNS`]). With a z-loss or the token accuracy asked for,
+//! every layout ends in two metric columns, `z | correct` ([`RowLayout::with_metrics`]): the
+//! row's `λ·lse²` and 1 where its target is the argmax, both unweighted and 0 at padding, read
+//! detached — no gradient flows through them. Every back-end (the CPU row kernels, the CUDA
 //! kernels, the hidden-state op's CPU and composed blocks) and the passes over their outputs
 //! compute widths and offsets and split an output with this type.
 
@@ -39,7 +42,12 @@ pub(crate) struct RowLayout {
     pub gathered: usize,
     /// Columns after `ce`: `max | sum | weight` for the kernels, none for the composed rows.
     statistics: usize,
+    /// Whether the metric columns `z | correct` end the row.
+    metrics: bool,
 }
+
+/// The metric columns a row ends in, when it has them: `z | correct`.
+const METRIC_COLUMNS: usize = 2;
 
 impl RowLayout {
     /// The row pass's layout: `[x | ce | max | sum | weight]` with `gathered` columns of `x`.
@@ -48,7 +56,18 @@ impl RowLayout {
             self_match: None,
             gathered,
             statistics: CE_COLUMNS - 1,
+            metrics: false,
         }
+    }
+
+    /// The same columns, ending in the metric columns `z | correct` when `metrics`.
+    pub(crate) fn with_metrics(self, metrics: bool) -> Self {
+        Self { metrics, ..self }
+    }
+
+    /// Whether the rows end in the metric columns.
+    pub(crate) fn has_metrics(&self) -> bool {
+        self.metrics
     }
 
     /// The self-match pass's layout: `[Z | x | ce | max | sum | weight]`, `seq` columns of `Z`.
@@ -114,9 +133,14 @@ impl RowLayout {
         self.ce_column() + 3
     }
 
+    /// The first metric column (`z`, then `correct`), after the statistics.
+    pub(crate) fn metrics_column(&self) -> usize {
+        self.ce_column() + 1 + self.statistics
+    }
+
     /// Columns per row.
     pub(crate) fn stride(&self) -> usize {
-        self.ce_column() + 1 + self.statistics
+        self.metrics_column() + if self.metrics { METRIC_COLUMNS } else { 0 }
     }
 
     /// `Z`, `[.., S]`, of an output whose last dimension holds the rows (`None` without it).
@@ -134,6 +158,17 @@ impl RowLayout {
     /// The cross-entropy column, `[.., 1]`.
     pub(crate) fn cross_entropy_part(&self, out: &Tensor) -> Result<Tensor> {
         out.narrow(D::Minus1, self.ce_column(), 1)
+    }
+
+    /// The metric columns, detached: `(z, correct)`, `[.., 1]` each (`None` without them).
+    pub(crate) fn metrics_part(&self, out: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        if !self.metrics {
+            return Ok(None);
+        }
+        let first = self.metrics_column();
+        let z = out.narrow(D::Minus1, first, 1)?.detach();
+        let correct = out.narrow(D::Minus1, first + 1, 1)?.detach();
+        Ok(Some((z, correct)))
     }
 }
 
@@ -160,6 +195,11 @@ mod tests {
         );
         assert_eq!(statistics, (9, 10, 11));
         assert_eq!(paired.without_statistics().stride(), 9);
+        let measured = paired.with_metrics(true);
+        assert_eq!((measured.metrics_column(), measured.stride()), (12, 14));
+        assert_eq!(measured.weight_column(), paired.weight_column());
+        let composed = measured.without_statistics();
+        assert_eq!((composed.metrics_column(), composed.stride()), (9, 11));
         assert_eq!(RowLayout::of_pass(Pass::Softmax, 5, 3), RowLayout::rows(0));
         assert_eq!(RowLayout::of_pass(Pass::SelfMatch, 5, 3), paired);
     }

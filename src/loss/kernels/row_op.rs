@@ -183,7 +183,8 @@ impl RowOp {
             Some(ids) => ids.dim(1)?,
             None => 0,
         };
-        Ok(RowLayout::of_pass(self.pass, seq, width))
+        let metrics = self.pass != Pass::Softmax && self.ce.metrics();
+        Ok(RowLayout::of_pass(self.pass, seq, width).with_metrics(metrics))
     }
 
     /// The op on `logits`, differentiable with respect to them.
@@ -195,6 +196,10 @@ impl RowOp {
     /// the output layout.
     #[cfg(feature = "cuda")]
     fn cuda_args(&self, logits: &Shape) -> Result<cuda::RowArgsIn<'_>> {
+        if self.ce.metrics() {
+            // `Path::for_options` sends these to composed ops: never a silent change of numbers.
+            bail!("internal: the CUDA kernels compute no z-loss or token accuracy");
+        }
         let seq = match self.pass {
             Pass::Softmax => 1,
             _ => logits.dims3()?.1.max(1),
