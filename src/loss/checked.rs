@@ -18,9 +18,9 @@ use super::config::{
 };
 use super::dispatch::Path;
 use super::host;
-use super::kernels::composed;
 use super::kernels::cpu::CrossEntropyTerms;
 use super::kernels::ctc_cpu::CtcAlignments;
+use super::kernels::softcap;
 use super::references::References;
 use super::score;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -209,9 +209,9 @@ impl ShapedInput<'_> {
 
     /// The checked input: tensors converted to their compute dtype and checked for NaN/Inf
     /// (as [`hypotheses`] does); hidden states as they were checked. With `softcap`, the logits
-    /// are capped (`c·tanh(z/c)`): logits as composed candle ops before any pass (the raw
-    /// logits checked for NaN and Inf first, which `tanh` would hide from the kernels' own
-    /// check), hidden states in their blocks.
+    /// are capped (`c·tanh(z/c)`): logits by one op before any pass (`kernels::softcap`, which
+    /// refuses NaN and Inf on the CPU: `tanh` would hide them from the kernels' own check),
+    /// hidden states in their blocks.
     fn finish(self, check_off_cpu: bool, softcap: Option<f64>) -> Result<CheckedInput> {
         Ok(match self {
             ShapedInput::Tensor {
@@ -223,10 +223,9 @@ impl ShapedInput<'_> {
                 let name = input_name(probs);
                 let mut checked = hypotheses(name, tensor, path, check_off_cpu)?;
                 if let Some(cap) = softcap.filter(|_| !probs) {
-                    if path.checks_finite(checked.tensor.device()) {
-                        finite(name, &checked.tensor, check_off_cpu)?;
-                    }
-                    checked.tensor = composed::softcap(&checked.tensor, cap)?;
+                    // The CPU op refuses NaN and Inf itself; elsewhere `hypotheses` checked.
+                    let cpu_kernels = path.runs_cpu_kernels(checked.tensor.device());
+                    checked.tensor = softcap::softcap(&checked.tensor, cap, cpu_kernels)?;
                 }
                 CheckedInput::Tensor { checked, probs }
             }
@@ -519,11 +518,13 @@ pub(crate) fn materialised_logits(
     check_off_cpu: bool,
 ) -> Result<CheckedHypotheses> {
     let mut tensor = logits.to_dtype(inputs.dtype)?;
-    if !inputs.path.checks_finite(tensor.device()) || inputs.softcap.is_some() {
+    if !inputs.path.checks_finite(tensor.device()) {
         finite("logits", &tensor, check_off_cpu)?;
     }
     if let Some(cap) = inputs.softcap {
-        tensor = composed::softcap(&tensor, cap)?;
+        // The CPU op refuses NaN and Inf, which `tanh` would hide from the kernels' own check.
+        let cpu_kernels = inputs.path.runs_cpu_kernels(tensor.device());
+        tensor = softcap::softcap(&tensor, cap, cpu_kernels)?;
     }
     Ok(CheckedHypotheses {
         tensor,

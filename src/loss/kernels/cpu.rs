@@ -261,39 +261,6 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
     ))
 }
 
-/// Logit soft-capping in place, `z ← c·tanh(z/c)` (Gemma 2's; Liger-Kernel's `softcap`), on a
-/// block of logits the hidden-state op has just computed. Errors (`false`) on NaN or Inf in
-/// `logits` before capping, which `tanh` would otherwise hide.
-pub(crate) fn softcap_in_place<T: KernelFloat>(logits: &mut [T], cap: f64) -> bool {
-    const CHUNK: usize = 4096;
-    let all_finite = AtomicBool::new(true);
-    let (cap, inv_cap) = (T::from_f64(cap), T::from_f64(1.0 / cap));
-    logits.par_chunks_mut(CHUNK).for_each(|chunk| {
-        for x in chunk {
-            if !x.is_finite() {
-                all_finite.store(false, Ordering::Relaxed);
-            }
-            *x = cap * (*x * inv_cap).tanh();
-        }
-    });
-    all_finite.load(Ordering::Relaxed)
-}
-
-/// The gradient of capped logits turned into that of the logits they were capped from:
-/// `g ← g·(1 − (y/c)²)` with `y = c·tanh(z/c)` the capped logits (`d y / d z = 1 − tanh²`).
-pub(crate) fn softcap_backward_in_place<T: KernelFloat>(grad: &mut [T], capped: &[T], cap: f64) {
-    const CHUNK: usize = 4096;
-    let inv_cap = T::from_f64(1.0 / cap);
-    grad.par_chunks_mut(CHUNK)
-        .zip(capped.par_chunks(CHUNK))
-        .for_each(|(g, y)| {
-            for (g, &y) in g.iter_mut().zip(y) {
-                let t = y * inv_cap;
-                *g *= T::ONE - t * t;
-            }
-        });
-}
-
 /// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
 /// add nothing) and the label smoothing `ε`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

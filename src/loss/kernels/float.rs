@@ -65,8 +65,22 @@ impl KernelFloat for f32 {
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
+    /// `tanh` in branch-free arithmetic that vectorises (the library's `tanhf` does not): the odd
+    /// series to `x⁹` below `|x| = 1/4` (its truncation error, `< 1e-8` relative, is below
+    /// f32's precision), else `(1 − e)/(1 + e)` with `e = exp(−2|x|) ≤ 0.61` (no cancellation)
+    /// from [`Self::exp_nonpositive`]; the sign copied back. Within a few ulp of `tanhf`.
+    #[inline(always)]
     fn tanh(self) -> Self {
-        f32::tanh(self)
+        let a = self.abs();
+        let a2 = a * a;
+        let series = a
+            * (1.0
+                + a2 * (-1.0 / 3.0
+                    + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))));
+        let e = Self::exp_nonpositive(-2.0 * a);
+        let far = (1.0 - e) / (1.0 + e);
+        let t = if a < 0.25 { series } else { far };
+        t.copysign(self)
     }
 }
 
@@ -83,5 +97,34 @@ impl KernelFloat for f64 {
     }
     fn tanh(self) -> Self {
         f64::tanh(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KernelFloat;
+
+    /// The vectorising f32 `tanh` against f64's on a fine grid across both branches and into
+    /// saturation: within 4 units in the last place of f32 (relative `2⁻²¹`), exact signs, and
+    /// ±1 at ±∞.
+    #[test]
+    fn f32_tanh_is_within_a_few_ulp() {
+        let mut worst = 0f64;
+        for i in -200_000..=200_000 {
+            let x = i as f32 * 1e-4; // −20 … 20, step 1e-4: both branches and the switch at 1/4
+            let ours = KernelFloat::tanh(x) as f64;
+            let exact = (x as f64).tanh();
+            assert_eq!(ours.signum(), exact.signum(), "sign at {x}");
+            if exact != 0.0 {
+                worst = worst.max(((ours - exact) / exact).abs());
+            }
+        }
+        assert!(
+            worst <= 4.0 * f32::EPSILON as f64 / 2.0,
+            "relative error {worst}"
+        );
+        assert_eq!(KernelFloat::tanh(f32::INFINITY), 1.0);
+        assert_eq!(KernelFloat::tanh(f32::NEG_INFINITY), -1.0);
+        assert_eq!(KernelFloat::tanh(1e-30f32), 1e-30);
     }
 }

@@ -11,13 +11,14 @@
 
 use super::cpu::{
     backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
-    row_max_checked, self_match_backward_into, self_match_forward_into, softcap_backward_in_place,
-    softcap_in_place, vocab_sized_buffer, CrossEntropyTerms, Gathered, TargetRows,
+    row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
+    CrossEntropyTerms, Gathered, TargetRows,
 };
 use super::float::KernelFloat;
 use super::gemm::{matmul, MatMut, MatRef};
 use super::layout::RowLayout;
 use super::row_op::{contiguous_slice, dispatch_float};
+use super::softcap::{softcap_backward_in_place, softcap_in_place};
 use crate::loss::host::CpuView;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};

@@ -3,7 +3,8 @@
 //! dispatch), the one owner of its per-row output layout ([`layout::RowLayout`]), its CPU
 //! slice kernels ([`cpu`]) and CUDA kernels (`cuda`, `kernels.cu`, behind the `cuda`
 //! feature), the same rows as composed candle ops ([`composed`]), the hidden-state op
-//! ([`hidden`]) with its CPU and composed blocks, and the CTC n-gram op. This file only
+//! ([`hidden`]) with its CPU and composed blocks, logit soft-capping ([`softcap`]), and the CTC
+//! n-gram op. This file only
 //! declares the modules.
 
 pub(crate) mod composed;
@@ -21,3 +22,4 @@ pub(crate) mod hidden_composed;
 pub(crate) mod hidden_cpu;
 pub(crate) mod layout;
 pub(crate) mod row_op;
+pub(crate) mod softcap;
