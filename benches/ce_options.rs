@@ -1,7 +1,8 @@
 //! What each option of the cross-entropy costs (issue 35): one forward + backward of
 //! `cross_entropy_from_logits` and of `cross_entropy_from_hidden` with every option off, and
-//! with one option on at a time — the z-loss (and its value), the token accuracy, soft-capping —
-//! on the CPU, alternated within one run (off, z, accuracy, softcap, off, …) so that the
+//! with one option on at a time — the z-loss (and its value), the token accuracy, soft-capping,
+//! class weights — on the CPU, alternated within one run (off, z, accuracy, softcap, weights,
+//! off, …) so that the
 //! machine's drift falls on every variant alike. Prints each variant's median and spread over
 //! the rounds and its ratio to the option-off median of the same path.
 //!
@@ -24,34 +25,29 @@ fn values(count: usize, scale: f64, phase: f64) -> Vec<f32> {
         .collect()
 }
 
-fn variants() -> Vec<(&'static str, CrossEntropyConfig)> {
+fn variants(vocab: usize) -> Vec<(&'static str, CrossEntropyConfig)> {
     let base = CrossEntropyConfig {
         pad_id: Some(0),
         label_smoothing: 0.1,
         ..Default::default()
     };
+    let with = |f: &dyn Fn(&mut CrossEntropyConfig)| {
+        let mut cfg = base.clone();
+        f(&mut cfg);
+        cfg
+    };
+    // Class weights in [0.5, 1.5), deterministic.
+    let weights: Vec<f64> = (0..vocab)
+        .map(|v| 0.5 + (v as f64 * 0.618_033_988_75) % 1.0)
+        .collect();
     vec![
-        ("off", base),
+        ("off", base.clone()),
+        ("z_loss 1e-4", with(&|c| c.z_loss = 1e-4)),
+        ("token_accuracy", with(&|c| c.token_accuracy = true)),
+        ("softcap 30", with(&|c| c.softcap = Some(30.0))),
         (
-            "z_loss 1e-4",
-            CrossEntropyConfig {
-                z_loss: 1e-4,
-                ..base
-            },
-        ),
-        (
-            "token_accuracy",
-            CrossEntropyConfig {
-                token_accuracy: true,
-                ..base
-            },
-        ),
-        (
-            "softcap 30",
-            CrossEntropyConfig {
-                softcap: Some(30.0),
-                ..base
-            },
+            "class_weights",
+            with(&|c| c.class_weights = Some(weights.clone().into())),
         ),
     ]
 }
@@ -115,7 +111,7 @@ fn main() -> Result<()> {
         "ce_options: [B, S] = [{batch}, {seq}], D = {dim}, V = {vocab}, f32, pad every 11th, ε = 0.1, {} threads, {rounds} rounds alternated",
         rayon::current_num_threads()
     );
-    let variants = variants();
+    let variants = variants(vocab);
     for from_hidden in [false, true] {
         let path = if from_hidden {
             "from hidden"

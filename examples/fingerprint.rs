@@ -302,7 +302,7 @@ fn run_grid(entry: &Entry, dtype: DType) -> Result<()> {
             for form in [Form::Expected, Form::Paired, Form::LowerBound] {
                 let cfg = TrainingLossConfig {
                     bleu_weight: 0.3,
-                    ce,
+                    ce: ce.clone(),
                     bleu: BleuLossConfig {
                         form,
                         ..Default::default()

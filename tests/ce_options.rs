@@ -5,9 +5,10 @@
 //! states, on the kernels and on the composed references, with the metrics asked for and not —
 //! values and gradients to 1e-10 in f64 and 1e-5 relative in f32.
 //!
-//! The golden file also holds the other options of Liger-Kernel's fused cross-entropy (class
-//! weights, z-loss, soft-capping, token accuracy); [`supported`] says which option sets the crate
-//! implements, and the test counts them, so that a set cannot silently drop out.
+//! The golden file holds every option set of Liger-Kernel's fused cross-entropy and PyTorch's
+//! `F.cross_entropy` (class weights with smoothing and `ignore_index`, the reductions, the z-loss,
+//! soft-capping, the token accuracy); the test checks and counts them all, so that a set cannot
+//! silently drop out.
 
 mod common;
 
@@ -38,12 +39,6 @@ fn golden_cases() -> Vec<Value> {
     golden["cases"].as_array().unwrap().clone()
 }
 
-/// Whether the crate implements the option set `r` (the others are in the golden file for the
-/// options still to come: class weights).
-fn supported(r: &Value) -> bool {
-    !r["weighted"].as_bool().unwrap()
-}
-
 fn reduction(r: &Value) -> CrossEntropyReduction {
     match r["reduction"].as_str().unwrap() {
         "mean" => CrossEntropyReduction::Mean,
@@ -53,9 +48,13 @@ fn reduction(r: &Value) -> CrossEntropyReduction {
     }
 }
 
-fn config(r: &Value, token_accuracy: bool) -> CrossEntropyConfig {
+fn config(r: &Value, class_weights: &[f64], token_accuracy: bool) -> CrossEntropyConfig {
     CrossEntropyConfig {
         pad_id: Some(0),
+        class_weights: r["weighted"]
+            .as_bool()
+            .unwrap()
+            .then(|| class_weights.to_vec().into()),
         label_smoothing: r["label_smoothing"].as_f64().unwrap(),
         reduction: reduction(r),
         z_loss: r["z_loss"].as_f64().unwrap(),
@@ -155,11 +154,8 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
         let row_weights = Tensor::from_vec(numbers(&case["row_weights"]), (batch, seq), &dev)?;
         let name = case["name"].as_str().unwrap();
         for r in case["results"].as_array().unwrap() {
-            if !supported(r) {
-                continue;
-            }
             for token_accuracy in [false, true] {
-                let cfg = config(r, token_accuracy);
+                let cfg = config(r, &numbers(&case["class_weights"]), token_accuracy);
                 let per_token = cfg.reduction == CrossEntropyReduction::None;
                 let expected_dims: Vec<usize> = if per_token { vec![batch, seq] } else { vec![] };
                 let expected_loss = if per_token {
@@ -262,9 +258,9 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
     Ok(checked)
 }
 
-/// 3 cases × 24 supported option sets (3 reductions × 2 label smoothings × z-loss off and on ×
-/// soft-capping off and on) × the token accuracy asked for or not × 2 paths.
-const SUPPORTED_CHECKS: usize = 3 * 24 * 2 * 2;
+/// 3 cases × 48 option sets (class weights off and on × 2 label smoothings × 3 reductions ×
+/// z-loss off and on × soft-capping off and on) × the token accuracy asked for or not × 2 paths.
+const SUPPORTED_CHECKS: usize = 3 * 48 * 2 * 2;
 
 #[test]
 fn golden_pytorch_f64() -> Result<()> {
@@ -406,9 +402,10 @@ fn a_bad_z_loss_scale_is_a_named_error() -> Result<()> {
     Ok(())
 }
 
-/// The z-loss in a training step: every form of the BLEU loss (the paired form runs the
-/// self-match pass, whose backward applies the softmax Jacobian), from logits and from hidden
-/// states, the kernels against the composed references in f64 — values and gradients.
+/// The z-loss, class weights and the metrics in a training step: every form of the BLEU loss
+/// (the paired form runs the self-match pass, whose backward applies the softmax Jacobian),
+/// from logits and from hidden states, the kernels against the composed references in f64 —
+/// values and gradients.
 #[test]
 fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
     use candle_bleu::loss::{
@@ -442,6 +439,9 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
                 label_smoothing: 0.1,
                 z_loss: 0.05,
                 token_accuracy: true,
+                // Every class weighted (one at 0): the kernels' weighted offsets, in the row
+                // pass and in the self-match pass's Jacobian, against the composed ops.
+                class_weights: Some(vec![0.5, 1.5, 0.0, 1.25, 0.75, 2.0].into()),
                 ..Default::default()
             },
             bleu: BleuLossConfig {
@@ -521,8 +521,10 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
     Ok(())
 }
 
-/// The metrics of a data-parallel group equal the single process's, from logits and from hidden
-/// states, under `Mean` and `Sum`: worker 1's shard holds only padding.
+/// The loss and metrics of a data-parallel group equal the single process's, from logits and
+/// from hidden states, under `Mean` and `Sum`, with and without class weights (the weighted
+/// mean over the global `Σ w_t`): worker 1's shard holds only padding. Class weights with the
+/// z-loss under `Mean` are refused in a group, by name.
 #[test]
 fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
     use candle_bleu::loss::distributed::{self, ThreadAllReduce};
@@ -541,25 +543,36 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
     let logits = candle_core::Module::forward(&proj, &hidden)?;
     let tokens = Tensor::new(&[[1u32, 2, 3], [4, 5, 0], [0, 0, 0]], &dev)?;
     let blocks = HiddenConfig::default();
-    let scalars = |out: CrossEntropyOutput| -> Result<[f64; 3]> {
-        let one = |t: Option<Tensor>| flat(&t.expect("a metric")).map(|v| v[0]);
-        Ok([
-            flat(&out.loss)?[0],
-            one(out.z_loss)?,
-            one(out.token_accuracy)?,
-        ])
+    let scalars = |out: CrossEntropyOutput| -> Result<Vec<f64>> {
+        let mut values = flat(&out.loss)?;
+        for metric in out.z_loss.iter().chain(&out.token_accuracy) {
+            values.extend(flat(metric)?);
+        }
+        Ok(values)
     };
+    let class_weights: std::sync::Arc<[f64]> = values(vocab, 0.5, 0.9)
+        .iter()
+        .map(|w| w + 0.75)
+        .collect::<Vec<_>>()
+        .into();
     let mut checked = 0;
-    for reduction in [CrossEntropyReduction::Mean, CrossEntropyReduction::Sum] {
+    for (reduction, weighted, z_loss) in [
+        (CrossEntropyReduction::Mean, false, 0.02),
+        (CrossEntropyReduction::Sum, false, 0.02),
+        (CrossEntropyReduction::Mean, true, 0.0),
+        (CrossEntropyReduction::Sum, true, 0.02),
+    ] {
         let cfg = CrossEntropyConfig {
             pad_id: Some(0),
             label_smoothing: 0.1,
+            class_weights: weighted.then(|| class_weights.clone()),
             reduction,
-            z_loss: 0.02,
+            z_loss,
             softcap: Some(2.0),
             token_accuracy: true,
         };
         let single = scalars(cross_entropy_from_logits(&logits, &tokens, &cfg)?)?;
+        let cfg = &cfg;
         for from_hidden in [false, true] {
             let ranges = [(0, 2), (2, 1)];
             let workers = std::thread::scope(|s| {
@@ -569,16 +582,16 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
                     .map(|(reduce, (start, len))| {
                         let (hidden, logits, tokens, proj, blocks) =
                             (&hidden, &logits, &tokens, &proj, &blocks);
-                        s.spawn(move || -> Result<[f64; 3]> {
+                        s.spawn(move || -> Result<Vec<f64>> {
                             let t = tokens.narrow(0, start, len)?;
                             let out = if from_hidden {
                                 let h = hidden.narrow(0, start, len)?;
                                 distributed::cross_entropy_from_hidden(
-                                    &h, proj, &t, &cfg, blocks, &reduce,
+                                    &h, proj, &t, cfg, blocks, &reduce,
                                 )?
                             } else {
                                 let l = logits.narrow(0, start, len)?;
-                                distributed::cross_entropy_from_logits(&l, &t, &cfg, &reduce)?
+                                distributed::cross_entropy_from_logits(&l, &t, cfg, &reduce)?
                             };
                             scalars(out)
                         })
@@ -591,7 +604,7 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
             })?;
             for worker in workers {
                 compare(
-                    &format!("{reduction:?}, hidden {from_hidden}"),
+                    &format!("{reduction:?}, weighted {weighted}, hidden {from_hidden}"),
                     &worker,
                     &single,
                     1e-12,
@@ -600,7 +613,27 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
             checked += 1;
         }
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 8);
+    let cfg = CrossEntropyConfig {
+        pad_id: Some(0),
+        class_weights: Some(class_weights),
+        z_loss: 0.02,
+        ..Default::default()
+    };
+    let err = std::thread::scope(|s| {
+        s.spawn(|| {
+            let group = ThreadAllReduce::group(1);
+            distributed::cross_entropy_from_logits(&logits, &tokens, &cfg, &group[0])
+                .unwrap_err()
+                .to_string()
+        })
+        .join()
+        .expect("a worker")
+    });
+    assert!(
+        err.contains("`class_weights` with `z_loss` in data-parallel"),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -777,5 +810,56 @@ fn bad_softcaps_are_named_errors() -> Result<()> {
                 .to_string();
         assert!(err.contains("NaN or infinite"), "{err}");
     }
+    Ok(())
+}
+
+/// Class weights of the wrong length, negative or not finite, whose non-pad targets sum to 0
+/// under `Mean`, or combined with gradient filtering, are named errors.
+#[test]
+fn bad_class_weights_are_named_errors() -> Result<()> {
+    let dev = test_device();
+    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
+    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
+    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
+    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    let with = |weights: Vec<f64>| CrossEntropyConfig {
+        class_weights: Some(weights.into()),
+        ..Default::default()
+    };
+    for (weights, needle) in [
+        (vec![1.0, 1.0], "`class_weights` must hold V = 3 values"),
+        (vec![1.0, -0.5, 1.0], "`class_weights[1]` = -0.5"),
+        (vec![1.0, 1.0, f64::NAN], "`class_weights[2]` = NaN"),
+        (vec![1.0, 0.0, 0.0], "sum to 0: the weighted mean"),
+    ] {
+        let cfg = with(weights);
+        for err in [
+            cross_entropy_from_logits(&logits, &targets, &cfg).unwrap_err(),
+            cross_entropy_from_logits_composed(&logits, &targets, &cfg).unwrap_err(),
+            cross_entropy_from_hidden(&hidden, &proj, &targets, &cfg, &HiddenConfig::default())
+                .unwrap_err(),
+        ] {
+            let err = err.to_string();
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+    }
+    // A weight sum of 0 is a sum, not an error, under `Sum`.
+    let cfg = CrossEntropyConfig {
+        reduction: CrossEntropyReduction::Sum,
+        ..with(vec![1.0, 0.0, 0.0])
+    };
+    let sum = cross_entropy_from_logits(&logits, &targets, &cfg)?.loss;
+    assert_eq!(sum.to_scalar::<f64>()?, 0.0);
+    let filtered = HiddenConfig {
+        filter_below: Some(1e-6),
+        ..Default::default()
+    };
+    let err = cross_entropy_from_hidden(&hidden, &proj, &targets, &with(vec![1.0; 3]), &filtered)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`class_weights` with gradient filtering"),
+        "{err}"
+    );
     Ok(())
 }

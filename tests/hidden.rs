@@ -187,7 +187,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                     |h, proj| {
                         let cfg = TrainingLossConfig {
                             bleu_weight: 0.7,
-                            ce,
+                            ce: ce.clone(),
                             bleu: bleu.clone(),
                         };
                         let logits = proj.forward(h)?;
@@ -218,7 +218,7 @@ fn ce_bleu_from_hidden_equals_the_logits_path() -> Result<()> {
                 for (path, hidden_cfg, composed) in paths() {
                     let cfg = TrainingLossConfig {
                         bleu_weight: 0.7,
-                        ce,
+                        ce: ce.clone(),
                         bleu: bleu.clone(),
                     };
                     let entry = if composed {
@@ -531,7 +531,7 @@ fn gradients_pass_finite_differences() -> Result<()> {
         for length in [LengthModel::Given, LengthModel::SoftEos { eos_id: EOS }] {
             let cfg = TrainingLossConfig {
                 bleu_weight: 0.5,
-                ce,
+                ce: ce.clone(),
                 bleu: BleuLossConfig {
                     form,
                     length,
@@ -663,7 +663,7 @@ fn filtered_gradients_stay_within_the_stated_bound() -> Result<()> {
     for form in [Form::Expected, Form::LowerBound] {
         let train_cfg = TrainingLossConfig {
             bleu_weight: 0.5,
-            ce,
+            ce: ce.clone(),
             bleu: BleuLossConfig {
                 form,
                 max_order: 2,

@@ -79,7 +79,7 @@ fn ce_bleu(
 ) -> Result<TrainingLoss> {
     let cfg = TrainingLossConfig {
         bleu_weight,
-        ce: *ce,
+        ce: ce.clone(),
         bleu: bleu.clone(),
     };
     ce_bleu_from_logits(

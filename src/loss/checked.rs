@@ -68,10 +68,13 @@ pub(crate) struct CheckedTargets<'a> {
     /// `n`, the number of non-pad targets; 0 is refused by the reduction stage
     /// (`reduce::Reducer::divide`) on the sum it reduces over, not here.
     pub count: usize,
-    /// What each non-pad row's term is divided by, set by the reduction stage: `n` for the
-    /// mean over this batch, 1 for a sum, each position's loss, or a data-parallel shard's sum.
-    /// 1 until then.
-    pub divisor: usize,
+    /// `Σ w_t` over the non-pad targets with class weights (`n` without them): the weighted
+    /// mean's denominator.
+    pub weight_sum: f64,
+    /// What each non-pad row's term is divided by, set by the reduction stage: `n` (`Σ w_t`
+    /// with class weights) for the mean over this batch, 1 for a sum, each position's loss, or
+    /// a data-parallel shard's sum. 1 until then.
+    pub divisor: f64,
     /// How the token losses are reduced.
     pub reduction: CrossEntropyReduction,
 }
@@ -79,7 +82,17 @@ pub(crate) struct CheckedTargets<'a> {
 impl CheckedTargets<'_> {
     /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
     pub(crate) fn inv_count(&self) -> f64 {
-        1.0 / self.divisor as f64
+        1.0 / self.divisor
+    }
+
+    /// The z-term's row weight over the cross-entropy's: `divisor / n` for a local weighted
+    /// mean (the z-term's mean divides by the count, as Liger's does), 1 otherwise.
+    pub(crate) fn z_ratio(&self) -> f64 {
+        if self.terms.class_weights.is_some() && self.count > 0 && self.divisor != 1.0 {
+            self.divisor / self.count as f64
+        } else {
+            1.0
+        }
     }
 }
 
@@ -138,9 +151,10 @@ impl Hypotheses<'_> {
 }
 
 /// Whether `cfg` asks for an option only the CPU kernels (and the composed ops) compute: the
-/// z-loss or the token accuracy (the CUDA kernels take padding and label smoothing only).
+/// z-loss, the token accuracy or class weights (the CUDA kernels take padding and label
+/// smoothing only).
 fn needs_cpu_kernels(cfg: &CrossEntropyConfig) -> bool {
-    cfg.z_loss != 0.0 || cfg.token_accuracy
+    cfg.z_loss != 0.0 || cfg.token_accuracy || cfg.class_weights.is_some()
 }
 
 /// The name of a tensor input in messages.
@@ -353,15 +367,22 @@ pub(crate) fn cross_entropy_call<'a>(
     Ok((shaped.finish(false, cfg.softcap)?, targets))
 }
 
-/// Refuses soft-capping with the hidden-state path's gradient filtering: a skipped tile's
-/// gradient is built from the rank-one structure of uncapped logits (`dz/dz = 1`), which
-/// capping breaks.
+/// Refuses soft-capping and class weights with the hidden-state path's gradient filtering: a
+/// skipped tile's gradient is built from the rank-one structure of uncapped, unweighted logits
+/// (`dz/dz = 1`, one smoothing offset for every column), which both break.
 fn softcap_with_blocks(cfg: &CrossEntropyConfig, input: &Hypotheses<'_>) -> Result<()> {
-    if let (Some(cap), Hypotheses::Hidden { blocks, .. }) = (cfg.softcap, input) {
+    if let Hypotheses::Hidden { blocks, .. } = input {
         if let Some(tau) = blocks.filter_below {
-            bail!(
-                "`softcap` ({cap}) with gradient filtering (`blocks.filter_below` = {tau}): a skipped tile's gradient assumes uncapped logits; use one or the other"
-            );
+            if let Some(cap) = cfg.softcap {
+                bail!(
+                    "`softcap` ({cap}) with gradient filtering (`blocks.filter_below` = {tau}): a skipped tile's gradient assumes uncapped logits; use one or the other"
+                );
+            }
+            if cfg.class_weights.is_some() {
+                bail!(
+                    "`class_weights` with gradient filtering (`blocks.filter_below` = {tau}): a skipped tile's gradient assumes one smoothing offset for every class; use one or the other"
+                );
+            }
         }
     }
     Ok(())
@@ -650,25 +671,49 @@ fn checked_targets<'a>(
             bail!("`softcap` must be finite and > 0, got {cap}");
         }
     }
+    let class_weights = cfg.class_weights.as_deref();
+    if let Some(weights) = class_weights {
+        if weights.len() != vocab {
+            bail!(
+                "`class_weights` must hold V = {vocab} values (the last dimension of `{name}`), got {}",
+                weights.len()
+            );
+        }
+        if let Some((v, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+        {
+            bail!("`class_weights[{v}]` = {w}: every class weight must be finite and >= 0");
+        }
+    }
     let pad_id = cfg.pad_id;
-    let count = if targets.device().is_cpu() {
-        host::with_cpu_slice::<u32, _>(targets, |values| {
-            let mut count = 0usize;
-            for (row, &target) in values.iter().enumerate() {
-                if Some(target) == pad_id {
-                    continue;
-                }
-                if target as usize >= vocab {
-                    bail!(
-                        "`targets[{}, {}]` = {target} is out of the vocabulary (V = {vocab}) and is not `pad_id` ({pad_id:?})",
-                        row / seq.max(1),
-                        row % seq.max(1),
-                    );
-                }
-                count += 1;
+    // The targets' count and class-weight sum, and their check, on the host values.
+    let scan = |values: &[u32]| -> Result<(usize, f64)> {
+        let (mut count, mut weight_sum) = (0usize, 0f64);
+        for (row, &target) in values.iter().enumerate() {
+            if Some(target) == pad_id {
+                continue;
             }
-            Ok(count)
-        })?
+            if target as usize >= vocab {
+                bail!(
+                    "`targets[{}, {}]` = {target} is out of the vocabulary (V = {vocab}) and is not `pad_id` ({pad_id:?})",
+                    row / seq.max(1),
+                    row % seq.max(1),
+                );
+            }
+            count += 1;
+            if let Some(weights) = class_weights {
+                weight_sum += weights[target as usize];
+            }
+        }
+        Ok((count, weight_sum))
+    };
+    let (count, weight_sum) = if targets.device().is_cpu() {
+        host::with_cpu_slice::<u32, _>(targets, scan)?
+    } else if class_weights.is_some() {
+        // The weighted mean needs Σ w_t: one copy of the targets (not of any float tensor).
+        scan(&host::to_vec1::<u32>(&targets.flatten_all()?)?)?
     } else {
         let pad_mask = match pad_id {
             Some(pad) => targets.ne(pad)?,
@@ -688,18 +733,24 @@ fn checked_targets<'a>(
                 "`targets` holds {max_target} (not `pad_id` {pad_id:?}), out of the vocabulary (V = {vocab})"
             );
         }
-        count as usize
+        (count as usize, 0.0)
     };
     Ok(CheckedTargets {
         targets,
         terms: CrossEntropyTerms {
             pad_id,
             label_smoothing: eps,
+            class_weights: cfg.class_weights.clone(),
             z_loss: cfg.z_loss,
             token_accuracy: cfg.token_accuracy,
         },
         count,
-        divisor: 1,
+        weight_sum: if class_weights.is_some() {
+            weight_sum
+        } else {
+            count as f64
+        },
+        divisor: 1.0,
         reduction: cfg.reduction,
     })
 }

@@ -195,8 +195,9 @@ pub enum CrossEntropyReduction {
 }
 
 /// Configuration of [`cross_entropy_from_logits`](super::cross_entropy_from_logits) (and of the
-/// cross-entropy part of a training step). Default: no padding, no label smoothing, the mean.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// cross-entropy part of a training step). Default: no padding, no label smoothing, the mean,
+/// no option on.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CrossEntropyConfig {
     /// Target id of padding positions: they add nothing to the loss, its gradient or the count
     /// the mean divides by (PyTorch's `ignore_index`). It may lie outside the vocabulary.
@@ -210,6 +211,16 @@ pub struct CrossEntropyConfig {
     /// loss adds `λ·lse²`, `lse = log Σ_v exp(z_v)` (PaLM's auxiliary loss that keeps the
     /// logits from drifting; Liger-Kernel's `lse_square_scale`), reduced with the cross-entropy.
     pub z_loss: f64,
+    /// Per-class weights `w` (PyTorch's `weight=`, Liger-Kernel's `ce_weight`): `V` values,
+    /// finite and `>= 0`, one per vocabulary entry (`Arc`, so that the config stays cheap to
+    /// clone: `Some(vec.into())`). A position's loss becomes
+    /// `(1 − ε)·w_t·(−log p_t) + (ε/V)·Σ_v w_v·(−log p_v)` and the mean divides by `Σ w_t` over
+    /// the non-pad positions (PyTorch's semantics with `label_smoothing` and `ignore_index`),
+    /// which must be `> 0`; with data-parallel training, by the global `Σ w_t`. The z-loss and
+    /// the token accuracy stay unweighted (the z-loss's mean divides by the count, as Liger's
+    /// does). Weights go into the cross-entropy only, never into the BLEU term. `None`, the
+    /// default: every class 1.
+    pub class_weights: Option<std::sync::Arc<[f64]>>,
     /// Logit soft-capping `c` (Gemma 2's; Liger-Kernel's and Cut Cross-Entropy's `softcap`):
     /// the logits become `c·tanh(z/c)` before the softmax. `None`, the default, is off; `c` must
     /// be finite and `> 0`. Capping changes the model's distribution, so in a training step

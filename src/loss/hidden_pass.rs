@@ -7,7 +7,7 @@
 use super::checked::{CheckedHidden, CheckedTargets};
 use super::config::HiddenConfig;
 use super::host::CpuView;
-use super::kernels::composed::masked_targets;
+use super::kernels::composed::{class_weight_tensor, masked_targets};
 use super::kernels::cpu::CrossEntropyTerms;
 use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
 use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
@@ -45,9 +45,14 @@ pub(crate) fn hidden_rows(
             Ok(view.slice::<u32>()?.to_vec())
         };
         let ids = ids.map(|ids| read(ids, "ids")).transpose()?;
-        let (rows_targets, terms, inv_count) = match targets {
-            Some(t) => (Some(read(t.targets, "targets")?), t.terms, t.inv_count()),
-            None => (None, CrossEntropyTerms::default(), 0.0),
+        let (rows_targets, terms, inv_count, z_ratio) = match targets {
+            Some(t) => (
+                Some(read(t.targets, "targets")?),
+                t.terms.clone(),
+                t.inv_count(),
+                t.z_ratio(),
+            ),
+            None => (None, CrossEntropyTerms::default(), 0.0, 1.0),
         };
         HiddenBlocks::Cpu(CpuBlocks {
             spec: RowSpec {
@@ -56,6 +61,7 @@ pub(crate) fn hidden_rows(
                 targets: rows_targets,
                 terms,
                 inv_count,
+                z_ratio,
                 seq,
                 vocab,
             },
@@ -82,7 +88,12 @@ pub(crate) fn hidden_rows(
                     Ok((safe.flatten_all()?, weights.flatten_all()?))
                 })
                 .transpose()?,
-            terms: targets.map(|t| t.terms).unwrap_or_default(),
+            terms: targets.map(|t| t.terms.clone()).unwrap_or_default(),
+            class_weights: targets
+                .and_then(|t| t.terms.class_weights.as_deref())
+                .map(|w| class_weight_tensor(w, inputs.dtype, device))
+                .transpose()?,
+            z_ratio: targets.map_or(1.0, |t| t.z_ratio()),
             softcap: inputs.softcap,
             layout,
         };

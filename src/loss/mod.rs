@@ -54,7 +54,7 @@
 //! | [`bleu_loss`], [`bleu_loss_from_logits`], id references, `hyp_lengths` given or `None`, any form, length model and reduction | **0**, the first call on a `References` included |
 //! | the same with matrix references | 0; under `NotEos`/`SoftEos` 1 on the first call per `(max_order, eos_id, dtype)` (the EOS cut) |
 //! | [`bleu_loss_from_hidden`], id references | 0, as from logits |
-//! | [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked) |
+//! | [`cross_entropy_from_logits`], [`ce_bleu_from_logits`], [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked; with class weights the targets themselves, for `Σ w_t`) |
 //! | [`loss_from_stats`] | 0 |
 //! | [`ctc_loss`], [`ctc_loss_from_logits`] and their composed references | 3 (`targets`, `input_lengths`, `target_lengths`: the alignments are built on the host); off the CPU + 1 with [`CtcConfig::check_values`] (the input) |
 //! | [`ctc_bleu_loss_from_logits`], [`ctc_expected_counts`] | 0 (the input lengths read in place on the CPU; off it only with `check_values`: 1 for them, 1 for the NaN/Inf check) |

@@ -131,7 +131,7 @@ pub(crate) fn logits_pass(
         }
     };
     let (_, seq, _) = logits.dims3()?;
-    let terms = targets.map(|t| (t.targets, t.terms, t.inv_count()));
+    let terms = targets.map(|t| (t.targets, t.terms.clone(), t.inv_count(), t.z_ratio()));
     let op = RowOp::rows(self_match, ids, terms)?;
     let layout = op.layout(seq)?;
     let out = op.apply(logits)?;
@@ -163,7 +163,7 @@ fn composed_logits_pass(
                 None
             };
             Ok(TokenLosses {
-                terms: composed::token_cross_entropy(logits, t.targets, t.terms)?,
+                terms: composed::token_cross_entropy(logits, t.targets, &t.terms, t.z_ratio())?,
                 divided: false,
                 metrics,
             })
@@ -312,12 +312,12 @@ impl TokenLosses {
     }
 
     /// The terms summed, divided by `divisor` unless they are.
-    pub(crate) fn sum(&self, divisor: usize) -> Result<Tensor> {
+    pub(crate) fn sum(&self, divisor: f64) -> Result<Tensor> {
         let sum = self.terms.sum_all()?;
         if self.divided {
             Ok(sum)
         } else {
-            sum / divisor as f64
+            sum / divisor
         }
     }
 

@@ -47,9 +47,16 @@ impl Reducer<'_> {
             (Reducer::Group(_), CrossEntropyReduction::None) => bail!(
                 "`reduction` None with data-parallel training: each worker's per-position losses are its own shard's, with no global meaning; reduce with Mean or Sum over the group, or call the single-process entry point"
             ),
+            (Reducer::Group(_), CrossEntropyReduction::Mean)
+                if targets.terms.class_weights.is_some() && targets.terms.z_loss != 0.0 =>
+            {
+                bail!(
+                    "`class_weights` with `z_loss` in data-parallel training: the weighted mean divides by the global Σ w_t and the z-term by the global count, which a shard cannot weigh its rows by before the all-reduce; use one of them, or `Sum`"
+                )
+            }
             // A sum, or each position's loss: no division, and no target needs to count.
             (_, CrossEntropyReduction::Sum | CrossEntropyReduction::None) => Ok(CheckedTargets {
-                divisor: 1,
+                divisor: 1.0,
                 ..targets
             }),
             (Reducer::Local, CrossEntropyReduction::Mean) => {
@@ -60,13 +67,22 @@ impl Reducer<'_> {
                         targets.terms.pad_id,
                     );
                 }
-                Ok(CheckedTargets {
-                    divisor: targets.count,
-                    ..targets
-                })
+                if targets.terms.class_weights.is_some() && targets.weight_sum <= 0.0 {
+                    bail!(
+                        "the `class_weights` of the {} non-pad `targets` sum to {}: the weighted mean over them is undefined",
+                        targets.count,
+                        targets.weight_sum,
+                    );
+                }
+                let divisor = if targets.terms.class_weights.is_some() {
+                    targets.weight_sum
+                } else {
+                    targets.count as f64
+                };
+                Ok(CheckedTargets { divisor, ..targets })
             }
             (Reducer::Group(_), CrossEntropyReduction::Mean) => Ok(CheckedTargets {
-                divisor: 1,
+                divisor: 1.0,
                 ..targets
             }),
         }
@@ -108,10 +124,12 @@ impl Reducer<'_> {
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
                 let mut parts = cross_entropy_parts(&share, targets)?;
+                let ce_parts = parts.len();
                 parts.extend(metric_parts(losses.metrics.as_ref())?);
                 let g = global_sums(&parts, reduce)?;
-                let loss = group_cross_entropy(&g[0], &g[1], targets, out_dtype)?;
-                let (z_loss, token_accuracy) = group_metrics(&g[2..], &g[1], targets, out_dtype)?;
+                let loss = group_cross_entropy(&g[..ce_parts], targets, out_dtype)?;
+                let (z_loss, token_accuracy) =
+                    group_metrics(&g[ce_parts..], &g[1], targets, out_dtype)?;
                 Ok(CrossEntropyOutput {
                     loss,
                     z_loss,
@@ -152,13 +170,14 @@ impl Reducer<'_> {
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
                 let mut parts = cross_entropy_parts(&share, targets)?;
+                let ce_parts = parts.len();
                 let metric_parts = metric_parts(metrics)?;
-                let bleu_start = 2 + metric_parts.len();
+                let bleu_start = ce_parts + metric_parts.len();
                 parts.extend(metric_parts);
                 parts.extend(bleu_parts(&stats, cfg)?);
                 let g = global_sums(&parts, reduce)?;
-                let cross_entropy = group_cross_entropy(&g[0], &g[1], targets, out_dtype)?;
-                let measured = group_metrics(&g[2..bleu_start], &g[1], targets, out_dtype)?;
+                let cross_entropy = group_cross_entropy(&g[..ce_parts], targets, out_dtype)?;
+                let measured = group_metrics(&g[ce_parts..bleu_start], &g[1], targets, out_dtype)?;
                 let loss = bleu_from_parts(&g[bleu_start..], cfg, out_dtype)?;
                 (cross_entropy, BleuLossOutput { loss, stats }, measured)
             }
@@ -255,11 +274,21 @@ pub(crate) fn global_sums(
 }
 
 /// What the cross-entropy contributes to the all-reduce: the shard's sum of row terms and its
-/// count of non-pad targets, `[1]` each in the reduce dtype.
+/// count of non-pad targets, and with class weights under `Mean` its `Σ w_t` (the weighted
+/// mean's denominator; the metrics keep the count), `[1]` each in the reduce dtype.
 fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<Tensor>> {
     let dtype = reduce_dtype(share.device());
     let count = Tensor::full(targets.count as f64, 1, share.device())?.to_dtype(dtype)?;
-    Ok(vec![share.to_dtype(dtype)?.reshape(1)?, count])
+    let mut parts = vec![share.to_dtype(dtype)?.reshape(1)?, count];
+    if weighted_mean(targets) {
+        parts.push(Tensor::full(targets.weight_sum, 1, share.device())?.to_dtype(dtype)?);
+    }
+    Ok(parts)
+}
+
+/// Whether the cross-entropy is a mean weighted by class weights (its denominator `Σ w_t`).
+fn weighted_mean(targets: &CheckedTargets) -> bool {
+    targets.terms.class_weights.is_some() && targets.reduction == CrossEntropyReduction::Mean
 }
 
 /// The z-loss's part and the token accuracy of one process's batch (a mean or a sum, as
@@ -268,8 +297,13 @@ fn local_metrics(
     metrics: Option<&TokenMetrics>,
     targets: &CheckedTargets,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    // The z-term's mean divides by the count, also under class weights (as Liger's does).
+    let z_divisor = match targets.reduction {
+        CrossEntropyReduction::Mean => targets.count as f64,
+        _ => 1.0,
+    };
     let z_loss = match metrics {
-        Some(m) if targets.terms.z_loss != 0.0 => Some((m.z.sum_all()? / targets.divisor as f64)?),
+        Some(m) if targets.terms.z_loss != 0.0 => Some((m.z.sum_all()? / z_divisor)?),
         _ => None,
     };
     Ok((z_loss, local_accuracy(metrics, targets)?))
@@ -341,17 +375,19 @@ fn group_metrics(
     Ok((z_loss, token_accuracy))
 }
 
-/// The group's cross-entropy from its global sum and count, in `out_dtype`: the sum itself for
-/// `Sum`, else [`global_mean`].
+/// The group's cross-entropy from its globally summed [`cross_entropy_parts`] (`[sum, count]`,
+/// or `[sum, count, Σ w_t]` for a weighted mean), in `out_dtype`: the sum itself for `Sum`,
+/// else [`global_mean`] over the count or `Σ w_t`.
 fn group_cross_entropy(
-    sum: &Tensor,
-    count: &Tensor,
+    parts: &[Tensor],
     targets: &CheckedTargets,
     out_dtype: DType,
 ) -> Result<Tensor> {
-    match targets.reduction {
-        CrossEntropyReduction::Sum => sum.squeeze(0)?.to_dtype(out_dtype),
-        _ => global_mean(sum, count, out_dtype),
+    match (targets.reduction, parts) {
+        (CrossEntropyReduction::Sum, [sum, ..]) => sum.squeeze(0)?.to_dtype(out_dtype),
+        (_, [sum, _, weight_sum]) => global_mean(sum, weight_sum, out_dtype),
+        (_, [sum, count]) => global_mean(sum, count, out_dtype),
+        _ => bail!("internal: {} cross-entropy parts", parts.len()),
     }
 }
 
@@ -362,7 +398,7 @@ fn global_mean(sum: &Tensor, count: &Tensor, out_dtype: DType) -> Result<Tensor>
     let value = host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
     if value <= 0.0 {
         bail!(
-            "every `targets` position of every worker is `pad_id`: the mean cross-entropy over no positions is undefined"
+            "every `targets` position of every worker is `pad_id` (or, with class weights, their weights sum to 0): the mean cross-entropy over no positions is undefined"
         );
     }
     sum.div(count)?.squeeze(0)?.to_dtype(out_dtype)

@@ -87,7 +87,7 @@ pub(crate) fn cross_entropy_sum_and_count(
     let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
     // A divisor of 1: the pass sums the row terms (what a group's shard does).
     let count = targets.count;
-    Ok((cross_entropy_pass(&input, &targets)?.sum(1)?, count))
+    Ok((cross_entropy_pass(&input, &targets)?.sum(1.0)?, count))
 }
 
 #[cfg(test)]

@@ -130,7 +130,7 @@ pub fn shao_loss(out: &BleuLossOutput) -> Result<Tensor> {
 }
 
 /// Settings every NAT step shares.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StepSettings {
     /// Padding and label smoothing of the cross-entropy.
     pub cross_entropy: CrossEntropyConfig,
@@ -191,7 +191,7 @@ pub fn step_loss(
         Mixing::WithCe(lambda) => {
             let cfg = TrainingLossConfig {
                 bleu_weight: lambda,
-                ce: settings.cross_entropy,
+                ce: settings.cross_entropy.clone(),
                 bleu,
             };
             let targets =

@@ -165,7 +165,7 @@ pub fn run(
         let (loss, ce, bleu) = if use_bleu {
             let step_cfg = TrainingLossConfig {
                 bleu_weight: cfg.lambda,
-                ce: cross_entropy,
+                ce: cross_entropy.clone(),
                 bleu: cfg.loss.clone(),
             };
             let out = ce_bleu_from_logits(

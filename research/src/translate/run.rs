@@ -462,7 +462,7 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
             Objective::CeBleu { form, lambda } => {
                 let cfg = TrainingLossConfig {
                     bleu_weight: lambda,
-                    ce: setup.cross_entropy,
+                    ce: setup.cross_entropy.clone(),
                     bleu: BleuLossConfig {
                         form: form.form(),
                         ..setup.bleu.clone()

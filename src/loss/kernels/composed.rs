@@ -27,11 +27,14 @@ pub(crate) fn masked_targets(targets: &Tensor, pad_id: Option<u32>) -> Result<(T
 }
 
 /// Each position's cross-entropy term `[B, S]`, 0 at padding:
-/// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v]) + λ·lse²` (the z-loss when `λ ≠ 0`).
+/// `(1 − ε)·(−log p[t]) + ε·mean_v(−log p[v]) + λ·lse²` (the z-loss when `λ ≠ 0`); with class
+/// weights `w`, `(1 − ε)·w_t·(−log p[t]) + (ε/V)·Σ_v w_v·(−log p[v]) + z_ratio·λ·lse²`
+/// (`z_ratio` weighs the z-term against the weighted mean's denominator, 1 otherwise).
 pub(crate) fn token_cross_entropy(
     logits: &Tensor,
     targets: &Tensor,
-    terms: CrossEntropyTerms,
+    terms: &CrossEntropyTerms,
+    z_ratio: f64,
 ) -> Result<Tensor> {
     let dtype = logits.dtype();
     let (safe_targets, pad_mask) = masked_targets(targets, terms.pad_id)?;
@@ -40,14 +43,37 @@ pub(crate) fn token_cross_entropy(
         .gather(&safe_targets.unsqueeze(2)?, 2)?
         .squeeze(2)?;
     let eps = terms.label_smoothing;
-    let mut row_loss = target_log_probs.affine(-(1.0 - eps), 0.0)?;
-    if eps != 0.0 {
-        row_loss = (row_loss - log_probs.mean(2)?.affine(eps, 0.0)?)?;
-    }
+    let mut row_loss = match &terms.class_weights {
+        None => {
+            let mut row_loss = target_log_probs.affine(-(1.0 - eps), 0.0)?;
+            if eps != 0.0 {
+                row_loss = (row_loss - log_probs.mean(2)?.affine(eps, 0.0)?)?;
+            }
+            row_loss
+        }
+        Some(weights) => {
+            let vocab = weights.len();
+            let weights = class_weight_tensor(weights, dtype, logits.device())?;
+            let target_weights = weights
+                .index_select(&safe_targets.flatten_all()?, 0)?
+                .reshape(safe_targets.shape())?;
+            let mut row_loss = (target_log_probs * target_weights)?.affine(-(1.0 - eps), 0.0)?;
+            if eps != 0.0 {
+                let smooth = log_probs.broadcast_mul(&weights)?.sum(2)?;
+                row_loss = (row_loss - smooth.affine(eps / vocab as f64, 0.0)?)?;
+            }
+            row_loss
+        }
+    };
     if terms.z_loss != 0.0 {
         // PaLM's z-loss, λ·lse² per position (Liger's `lse_square_scale`).
         let lse = logits.log_sum_exp(D::Minus1)?;
-        row_loss = (row_loss + lse.sqr()?.affine(terms.z_loss, 0.0)?)?;
+        let scale = if terms.class_weights.is_some() {
+            terms.z_loss * z_ratio
+        } else {
+            terms.z_loss
+        };
+        row_loss = (row_loss + lse.sqr()?.affine(scale, 0.0)?)?;
     }
     let weights = pad_mask.to_dtype(dtype)?;
     row_loss * &weights
@@ -78,4 +104,20 @@ pub(crate) fn token_metrics(
 /// hidden-state rows to each block.
 pub(crate) fn softcap(logits: &Tensor, cap: f64) -> Result<Tensor> {
     logits.affine(1.0 / cap, 0.0)?.tanh()?.affine(cap, 0.0)
+}
+
+/// The class weights `[V]` in `dtype` on `device`, converted on the host (no f64 tensor on a
+/// device without f64).
+pub(crate) fn class_weight_tensor(
+    weights: &[f64],
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_slice(weights, weights.len(), device),
+        _ => {
+            let values: Vec<f32> = weights.iter().map(|&w| w as f32).collect();
+            Tensor::from_vec(values, weights.len(), device)?.to_dtype(dtype)
+        }
+    }
 }

@@ -262,11 +262,13 @@ pub(crate) fn non_finite_error(argument: &str) -> candle_core::Error {
 }
 
 /// The cross-entropy's settings as the kernels take them: the padding id (rows with this target
-/// add nothing) and the label smoothing `ε`.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// add nothing), the label smoothing `ε`, the class weights, the z-loss and the metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct CrossEntropyTerms {
     pub pad_id: Option<u32>,
     pub label_smoothing: f64,
+    /// `V` per-class weights, checked finite and `>= 0` (`None`: every class 1).
+    pub class_weights: Option<std::sync::Arc<[f64]>>,
     /// The z-loss scale `λ`: each non-pad row's term adds `λ·lse²` (0: off).
     pub z_loss: f64,
     /// Whether the rows report whether their target is the argmax (the token accuracy).
@@ -281,6 +283,13 @@ impl CrossEntropyTerms {
     }
 }
 
+/// Per-class weights as the rows use them: `w` (`V` values) and `W = Σ_v w_v`.
+#[derive(Clone, Copy)]
+pub(crate) struct ClassWeights<'a> {
+    pub weights: &'a [f64],
+    pub total: f64,
+}
+
 /// What the row pass needs to know about the targets.
 #[derive(Clone, Copy)]
 pub(crate) struct TargetRows<'a> {
@@ -288,24 +297,40 @@ pub(crate) struct TargetRows<'a> {
     pub targets: Option<&'a [u32]>,
     pub pad_id: Option<u32>,
     pub label_smoothing: f64,
-    /// `1 / (number of non-pad rows)`.
+    /// `1 / divisor`: each non-pad row's weight (`1/n` for the mean, `1/Σ w_t` with class
+    /// weights).
     pub inv_count: f64,
     /// The z-loss scale `λ` (0: off).
     pub z_loss: f64,
+    /// The z-term's row weight over the cross-entropy's: `divisor / n` for a weighted mean
+    /// (whose z-term still divides by the count), else 1 (and unused).
+    pub z_ratio: f64,
+    /// Per-class weights (`None`: every class 1).
+    pub class_weights: Option<ClassWeights<'a>>,
     /// Whether each row writes the metric columns `[z | correct]` after its statistics.
     pub metrics: bool,
 }
 
 impl<'a> TargetRows<'a> {
-    /// Checked targets (each `< V` or `terms.pad_id`) with `inv_count = 1 / n` for their `n`
-    /// non-pad rows.
-    pub(crate) fn new(targets: &'a [u32], terms: CrossEntropyTerms, inv_count: f64) -> Self {
+    /// Checked targets (each `< V` or `terms.pad_id`) with `inv_count = 1 / divisor` and the
+    /// z-term's `z_ratio` (see the fields).
+    pub(crate) fn new(
+        targets: &'a [u32],
+        terms: &'a CrossEntropyTerms,
+        inv_count: f64,
+        z_ratio: f64,
+    ) -> Self {
         Self {
             targets: Some(targets),
             pad_id: terms.pad_id,
             label_smoothing: terms.label_smoothing,
             inv_count,
             z_loss: terms.z_loss,
+            z_ratio,
+            class_weights: terms.class_weights.as_deref().map(|weights| ClassWeights {
+                weights,
+                total: weights.iter().sum(),
+            }),
             metrics: terms.metrics(),
         }
     }
@@ -318,7 +343,40 @@ impl<'a> TargetRows<'a> {
             label_smoothing: 0.0,
             inv_count: 0.0,
             z_loss: 0.0,
+            z_ratio: 1.0,
+            class_weights: None,
             metrics: false,
+        }
+    }
+
+    /// The coefficient of `p_v` in the row's gradient, from `ce_grad = h·w` (the incoming
+    /// gradient of the row's term times its weight): `h·w` unweighted, `h·w·(1 − ε)·w_t + h·w·ε·W/V`
+    /// with class weights, plus the z-loss's `h·w·2λ·lse` (times `z_ratio` with class weights);
+    /// `lse = max + ln(sum)` from the row's statistics.
+    #[inline]
+    fn dense_coefficient<T: KernelFloat>(&self, ce_grad: T, row: usize, max: T, sum: T) -> T {
+        let Some(cw) = self.class_weights else {
+            return z_dense(ce_grad, self.z_loss, max, sum);
+        };
+        let Some(target) = self.target(row) else {
+            return T::ZERO;
+        };
+        let (eps, vocab) = (self.label_smoothing, cw.weights.len() as f64);
+        let mut coefficient = (1.0 - eps) * cw.weights[target as usize] + eps * cw.total / vocab;
+        if self.z_loss != 0.0 {
+            let lse = max.to_f64() + sum.to_f64().ln();
+            coefficient += self.z_ratio * 2.0 * self.z_loss * lse;
+        }
+        ce_grad * T::from_f64(coefficient)
+    }
+
+    /// The coefficient of the target's sparse term (`−coefficient·(1 − ε)` at `t`): `h·w`,
+    /// times `w_t` with class weights.
+    #[inline]
+    pub(crate) fn target_coefficient<T: KernelFloat>(&self, ce_grad: T, row: usize) -> T {
+        match (self.class_weights, self.target(row)) {
+            (Some(cw), Some(target)) => ce_grad * T::from_f64(cw.weights[target as usize]),
+            _ => ce_grad,
         }
     }
 
@@ -404,6 +462,22 @@ impl<'a> TargetRows<'a> {
         let eps = self.label_smoothing;
         let lse = max.to_f64() + sum.to_f64().ln();
         let target_logit = row[target as usize].to_f64();
+        if let Some(cw) = self.class_weights {
+            // PyTorch's weighted terms: (1 − ε)·w_t·(lse − x_t) + (ε/V)·(W·lse − Σ_v w_v x_v).
+            let mut term = (1.0 - eps) * cw.weights[target as usize] * (lse - target_logit);
+            if eps != 0.0 {
+                let weighted_logits: f64 = row
+                    .iter()
+                    .zip(cw.weights)
+                    .map(|(&x, &w)| w * x.to_f64())
+                    .sum();
+                term += eps / row.len() as f64 * (cw.total * lse - weighted_logits);
+            }
+            if self.z_loss != 0.0 {
+                term += self.z_ratio * self.z_loss * lse * lse;
+            }
+            return T::from_f64(weight * term);
+        }
         let mean_logit = logit_sum.to_f64() / row.len() as f64;
         let term = lse - (1.0 - eps) * target_logit - eps * mean_logit;
         if self.z_loss == 0.0 {
@@ -504,15 +578,16 @@ pub(crate) fn forward_rows_into<T: KernelFloat>(
 }
 
 /// The coefficients of one row's logits gradient (see [`backward_rows_into`]): `(scale, offset,
-/// ce_grad)` with `scale = (h·w·(1 + 2λ·lse) − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` and
-/// `ce_grad = h·w`, from the row's forward output `stats` and its incoming gradient `grads`
-/// (same layout); `λ` the z-loss scale.
+/// ce_grad)` with `scale = (d − Σ_k g_k x_k) / sum`, `offset = −h·w·ε/V` (times `w_v` in column
+/// `v` with class weights) and `ce_grad = h·w`, `d` the coefficient of `p_v`
+/// ([`TargetRows::dense_coefficient`]: `h·w·(1 + 2λ·lse)` unweighted), from the row's forward
+/// output `stats` and its incoming gradient `grads` (same layout).
 #[inline]
 pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     stats: &[T],
     grads: &[T],
     width: usize,
-    (label_smoothing, z_loss): (f64, f64),
+    (rows, row): (&TargetRows, usize),
     vocab: usize,
 ) -> (T, T, T) {
     let layout = RowLayout::rows(width);
@@ -522,9 +597,9 @@ pub(crate) fn row_gradient_coefficients<T: KernelFloat>(
     for k in 0..width {
         weighted += grads[k] * stats[k];
     }
-    let dense = z_dense(ce_grad, z_loss, stats[layout.max_column()], sum);
+    let dense = rows.dense_coefficient(ce_grad, row, stats[layout.max_column()], sum);
     let scale = (dense - weighted) / sum;
-    let offset = T::ZERO - ce_grad * T::from_f64(label_smoothing / vocab as f64);
+    let offset = T::ZERO - ce_grad * T::from_f64(rows.label_smoothing / vocab as f64);
     (scale, offset, ce_grad)
 }
 
@@ -682,7 +757,8 @@ fn backward_rows_columns_into<T: KernelFloat>(
             let grads = &grad_out[local * stride..][..stride];
             let max = stats[layout.max_column()];
             let (scale, offset, ce_grad) =
-                row_gradient_coefficients(stats, grads, width, (eps, rows.z_loss), vocab);
+                row_gradient_coefficients(stats, grads, width, (rows, row_index), vocab);
+            let ce_grad = rows.target_coefficient(ce_grad, row_index);
             let row_ids = gathered.row_ids(row_index);
             let target = rows.target(row_index);
             let terms = (0..width).map(|k| grads[k] * stats[k]);
@@ -697,7 +773,14 @@ fn backward_rows_columns_into<T: KernelFloat>(
                 add_sparse_terms_in_columns(grad_columns, v0, target, ce_grad, eps, row_ids, terms);
                 return;
             }
-            dense_gradient_dispatch(grad_columns, columns, scale, max, offset);
+            match rows.class_weights {
+                // With class weights the smoothing offset of column `v` is `offset·w_v`.
+                Some(cw) if offset != T::ZERO => {
+                    let weights = &cw.weights[v0..v0 + len];
+                    weighted_dense_gradient(grad_columns, columns, scale, max, offset, weights);
+                }
+                _ => dense_gradient_dispatch(grad_columns, columns, scale, max, offset),
+            }
             add_sparse_terms_in_columns(grad_columns, v0, target, ce_grad, eps, row_ids, terms);
         });
 }
@@ -719,6 +802,20 @@ fn dense_gradient<T: KernelFloat>(grad_row: &mut [T], row: &[T], scale: T, max: 
         .zip(row_chunks.remainder())
     {
         *g = scale * T::exp_nonpositive(x - max) + offset;
+    }
+}
+
+/// [`dense_gradient`] with the offset of column `v` times the class weight `weights[v]`.
+fn weighted_dense_gradient<T: KernelFloat>(
+    grad_row: &mut [T],
+    row: &[T],
+    scale: T,
+    max: T,
+    offset: T,
+    weights: &[f64],
+) {
+    for ((g, &x), &w) in grad_row.iter_mut().zip(row).zip(weights) {
+        *g = scale * T::exp_nonpositive(x - max) + offset * T::from_f64(w);
     }
 }
 
@@ -753,18 +850,19 @@ pub(crate) fn row_log_sum_exp<T: KernelFloat>(row: &[T]) -> Option<f64> {
 
 /// The softmax Jacobian applied in place to one row's gradient: `g` holds the dense gradient of
 /// the probabilities `p` and becomes the logits gradient
-/// `p ⊙ (g + d − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V − h·w·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
-/// for sparse gradients `s_k` at `ids` and the cross-entropy gradients `ce_grads = (h·w, d)`,
-/// `d = h·w·(1 + 2λ·lse)` the coefficient of `p` (`h·w` without the z-loss).
+/// `p ⊙ (g + d − Σ_v p_v g_v − Σ_k p[id_k] s_k) − h·w·ε/V·w_v − c_t·(1 − ε)·[v = t] + Σ_k p[id_k] s_k·[v = id_k]`
+/// for sparse gradients `s_k` at `ids` and the cross-entropy gradients
+/// `ce_grads = (h·w, c_t, d)`: `c_t` the target's coefficient (`h·w`, times `w_t` with class
+/// weights) and `d` the coefficient of `p` ([`TargetRows::dense_coefficient`]); `w_v` the class
+/// weights (1 without them).
 #[inline(always)]
 fn jacobian_row_in_place_body<T: KernelFloat>(
     p: &[T],
     g: &mut [T],
     ids: &[u32],
     sparse: &[T],
-    (ce_grad, ce_dense): (T, T),
-    target: Option<u32>,
-    eps: f64,
+    (ce_grad, target_grad, ce_dense): (T, T, T),
+    (target, eps, class_weights): (Option<u32>, f64, Option<&[f64]>),
 ) {
     let mut dot = dot(p, g);
     for (&id, &s) in ids.iter().zip(sparse) {
@@ -772,11 +870,20 @@ fn jacobian_row_in_place_body<T: KernelFloat>(
     }
     let shift = ce_dense - dot;
     let offset = T::ZERO - ce_grad * T::from_f64(eps / p.len() as f64);
-    for (o, &pv) in g.iter_mut().zip(p) {
-        *o = pv * (*o + shift) + offset;
+    match class_weights {
+        Some(weights) if offset != T::ZERO => {
+            for ((o, &pv), &w) in g.iter_mut().zip(p).zip(weights) {
+                *o = pv * (*o + shift) + offset * T::from_f64(w);
+            }
+        }
+        _ => {
+            for (o, &pv) in g.iter_mut().zip(p) {
+                *o = pv * (*o + shift) + offset;
+            }
+        }
     }
     let terms = ids.iter().zip(sparse).map(|(&id, &s)| p[id as usize] * s);
-    add_sparse_terms(g, target, ce_grad, eps, ids, terms);
+    add_sparse_terms(g, target, target_grad, eps, ids, terms);
 }
 
 wide_vectors! {
@@ -787,9 +894,8 @@ wide_vectors! {
         g: &mut [T],
         ids: &[u32],
         sparse: &[T],
-        ce_grads: (T, T),
-        target: Option<u32>,
-        eps: f64,
+        ce_grads: (T, T, T),
+        target: (Option<u32>, f64, Option<&[f64]>),
     ) -> () = jacobian_row_in_place_body;
 }
 
@@ -822,7 +928,14 @@ pub(crate) fn softmax_backward<T: KernelFloat>(
         .zip(probs.par_chunks(vocab).zip(grad_probs.par_chunks(vocab)))
         .for_each(|(g, (p, dp))| {
             g.copy_from_slice(dp);
-            jacobian_row_in_place(p, g, &[], &[], (T::ZERO, T::ZERO), None, 0.0);
+            jacobian_row_in_place(
+                p,
+                g,
+                &[],
+                &[],
+                (T::ZERO, T::ZERO, T::ZERO),
+                (None, 0.0, None),
+            );
         });
     grad
 }
@@ -945,14 +1058,19 @@ pub(crate) fn self_match_backward_into<T: KernelFloat>(
             let stats = &out[local * stride..][..stride];
             let ce_grad = grads[layout.ce_column()] * stats[layout.weight_column()];
             let (max, sum) = (stats[layout.max_column()], stats[layout.sum_column()]);
+            let dense = rows.dense_coefficient(ce_grad, row_index, max, sum);
+            let target_grad = rows.target_coefficient(ce_grad, row_index);
             jacobian_row_in_place(
                 p,
                 g,
                 gathered.row_ids(row_index),
                 &grads[layout.gathered_start()..layout.ce_column()],
-                (ce_grad, z_dense(ce_grad, rows.z_loss, max, sum)),
-                rows.target(row_index),
-                eps,
+                (ce_grad, target_grad, dense),
+                (
+                    rows.target(row_index),
+                    eps,
+                    rows.class_weights.map(|cw| cw.weights),
+                ),
             );
         });
 }
@@ -1021,7 +1139,7 @@ mod tests {
             ..Default::default()
         };
         let non_pad = [3u32];
-        let rows = TargetRows::new(&non_pad, terms, 1.0);
+        let rows = TargetRows::new(&non_pad, &terms, 1.0, 1.0);
         let pad_rows = TargetRows {
             targets: Some(&padded),
             ..rows

@@ -22,6 +22,10 @@ pub(crate) struct ComposedRows {
     pub targets: Option<(Tensor, Tensor)>,
     /// The cross-entropy's smoothing and z-loss scale `λ` (each row's term adds `λ·lse²`).
     pub terms: CrossEntropyTerms,
+    /// The class weights `[V]` in the rows' dtype (`None`: every class 1), and the z-term's
+    /// row weight over the cross-entropy's (`TargetRows::z_ratio`).
+    pub class_weights: Option<Tensor>,
+    pub z_ratio: f64,
     /// Logit soft-capping `c`: each block's logits become `c·tanh(z/c)` first.
     pub softcap: Option<f64>,
     /// The columns of a row: `Z` (`S` of them, paired form), the gathered ids', `ce` and the
@@ -59,17 +63,39 @@ impl ComposedRows {
                 let eps = self.terms.label_smoothing;
                 let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
                 let target_index = targets.narrow(0, start, n)?.unsqueeze(1)?.contiguous()?;
-                let mut row = log_probs
-                    .gather(&target_index, 1)?
-                    .affine(-(1.0 - eps), 0.0)?;
-                if eps != 0.0 {
-                    row = (row - log_probs.mean_keepdim(1)?.affine(eps, 0.0)?)?;
-                }
+                let target_log_probs = log_probs.gather(&target_index, 1)?;
                 let z_loss = self.terms.z_loss;
-                if z_loss != 0.0 {
-                    let lse = logits.log_sum_exp(1)?.unsqueeze(1)?;
-                    row = (row + lse.sqr()?.affine(z_loss, 0.0)?)?;
-                }
+                let row = match &self.class_weights {
+                    None => {
+                        let mut row = target_log_probs.affine(-(1.0 - eps), 0.0)?;
+                        if eps != 0.0 {
+                            row = (row - log_probs.mean_keepdim(1)?.affine(eps, 0.0)?)?;
+                        }
+                        if z_loss != 0.0 {
+                            let lse = logits.log_sum_exp(1)?.unsqueeze(1)?;
+                            row = (row + lse.sqr()?.affine(z_loss, 0.0)?)?;
+                        }
+                        row
+                    }
+                    Some(class_weights) => {
+                        // PyTorch's weighted terms; the z-term weighed by `z_ratio`.
+                        let vocab = class_weights.dim(0)?;
+                        let target_weights = class_weights
+                            .index_select(&targets.narrow(0, start, n)?.contiguous()?, 0)?
+                            .unsqueeze(1)?;
+                        let mut row =
+                            (target_log_probs * target_weights)?.affine(-(1.0 - eps), 0.0)?;
+                        if eps != 0.0 {
+                            let smooth = log_probs.broadcast_mul(class_weights)?.sum_keepdim(1)?;
+                            row = (row - smooth.affine(eps / vocab as f64, 0.0)?)?;
+                        }
+                        if z_loss != 0.0 {
+                            let lse = logits.log_sum_exp(1)?.unsqueeze(1)?;
+                            row = (row + lse.sqr()?.affine(z_loss * self.z_ratio, 0.0)?)?;
+                        }
+                        row
+                    }
+                };
                 let weights = weights.narrow(0, start, n)?;
                 if self.layout.has_metrics() {
                     let mask = weights.ne(0.0)?.to_dtype(logits.dtype())?;

@@ -38,6 +38,8 @@ pub(crate) struct RowSpec {
     /// targets).
     pub terms: CrossEntropyTerms,
     pub inv_count: f64,
+    /// The z-term's row weight over the cross-entropy's (`TargetRows::z_ratio`).
+    pub z_ratio: f64,
     pub seq: usize,
     pub vocab: usize,
 }
@@ -53,7 +55,7 @@ impl RowSpec {
 
     fn target_rows(&self) -> TargetRows<'_> {
         match &self.targets {
-            Some(targets) => TargetRows::new(targets, self.terms, self.inv_count),
+            Some(targets) => TargetRows::new(targets, &self.terms, self.inv_count, self.z_ratio),
             None => TargetRows::none(),
         }
     }
@@ -459,7 +461,7 @@ impl CpuBlocks {
             let stats = &block.out[r * stride..][..stride];
             let grads_r = &block.grad_out[r * stride..][..stride];
             let (_, offset, ce_grad) =
-                row_gradient_coefficients(stats, grads_r, width, (eps, spec.terms.z_loss), vocab);
+                row_gradient_coefficients(stats, grads_r, width, (&target_rows, row), vocab);
             let hidden_r = &block.hidden_block[r * dim..][..dim];
             let grad_hidden_r = &mut grad_hidden[r * dim..][..dim];
             if offset != T::ZERO {
@@ -469,9 +471,10 @@ impl CpuBlocks {
                 axpy(&mut offset_hidden, offset, hidden_r);
                 offset_total += offset;
             }
+            let target_grad = target_rows.target_coefficient(ce_grad, row);
             let target_term = target_rows
                 .target(row)
-                .map(|t| (t, T::ZERO - ce_grad * T::from_f64(1.0 - eps)));
+                .map(|t| (t, T::ZERO - target_grad * T::from_f64(1.0 - eps)));
             let id_terms = gathered
                 .row_ids(row)
                 .iter()
@@ -655,6 +658,7 @@ mod tests {
                         ..Default::default()
                     },
                     inv_count: 1.0 / rows as f64,
+                    z_ratio: 1.0,
                     seq,
                     vocab,
                 };

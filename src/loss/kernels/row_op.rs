@@ -140,6 +140,9 @@ pub(crate) struct RowOp {
     ce: CrossEntropyTerms,
     /// `1 / n` for the `n` non-pad targets, counted by the caller (0 without targets).
     inv_count: f64,
+    /// The z-term's row weight over the cross-entropy's (`TargetRows::z_ratio`; 1 without
+    /// targets).
+    z_ratio: f64,
 }
 
 impl RowOp {
@@ -149,7 +152,7 @@ impl RowOp {
     pub(crate) fn rows(
         self_match: bool,
         gather: Option<&GatherIds>,
-        targets: Option<(&Tensor, CrossEntropyTerms, f64)>,
+        targets: Option<(&Tensor, CrossEntropyTerms, f64, f64)>,
     ) -> Result<Self> {
         Ok(Self {
             pass: if self_match {
@@ -159,9 +162,15 @@ impl RowOp {
             },
             ids: gather.map(|g| g.ids.contiguous()).transpose()?,
             links: gather.map(|g| g.links.contiguous()).transpose()?,
-            targets: targets.map(|(t, _, _)| t.contiguous()).transpose()?,
-            ce: targets.map(|(_, terms, _)| terms).unwrap_or_default(),
-            inv_count: targets.map_or(0.0, |(_, _, inv_count)| inv_count),
+            targets: targets
+                .as_ref()
+                .map(|(t, _, _, _)| t.contiguous())
+                .transpose()?,
+            inv_count: targets
+                .as_ref()
+                .map_or(0.0, |(_, _, inv_count, _)| *inv_count),
+            z_ratio: targets.as_ref().map_or(1.0, |(_, _, _, z_ratio)| *z_ratio),
+            ce: targets.map(|(_, terms, _, _)| terms).unwrap_or_default(),
         })
     }
 
@@ -174,6 +183,7 @@ impl RowOp {
             targets: None,
             ce: CrossEntropyTerms::default(),
             inv_count: 0.0,
+            z_ratio: 1.0,
         }
     }
 
@@ -210,7 +220,7 @@ impl RowOp {
             ids: self.ids.as_ref(),
             links: self.links.as_ref(),
             targets: self.targets.as_ref(),
-            ce: self.ce,
+            ce: self.ce.clone(),
             inv_count: self.inv_count,
         })
     }
@@ -273,7 +283,9 @@ impl RowOp {
             },
         };
         let rows = match &targets {
-            Some(view) => TargetRows::new(view.slice::<u32>()?, self.ce, self.inv_count),
+            Some(view) => {
+                TargetRows::new(view.slice::<u32>()?, &self.ce, self.inv_count, self.z_ratio)
+            }
             None => TargetRows::none(),
         };
         f(vocab, gathered, &rows)
