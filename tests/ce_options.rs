@@ -863,3 +863,83 @@ fn bad_class_weights_are_named_errors() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every option on at once — class weights, label smoothing, the z-loss, soft-capping, padding —
+/// through `gradcheck` (central differences in f64): from logits, and from hidden states with
+/// respect to the hidden states (the weight and bias through the golden checks above), on the
+/// kernels and the composed references, under each reduction (`None` summed with weights).
+#[test]
+fn every_option_at_once_passes_gradcheck() -> Result<()> {
+    use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
+    let dev = test_device();
+    let (batch, seq, dim, vocab) = (2, 3, 4, 6);
+    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
+        (0..n)
+            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+            .collect()
+    };
+    let hidden = Tensor::from_vec(values(batch * seq * dim, 1.5, 0.3), (batch, seq, dim), &dev)?;
+    let proj = Linear::new(
+        Tensor::from_vec(values(vocab * dim, 1.0, 0.7), (vocab, dim), &dev)?,
+        Some(Tensor::from_vec(values(vocab, 0.5, 0.2), vocab, &dev)?),
+    );
+    let logits = candle_core::Module::forward(&proj, &hidden)?;
+    let targets = Tensor::new(&[[1u32, 4, 0], [5, 2, 3]], &dev)?;
+    let row_weights = Tensor::from_vec(values(batch * seq, 1.0, 0.5), (batch, seq), &dev)?;
+    let mut checked = 0;
+    for reduction in [
+        CrossEntropyReduction::Mean,
+        CrossEntropyReduction::Sum,
+        CrossEntropyReduction::None,
+    ] {
+        let cfg = CrossEntropyConfig {
+            pad_id: Some(0),
+            label_smoothing: 0.2,
+            reduction,
+            z_loss: 0.03,
+            softcap: Some(2.5),
+            token_accuracy: true,
+            class_weights: Some(vec![1.0, 0.5, 2.0, 0.0, 1.5, 0.75].into()),
+        };
+        for composed in [false, true] {
+            let from_logits = |x: &Tensor| -> Result<Tensor> {
+                let out = if composed {
+                    cross_entropy_from_logits_composed(x, &targets, &cfg)?
+                } else {
+                    cross_entropy_from_logits(x, &targets, &cfg)?
+                };
+                total(&out.loss, &row_weights)
+            };
+            let from_hidden = |h: &Tensor| -> Result<Tensor> {
+                let blocks = HiddenConfig {
+                    block_elements: 2 * vocab,
+                    ..Default::default()
+                };
+                let out = if composed {
+                    cross_entropy_from_hidden_composed(h, &proj, &targets, &cfg, &blocks)?
+                } else {
+                    cross_entropy_from_hidden(h, &proj, &targets, &cfg, &blocks)?
+                };
+                total(&out.loss, &row_weights)
+            };
+            for (what, report) in [
+                (
+                    "logits",
+                    check_gradients(from_logits, &logits, &GradCheckConfig::default())?,
+                ),
+                (
+                    "hidden",
+                    check_gradients(from_hidden, &hidden, &GradCheckConfig::default())?,
+                ),
+            ] {
+                assert!(
+                    report.passed && !report.gradient_missing,
+                    "{reduction:?}, composed {composed}, {what}: {report}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 12);
+    Ok(())
+}
