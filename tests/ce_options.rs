@@ -121,6 +121,34 @@ fn compare(what: &str, ours: &[f64], theirs: &[f64], tol: f64) {
     }
 }
 
+/// The bad-input tests' inputs: logits `[1, 2, 3]` with their targets, and hidden states
+/// `[1, 2, 1]` with an output layer giving 3 classes.
+struct Tiny {
+    dev: candle_core::Device,
+    logits: Tensor,
+    targets: Tensor,
+    proj: Linear,
+    hidden: Tensor,
+}
+
+fn tiny() -> Result<Tiny> {
+    let dev = test_device();
+    Ok(Tiny {
+        logits: Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?,
+        targets: Tensor::new(&[[2u32, 1]], &dev)?,
+        proj: Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None),
+        hidden: Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?,
+        dev,
+    })
+}
+
+/// Deterministic values in `[-scale, scale)`, for the fixtures.
+fn values(n: usize, scale: f64, phase: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
+        .collect()
+}
+
 fn flat(t: &Tensor) -> Result<Vec<f64>> {
     t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
 }
@@ -380,11 +408,13 @@ fn reductions_at_their_edges() -> Result<()> {
 /// The z-loss scale must be finite and `>= 0`: a named error on both paths.
 #[test]
 fn a_bad_z_loss_scale_is_a_named_error() -> Result<()> {
-    let dev = test_device();
-    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
-    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
-    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
-    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    let Tiny {
+        dev: _,
+        logits,
+        targets,
+        proj,
+        hidden,
+    } = tiny()?;
     for z_loss in [-0.1, f64::NAN, f64::INFINITY] {
         let cfg = CrossEntropyConfig {
             z_loss,
@@ -415,11 +445,6 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
     };
     let dev = test_device();
     let (batch, seq, dim, vocab) = (2, 4, 3, 6);
-    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
-        (0..n)
-            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
-            .collect()
-    };
     let hidden = Tensor::from_vec(values(batch * seq * dim, 1.5, 0.1), (batch, seq, dim), &dev)?;
     let weight = Tensor::from_vec(values(vocab * dim, 1.0, 0.4), (vocab, dim), &dev)?;
     let bias = Tensor::from_vec(values(vocab, 0.5, 0.7), vocab, &dev)?;
@@ -530,11 +555,6 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
     use candle_bleu::loss::distributed::{self, ThreadAllReduce};
     let dev = test_device();
     let (batch, seq, dim, vocab) = (3, 3, 4, 7);
-    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
-        (0..n)
-            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
-            .collect()
-    };
     let hidden = Tensor::from_vec(values(batch * seq * dim, 2.0, 0.2), (batch, seq, dim), &dev)?;
     let proj = Linear::new(
         Tensor::from_vec(values(vocab * dim, 1.5, 0.6), (vocab, dim), &dev)?,
@@ -673,11 +693,6 @@ fn softcap_reaches_the_bleu_term() -> Result<()> {
     };
     let dev = test_device();
     let (batch, seq, dim, vocab) = (2, 4, 3, 6);
-    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
-        (0..n)
-            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
-            .collect()
-    };
     let hidden = Tensor::from_vec(values(batch * seq * dim, 3.0, 0.1), (batch, seq, dim), &dev)?;
     let weight = Tensor::from_vec(values(vocab * dim, 2.0, 0.4), (vocab, dim), &dev)?;
     let proj = Linear::new(weight, None);
@@ -758,11 +773,13 @@ fn softcap_reaches_the_bleu_term() -> Result<()> {
 /// with a cap, infinite logits are still refused (`tanh` would hide them).
 #[test]
 fn bad_softcaps_are_named_errors() -> Result<()> {
-    let dev = test_device();
-    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
-    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
-    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
-    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    let Tiny {
+        dev,
+        logits,
+        targets,
+        proj,
+        hidden,
+    } = tiny()?;
     for cap in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let cfg = CrossEntropyConfig {
             softcap: Some(cap),
@@ -817,11 +834,13 @@ fn bad_softcaps_are_named_errors() -> Result<()> {
 /// under `Mean`, or combined with gradient filtering, are named errors.
 #[test]
 fn bad_class_weights_are_named_errors() -> Result<()> {
-    let dev = test_device();
-    let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
-    let targets = Tensor::new(&[[2u32, 1]], &dev)?;
-    let proj = Linear::new(Tensor::new(&[[1f64], [0.5], [-1.0]], &dev)?, None);
-    let hidden = Tensor::new(&[[[0.3f64], [-0.2]]], &dev)?;
+    let Tiny {
+        dev: _,
+        logits,
+        targets,
+        proj,
+        hidden,
+    } = tiny()?;
     let with = |weights: Vec<f64>| CrossEntropyConfig {
         class_weights: Some(weights.into()),
         ..Default::default()
@@ -873,11 +892,6 @@ fn every_option_at_once_passes_gradcheck() -> Result<()> {
     use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
     let dev = test_device();
     let (batch, seq, dim, vocab) = (2, 3, 4, 6);
-    let values = |n: usize, scale: f64, phase: f64| -> Vec<f64> {
-        (0..n)
-            .map(|i| scale * (2.0 * ((i as f64 * 0.618_033_988_75 + phase) % 1.0) - 1.0))
-            .collect()
-    };
     let hidden = Tensor::from_vec(values(batch * seq * dim, 1.5, 0.3), (batch, seq, dim), &dev)?;
     let proj = Linear::new(
         Tensor::from_vec(values(vocab * dim, 1.0, 0.7), (vocab, dim), &dev)?,
