@@ -356,7 +356,11 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "kernels/cpu.rs",
         "kernels/ctc_cpu.rs",
         "kernels/ctc_composed.rs",
+        "kernels/launch.rs",
         "kernels/cuda.rs",
+        "kernels/emu/mod.rs",
+        "kernels/emu/module.rs",
+        "kernels/emu/tests.rs",
         "kernels/composed.rs",
         "kernels/hidden_cpu.rs",
         "kernels/hidden_composed.rs",
@@ -430,6 +434,7 @@ fn the_faces_only_declare_and_reexport() {
     for face in [
         "loss/mod.rs",
         "loss/kernels/mod.rs",
+        "loss/kernels/emu/mod.rs",
         "exact/mod.rs",
         "exact/chrf/mod.rs",
     ] {

@@ -1,7 +1,9 @@
 //! The CUDA side of the row op and its backward (`RowOp` and `RowOpBackward`'s `cuda_fwd`, in
 //! `row_op.rs`), built only with the `cuda` feature. The op passes what the kernels
-//! read as a [`RowArgsIn`] (its parameters and its [`RowLayout`]): this file imports nothing of
-//! the op's.
+//! read as a [`RowArgsIn`] (its parameters and its `RowLayout`): this file imports nothing of
+//! the op's. Each launch is a plan of `launch.rs` (kernel, grid, block, parameters in order),
+//! the plan the emulator of the CUDA execution model runs in the tests (`emu`, feature
+//! `cuda-emu`); [`run`] pushes its parameters to cudarc in that order.
 //!
 //! Verified on a GPU (an H200, 2026-11-27: `tests/cuda_kernels.rs` against the CPU and the
 //! composed ops; docs/gpu.md), so CUDA tensors take them by default. The kernels (`kernels.cu` beside this file) are CUDA C compiled at run time
@@ -14,35 +16,26 @@
 //! infinite logit gives NaN outputs (the CPU op errors; an error here would need a copy to the
 //! host).
 
-use super::cpu::CrossEntropyTerms;
-use super::layout::{Pass, RowLayout};
+use super::launch::{
+    self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, Param, RowArgs,
+    RowArgsIn, RowPassFwdBuffers, KERNEL_FAMILIES,
+};
+use super::layout::Pass;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     result, sys, CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Storage, Tensor};
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, WithDType};
 use std::collections::HashMap;
 use std::sync::{Mutex, Once, OnceLock};
 
 /// The CUDA C source of every kernel.
 const SOURCE: &str = include_str!("kernels.cu");
 
-/// Threads per block; must equal `BLOCK` in `kernels.cu`.
-const BLOCK: u32 = 256;
-
 /// The name the compiled module is cached under, per device.
 const MODULE: &str = "candle_bleu_kernels";
-
-/// The kernel families in `kernels.cu`; each is instantiated as `<family>_f32` and `_f64`.
-const KERNEL_FAMILIES: [&str; 5] = [
-    "row_pass_fwd",
-    "row_pass_bwd",
-    "softmax_fwd",
-    "symmetrize",
-    "jacobian_bwd",
-];
 
 /// Compiles [`SOURCE`] to PTX with NVRTC for `compute_{major}{minor}`. Needs `libnvrtc`, not a
 /// GPU.
@@ -133,26 +126,6 @@ pub(crate) fn load(device: &CudaDevice) -> bool {
     result.is_ok()
 }
 
-/// One block of [`BLOCK`] threads per row.
-fn rows_config(rows: usize) -> Result<LaunchConfig> {
-    let grid = match u32::try_from(rows) {
-        Ok(grid) if grid <= i32::MAX as u32 => grid,
-        _ => bail!("candle-bleu CUDA kernels: {rows} rows exceed a grid of 2^31 - 1 blocks"),
-    };
-    Ok(LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    })
-}
-
-fn dim_u32(value: usize, what: &str) -> Result<u32> {
-    match u32::try_from(value) {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("candle-bleu CUDA kernels: {what} = {value} exceeds u32::MAX"),
-    }
-}
-
 /// The contiguous part of `slice` that `layout` addresses.
 fn contiguous_view<'a, T>(
     slice: &'a CudaSlice<T>,
@@ -203,62 +176,89 @@ impl HeldU32 {
     }
 }
 
-/// What the kernels read of a row op: its pass, the output layout, the tensors it holds (u32
-/// ids `[B, K]`, their first-occurrence links, targets `[B, S]`) and its cross-entropy terms.
-pub(crate) struct RowArgsIn<'a> {
-    pub pass: Pass,
-    pub layout: RowLayout,
-    pub ids: Option<&'a Tensor>,
-    pub links: Option<&'a Tensor>,
-    pub targets: Option<&'a Tensor>,
-    pub ce: CrossEntropyTerms,
-    /// `1 / n` for the `n` non-pad targets (0 without targets).
-    pub inv_count: f64,
+/// A buffer parameter of a launch on the GPU, as cudarc pushes it.
+enum Buf<'r, 'v, T> {
+    Floats(&'r CudaView<'v, T>),
+    Slice(&'r CudaSlice<T>),
+    Ids(&'r CudaView<'v, u32>),
+    Out(&'r mut CudaSlice<T>),
 }
 
-/// The scalar arguments every row kernel shares.
-struct RowArgs {
-    rows: usize,
-    rows_per_batch: u32,
-    vocab: u32,
-    width: u32,
-    has_targets: u32,
-    has_pad: u32,
-    pad_id: u32,
-}
-
-fn row_args(op: &RowArgsIn<'_>, layout: &Layout) -> Result<RowArgs> {
-    let dims = layout.shape().dims();
-    let vocab = dims.last().copied().unwrap_or(1);
-    let rows = layout.shape().elem_count() / vocab.max(1);
-    let seq = match op.pass {
-        Pass::Softmax => 1,
-        _ => layout.shape().dims3()?.1.max(1),
+/// Launches `launch` on `device`'s stream: its parameters pushed in the plan's order, u32s as
+/// `u32` and floats as `T` (the launch's float type).
+fn run<T: DeviceRepr + WithDType>(
+    device: &CudaDevice,
+    launch: Launch<Buf<'_, '_, T>>,
+) -> Result<()> {
+    let expected = match launch.float {
+        FloatKind::F32 => candle_core::DType::F32,
+        FloatKind::F64 => candle_core::DType::F64,
     };
-    Ok(RowArgs {
-        rows,
-        rows_per_batch: dim_u32(seq, "sequence length")?,
-        vocab: dim_u32(vocab, "vocabulary size")?,
-        width: dim_u32(op.layout.gathered, "id width")?,
-        has_targets: u32::from(op.targets.is_some()),
-        has_pad: u32::from(op.ce.pad_id.is_some()),
-        pad_id: op.ce.pad_id.unwrap_or(0),
-    })
+    if T::DTYPE != expected {
+        bail!("internal: a {:?} launch of {} over {:?} buffers", launch.float, launch.family, T::DTYPE);
+    }
+    let func = kernel(device, launch.family, launch.float.suffix())?;
+    let mut params = launch.params;
+    // The scalars live here, at fixed addresses, until the launch has read them.
+    let u32s: Vec<u32> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::U32(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let floats: Vec<T> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Float(v) => Some(T::from_f64(*v)),
+            _ => None,
+        })
+        .collect();
+    let (mut next_u32, mut next_float) = (u32s.iter(), floats.iter());
+    let stream = device.cuda_stream();
+    let mut builder = stream.launch_builder(&func);
+    for param in params.iter_mut() {
+        match param {
+            Param::Buffer(Buf::Floats(view)) => builder.arg(*view),
+            Param::Buffer(Buf::Slice(slice)) => builder.arg(*slice),
+            Param::Buffer(Buf::Ids(view)) => builder.arg(*view),
+            Param::Buffer(Buf::Out(slice)) => builder.arg(&mut **slice),
+            Param::U32(_) => match next_u32.next() {
+                Some(v) => builder.arg(v),
+                None => bail!("internal: a u32 parameter of {} lost", launch.family),
+            },
+            Param::Float(_) => match next_float.next() {
+                Some(v) => builder.arg(v),
+                None => bail!("internal: a float parameter of {} lost", launch.family),
+            },
+        };
+    }
+    let dims = launch.dims;
+    let config = LaunchConfig {
+        grid_dim: dims.grid,
+        block_dim: dims.block,
+        shared_mem_bytes: dims.shared_mem_bytes,
+    };
+    // SAFETY: the plan (launch.rs) lists the kernel's parameters in its order with its types
+    // (the emulator tests check the kinds against the compiled source); each block reads and
+    // writes only the rows of its own index (the plan's docs).
+    unsafe { builder.launch(config) }.w()?;
+    Ok(())
 }
 
-/// Evaluates `$body` with `$slice` the typed slice of a float storage, `$suffix` its kernel
-/// suffix and `$t` its element type.
+/// Evaluates `$body` with `$slice` the typed slice of a float storage, `$float` its
+/// [`FloatKind`] and `$t` its element type.
 macro_rules! with_float_slice {
-    ($storage:expr, |$slice:ident, $suffix:ident, $t:ident| $body:expr) => {
+    ($storage:expr, |$slice:ident, $float:ident, $t:ident| $body:expr) => {
         match &$storage.slice {
             CudaStorageSlice::F32($slice) => {
                 type $t = f32;
-                let $suffix = "f32";
+                let $float = FloatKind::F32;
                 $body
             }
             CudaStorageSlice::F64($slice) => {
                 type $t = f64;
-                let $suffix = "f64";
+                let $float = FloatKind::F64;
                 $body
             }
             _ => bail!(
@@ -269,24 +269,17 @@ macro_rules! with_float_slice {
     };
 }
 
-/// Launches `softmax_fwd` over `rows` rows of `vocab` logits into a new buffer.
-fn softmax_rows<T: DeviceRepr>(
+/// Launches `softmax_fwd` over `args.rows` rows of `args.vocab` logits into a new buffer.
+fn softmax_rows<T: DeviceRepr + WithDType>(
     device: &CudaDevice,
     logits: &CudaView<'_, T>,
-    suffix: &str,
+    float: FloatKind,
     args: &RowArgs,
 ) -> Result<CudaSlice<T>> {
     let mut probs = alloc::<T>(device, args.rows * args.vocab as usize)?;
     if args.rows > 0 {
-        let func = kernel(device, "softmax_fwd", suffix)?;
-        let stream = device.cuda_stream();
-        let mut builder = stream.launch_builder(&func);
-        builder.arg(logits);
-        builder.arg(&mut probs);
-        builder.arg(&args.vocab);
-        // SAFETY: the arguments match the kernel's signature; each block reads and writes its
-        // own row of `vocab` elements.
-        unsafe { builder.launch(rows_config(args.rows)?) }.w()?;
+        let plan = launch::softmax_fwd(float, args, Buf::Floats(logits), Buf::Out(&mut probs))?;
+        run(device, plan)?;
     }
     Ok(probs)
 }
@@ -299,8 +292,8 @@ pub(crate) fn forward(
     layout: &Layout,
 ) -> Result<CudaStorage> {
     let device = logits.device().clone();
-    let args = row_args(op, layout)?;
-    let (self_columns, stride) = (op.layout.self_match_columns(), op.layout.stride());
+    let args = row_args(op, layout.shape())?;
+    let stride = op.layout.stride();
     // The softmax pass returns its probabilities before this is used.
     let out_len = match op.pass {
         Pass::Softmax => 0,
@@ -315,46 +308,28 @@ pub(crate) fn forward(
     let targets = HeldU32 {
         tensor: op.targets.cloned(),
     };
-    let (probs, out) = with_float_slice!(logits, |slice, suffix, T| {
+    let (probs, out) = with_float_slice!(logits, |slice, float, T| {
         let view = contiguous_view(slice, layout, "logits")?;
         if op.pass == Pass::Softmax {
-            let probs = softmax_rows(&device, &view, suffix, &args)?;
+            let probs = softmax_rows(&device, &view, float, &args)?;
             return Ok(CudaStorage::wrap_cuda_slice(probs, device.clone()));
         }
         let mut out = alloc::<T>(&device, out_len)?;
         if args.rows > 0 {
-            let func = kernel(&device, "row_pass_fwd", suffix)?;
-            let (stride_arg, offset_arg) = (dim_u32(stride, "row")?, dim_u32(self_columns, "row")?);
-            let eps = op.ce.label_smoothing as T;
-            let inv_count = op.inv_count as T;
             ids.with(&device, |ids| {
                 targets.with(&device, |targets| {
-                    let stream = device.cuda_stream();
-                    let mut builder = stream.launch_builder(&func);
-                    builder.arg(&view);
-                    builder.arg(ids);
-                    builder.arg(targets);
-                    builder.arg(&mut out);
-                    builder.arg(&args.rows_per_batch);
-                    builder.arg(&args.vocab);
-                    builder.arg(&args.width);
-                    builder.arg(&stride_arg);
-                    builder.arg(&offset_arg);
-                    builder.arg(&args.has_targets);
-                    builder.arg(&args.has_pad);
-                    builder.arg(&args.pad_id);
-                    builder.arg(&eps);
-                    builder.arg(&inv_count);
-                    // SAFETY: the arguments match the kernel's signature; row r reads its
-                    // logits, the ids of its batch element and its target, and writes columns
-                    // offset.. of its output row (rows × stride).
-                    unsafe { builder.launch(rows_config(args.rows)?) }.w()?;
-                    Ok(())
+                    let buffers = RowPassFwdBuffers {
+                        logits: Buf::Floats(&view),
+                        ids: Buf::Ids(ids),
+                        targets: Buf::Ids(targets),
+                        out: Buf::Out(&mut out),
+                    };
+                    run(&device, launch::row_pass_fwd(float, op, &args, buffers)?)
                 })
             })?;
         }
         let probs = (op.pass == Pass::SelfMatch)
-            .then(|| softmax_rows(&device, &view, suffix, &args))
+            .then(|| softmax_rows(&device, &view, float, &args))
             .transpose()?
             .map(|p| CudaStorage::wrap_cuda_slice(p, device.clone()));
         (probs, CudaStorage::wrap_cuda_slice(out, device.clone()))
@@ -386,84 +361,54 @@ pub(crate) fn backward(
     (grad_out, grad_layout): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage> {
     let device = logits.device().clone();
-    let args = row_args(op, logits_layout)?;
-    let stride = dim_u32(op.layout.stride(), "row")?;
-    let offset = dim_u32(op.layout.gathered_start(), "row")?;
-    let eps_f64 = op.ce.label_smoothing;
+    let args = row_args(op, logits_layout.shape())?;
     let held = |t: Option<&Tensor>| HeldU32 { tensor: t.cloned() };
     let (ids, links, targets) = (held(op.ids), held(op.links), held(op.targets));
     // The dense gradient of P for the self-match pass: (dZ + dZᵀ) P, with P recomputed.
     let dense_and_probs = match op.pass {
         Pass::SelfMatch => Some(self_match_dense(
             &device,
+            op,
             logits,
             logits_layout,
             grad_out,
             grad_layout,
             &args,
-            stride,
         )?),
         _ => None,
     };
-    let grad = with_float_slice!(logits, |slice, suffix, T| {
+    let grad = with_float_slice!(logits, |slice, float, T| {
         let logits_view = contiguous_view(slice, logits_layout, "logits")?;
         let out_view = contiguous_view(out.as_cuda_slice::<T>()?, out_layout, "output")?;
         let grad_view = contiguous_view(grad_out.as_cuda_slice::<T>()?, grad_layout, "gradient")?;
         let mut grad = alloc::<T>(&device, args.rows * args.vocab as usize)?;
-        let eps = eps_f64 as T;
         if args.rows > 0 {
             ids.with(&device, |ids| {
                 links.with(&device, |links| {
                     targets.with(&device, |targets| {
-                        let stream = device.cuda_stream();
-                        let func;
-                        let mut builder;
-                        match op.pass {
-                            Pass::Rows => {
-                                func = kernel(&device, "row_pass_bwd", suffix)?;
-                                builder = stream.launch_builder(&func);
-                                builder.arg(&logits_view);
-                            }
-                            Pass::Softmax => {
-                                // probs = out, dense = grad_out.
-                                func = kernel(&device, "jacobian_bwd", suffix)?;
-                                builder = stream.launch_builder(&func);
-                                builder.arg(&out_view);
-                                builder.arg(&grad_view);
-                            }
-                            Pass::SelfMatch => {
-                                let Some((dense, probs)) = &dense_and_probs else {
-                                    bail!("internal: no dense gradient")
-                                };
-                                func = kernel(&device, "jacobian_bwd", suffix)?;
-                                builder = stream.launch_builder(&func);
-                                builder.arg(probs.as_cuda_slice::<T>()?);
-                                builder.arg(dense.as_cuda_slice::<T>()?);
-                            }
-                        }
-                        builder.arg(ids);
-                        builder.arg(links);
-                        builder.arg(targets);
-                        builder.arg(&out_view);
-                        builder.arg(&grad_view);
-                        builder.arg(&mut grad);
-                        builder.arg(&args.rows_per_batch);
-                        builder.arg(&args.vocab);
-                        builder.arg(&args.width);
-                        builder.arg(&stride);
-                        if op.pass != Pass::Rows {
-                            builder.arg(&offset);
-                        }
-                        builder.arg(&args.has_targets);
-                        builder.arg(&args.has_pad);
-                        builder.arg(&args.pad_id);
-                        builder.arg(&eps);
-                        // SAFETY: the arguments match the kernel's signature (row_pass_bwd or
-                        // jacobian_bwd); row r reads its rows of the [rows, vocab] inputs and of
-                        // out / grad_out (rows × stride), the ids and links of its batch element
-                        // and its target, and writes its gradient row.
-                        unsafe { builder.launch(rows_config(args.rows)?) }.w()?;
-                        Ok(())
+                        let input = match (op.pass, &dense_and_probs) {
+                            (Pass::Rows, _) => BackwardInput::Logits(Buf::Floats(&logits_view)),
+                            // The softmax's output is its probabilities, its gradient the dense part.
+                            (Pass::Softmax, _) => BackwardInput::Jacobian {
+                                probs: Buf::Floats(&out_view),
+                                dense: Buf::Floats(&grad_view),
+                            },
+                            (Pass::SelfMatch, Some((dense, probs))) => BackwardInput::Jacobian {
+                                probs: Buf::Slice(probs.as_cuda_slice::<T>()?),
+                                dense: Buf::Slice(dense.as_cuda_slice::<T>()?),
+                            },
+                            (Pass::SelfMatch, None) => bail!("internal: no dense gradient"),
+                        };
+                        let buffers = BackwardBuffers {
+                            input,
+                            ids: Buf::Ids(ids),
+                            links: Buf::Ids(links),
+                            targets: Buf::Ids(targets),
+                            out: Buf::Floats(&out_view),
+                            grad_out: Buf::Floats(&grad_view),
+                            grad: Buf::Out(&mut grad),
+                        };
+                        run(&device, launch::backward(float, op, &args, buffers)?)
                     })
                 })
             })?;
@@ -478,31 +423,29 @@ pub(crate) fn backward(
 /// cuBLAS.
 fn self_match_dense(
     device: &CudaDevice,
+    op: &RowArgsIn<'_>,
     logits: &CudaStorage,
     logits_layout: &Layout,
     grad_out: &CudaStorage,
     grad_layout: &Layout,
     args: &RowArgs,
-    stride: u32,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let (batch, seq, vocab) = logits_layout.shape().dims3()?;
-    let seq_arg = dim_u32(seq, "sequence length")?;
-    let (probs, sym) = with_float_slice!(logits, |slice, suffix, T| {
+    let (probs, sym) = with_float_slice!(logits, |slice, float, T| {
         let view = contiguous_view(slice, logits_layout, "logits")?;
-        let probs = softmax_rows(device, &view, suffix, args)?;
+        let probs = softmax_rows(device, &view, float, args)?;
         let grad_view = contiguous_view(grad_out.as_cuda_slice::<T>()?, grad_layout, "gradient")?;
         let mut sym = alloc::<T>(device, batch * seq * seq)?;
         if args.rows > 0 {
-            let func = kernel(device, "symmetrize", suffix)?;
-            let stream = device.cuda_stream();
-            let mut builder = stream.launch_builder(&func);
-            builder.arg(&grad_view);
-            builder.arg(&mut sym);
-            builder.arg(&seq_arg);
-            builder.arg(&stride);
-            // SAFETY: the arguments match the kernel's signature; row b·S + i reads rows of its
-            // batch element of grad_out (S × stride) and writes its row of sym (S).
-            unsafe { builder.launch(rows_config(args.rows)?) }.w()?;
+            let plan = launch::symmetrize(
+                float,
+                op,
+                args,
+                seq,
+                Buf::Floats(&grad_view),
+                Buf::Out(&mut sym),
+            )?;
+            run(device, plan)?;
         }
         (
             CudaStorage::wrap_cuda_slice(probs, device.clone()),

@@ -15,11 +15,15 @@ pub(crate) mod ctc_ngrams;
 pub(crate) mod ctc_ngrams_composed;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(all(test, feature = "cuda-emu"))]
+mod emu;
 pub(crate) mod float;
 pub(crate) mod gemm;
 pub(crate) mod hidden;
 pub(crate) mod hidden_composed;
 pub(crate) mod hidden_cpu;
+#[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
+pub(crate) mod launch;
 pub(crate) mod layout;
 pub(crate) mod row_op;
 pub(crate) mod softcap;

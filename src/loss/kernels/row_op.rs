@@ -16,6 +16,8 @@
 use super::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
 #[cfg(feature = "cuda")]
 use super::cuda;
+#[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
+use super::launch;
 use super::float::KernelFloat;
 use super::layout::{Pass, RowLayout};
 use crate::loss::host::CpuView;
@@ -134,7 +136,7 @@ pub(crate) struct RowOp {
     pass: Pass,
     ids: Option<Tensor>,
     /// The first-occurrence links of `ids` ([`GatherIds`]), for the CUDA backward.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", all(test, feature = "cuda-emu"))), allow(dead_code))]
     links: Option<Tensor>,
     targets: Option<Tensor>,
     ce: CrossEntropyTerms,
@@ -204,8 +206,8 @@ impl RowOp {
 
     /// What the CUDA kernels read of the op on logits of shape `logits`: its parameters and
     /// the output layout.
-    #[cfg(feature = "cuda")]
-    fn cuda_args(&self, logits: &Shape) -> Result<cuda::RowArgsIn<'_>> {
+    #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
+    pub(crate) fn cuda_args(&self, logits: &Shape) -> Result<launch::RowArgsIn<'_>> {
         if self.ce.metrics() {
             // `Path::for_options` sends these to composed ops: never a silent change of numbers.
             bail!("internal: the CUDA kernels compute no z-loss or token accuracy");
@@ -214,7 +216,7 @@ impl RowOp {
             Pass::Softmax => 1,
             _ => logits.dims3()?.1.max(1),
         };
-        Ok(cuda::RowArgsIn {
+        Ok(launch::RowArgsIn {
             pass: self.pass,
             layout: self.layout(seq)?,
             ids: self.ids.as_ref(),

@@ -1,0 +1,295 @@
+//! The launch plans of the row op's CUDA kernels (`kernels.cu`): for each launch, the kernel,
+//! the grid, the block, the shared memory and the parameters in the kernel's order, over buffers
+//! of any back-end. Two back-ends execute them: the CUDA one (`cuda.rs`, cudarc on a GPU) and
+//! the emulator of the CUDA execution model (`emu`, the same source compiled as host C++, feature
+//! `cuda-emu`), so that the emulator tests launch every kernel exactly as a GPU run does — the
+//! same dimensions and parameters, from this file, not a copy.
+//!
+//! Built with `cuda` or `cuda-emu`; imports only the row op's layout and cross-entropy terms.
+
+use super::cpu::CrossEntropyTerms;
+use super::layout::{Pass, RowLayout};
+use candle_core::{bail, Result, Shape, Tensor};
+
+/// Threads per block; must equal `BLOCK` in `kernels.cu` (the emulator test reads the source's
+/// value and compares).
+pub(crate) const BLOCK: u32 = 256;
+
+/// The kernel families in `kernels.cu`; each is instantiated as `<family>_f32` and `_f64`.
+pub(crate) const KERNEL_FAMILIES: [&str; 5] = [
+    "row_pass_fwd",
+    "row_pass_bwd",
+    "softmax_fwd",
+    "symmetrize",
+    "jacobian_bwd",
+];
+
+/// The float type a launch computes in: the suffix of its kernel and the width of its float
+/// parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FloatKind {
+    F32,
+    F64,
+}
+
+impl FloatKind {
+    /// The kernel name's suffix, `f32` or `f64`.
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            FloatKind::F32 => "f32",
+            FloatKind::F64 => "f64",
+        }
+    }
+
+    /// Every float type the kernels are instantiated for.
+    pub(crate) const ALL: [FloatKind; 2] = [FloatKind::F32, FloatKind::F64];
+}
+
+/// One kernel parameter, in the kernel's order: a device buffer (`B`, the back-end's handle), a
+/// u32, or a float passed as the launch's [`FloatKind`].
+#[derive(Debug)]
+pub(crate) enum Param<B> {
+    Buffer(B),
+    U32(u32),
+    Float(f64),
+}
+
+/// A grid of `grid` blocks of `block` threads with `shared_mem_bytes` of dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_mem_bytes: u32,
+}
+
+/// One kernel launch: `<family>_<float>` over `dims` with `params`.
+#[derive(Debug)]
+pub(crate) struct Launch<B> {
+    pub family: &'static str,
+    pub float: FloatKind,
+    pub dims: LaunchDims,
+    pub params: Vec<Param<B>>,
+}
+
+impl<B> Launch<B> {
+    /// The kernel's entry-point name, `<family>_<f32|f64>`.
+    pub(crate) fn kernel_name(&self) -> String {
+        format!("{}_{}", self.family, self.float.suffix())
+    }
+}
+
+/// One block of [`BLOCK`] threads per row.
+pub(crate) fn rows_dims(rows: usize) -> Result<LaunchDims> {
+    let grid = match u32::try_from(rows) {
+        Ok(grid) if grid <= i32::MAX as u32 => grid,
+        _ => bail!("candle-bleu CUDA kernels: {rows} rows exceed a grid of 2^31 - 1 blocks"),
+    };
+    Ok(LaunchDims {
+        grid: (grid, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+pub(crate) fn dim_u32(value: usize, what: &str) -> Result<u32> {
+    match u32::try_from(value) {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("candle-bleu CUDA kernels: {what} = {value} exceeds u32::MAX"),
+    }
+}
+
+/// What the kernels read of a row op: its pass, the output layout, the tensors it holds (u32
+/// ids `[B, K]`, their first-occurrence links, targets `[B, S]`) and its cross-entropy terms.
+pub(crate) struct RowArgsIn<'a> {
+    pub pass: Pass,
+    pub layout: RowLayout,
+    pub ids: Option<&'a Tensor>,
+    pub links: Option<&'a Tensor>,
+    pub targets: Option<&'a Tensor>,
+    pub ce: CrossEntropyTerms,
+    /// `1 / n` for the `n` non-pad targets (0 without targets).
+    pub inv_count: f64,
+}
+
+/// The scalar arguments every row kernel shares, for logits of one shape.
+pub(crate) struct RowArgs {
+    pub rows: usize,
+    pub rows_per_batch: u32,
+    pub vocab: u32,
+    pub width: u32,
+    pub has_targets: u32,
+    pub has_pad: u32,
+    pub pad_id: u32,
+}
+
+/// [`RowArgs`] of `op` on logits of shape `shape`.
+pub(crate) fn row_args(op: &RowArgsIn<'_>, shape: &Shape) -> Result<RowArgs> {
+    let dims = shape.dims();
+    let vocab = dims.last().copied().unwrap_or(1);
+    let rows = shape.elem_count() / vocab.max(1);
+    let seq = match op.pass {
+        Pass::Softmax => 1,
+        _ => shape.dims3()?.1.max(1),
+    };
+    Ok(RowArgs {
+        rows,
+        rows_per_batch: dim_u32(seq, "sequence length")?,
+        vocab: dim_u32(vocab, "vocabulary size")?,
+        width: dim_u32(op.layout.gathered, "id width")?,
+        has_targets: u32::from(op.targets.is_some()),
+        has_pad: u32::from(op.ce.pad_id.is_some()),
+        pad_id: op.ce.pad_id.unwrap_or(0),
+    })
+}
+
+/// `softmax_fwd`: `probs[r] = softmax(logits[r])` over `args.rows` rows of `args.vocab`.
+pub(crate) fn softmax_fwd<B>(
+    float: FloatKind,
+    args: &RowArgs,
+    logits: B,
+    probs: B,
+) -> Result<Launch<B>> {
+    Ok(Launch {
+        family: "softmax_fwd",
+        float,
+        dims: rows_dims(args.rows)?,
+        params: vec![
+            Param::Buffer(logits),
+            Param::Buffer(probs),
+            Param::U32(args.vocab),
+        ],
+    })
+}
+
+/// The buffers of a `row_pass_fwd` launch: the logits, the ids and targets (a one-element
+/// placeholder where the op holds none) and the output rows.
+pub(crate) struct RowPassFwdBuffers<B> {
+    pub logits: B,
+    pub ids: B,
+    pub targets: B,
+    pub out: B,
+}
+
+/// `row_pass_fwd`: the gathered probabilities and cross-entropy columns of `op`'s rows, written
+/// at the columns after the self-match `Z` of each output row.
+pub(crate) fn row_pass_fwd<B>(
+    float: FloatKind,
+    op: &RowArgsIn<'_>,
+    args: &RowArgs,
+    buffers: RowPassFwdBuffers<B>,
+) -> Result<Launch<B>> {
+    let stride = dim_u32(op.layout.stride(), "row")?;
+    let offset = dim_u32(op.layout.self_match_columns(), "row")?;
+    Ok(Launch {
+        family: "row_pass_fwd",
+        float,
+        dims: rows_dims(args.rows)?,
+        params: vec![
+            Param::Buffer(buffers.logits),
+            Param::Buffer(buffers.ids),
+            Param::Buffer(buffers.targets),
+            Param::Buffer(buffers.out),
+            Param::U32(args.rows_per_batch),
+            Param::U32(args.vocab),
+            Param::U32(args.width),
+            Param::U32(stride),
+            Param::U32(offset),
+            Param::U32(args.has_targets),
+            Param::U32(args.has_pad),
+            Param::U32(args.pad_id),
+            Param::Float(op.ce.label_smoothing),
+            Param::Float(op.inv_count),
+        ],
+    })
+}
+
+/// `symmetrize`: `sym[b, i, j] = dZ[b, i, j] + dZ[b, j, i]` from the first `seq` columns of each
+/// row of `grad_out`, for the self-match pass's backward.
+pub(crate) fn symmetrize<B>(
+    float: FloatKind,
+    op: &RowArgsIn<'_>,
+    args: &RowArgs,
+    seq: usize,
+    grad_out: B,
+    sym: B,
+) -> Result<Launch<B>> {
+    Ok(Launch {
+        family: "symmetrize",
+        float,
+        dims: rows_dims(args.rows)?,
+        params: vec![
+            Param::Buffer(grad_out),
+            Param::Buffer(sym),
+            Param::U32(dim_u32(seq, "sequence length")?),
+            Param::U32(dim_u32(op.layout.stride(), "row")?),
+        ],
+    })
+}
+
+/// The buffers of the backward launch. `dense` is the dense part the Jacobian applies
+/// (`grad_out` for the softmax pass, `(dZ + dZᵀ) P` for the self-match pass) and `probs` the
+/// probabilities (the softmax's output, or recomputed); the row pass reads the logits instead.
+pub(crate) enum BackwardInput<B> {
+    /// The row pass: its logits.
+    Logits(B),
+    /// The softmax and self-match passes: the probabilities and the dense gradient of them.
+    Jacobian { probs: B, dense: B },
+}
+
+/// The buffers of a backward launch besides its [`BackwardInput`].
+pub(crate) struct BackwardBuffers<B> {
+    pub input: BackwardInput<B>,
+    pub ids: B,
+    pub links: B,
+    pub targets: B,
+    pub out: B,
+    pub grad_out: B,
+    pub grad: B,
+}
+
+/// The logits gradient of `op`'s pass: `row_pass_bwd` for the row pass, `jacobian_bwd` for the
+/// softmax and self-match passes (after [`symmetrize`] and the product for the latter).
+pub(crate) fn backward<B>(
+    float: FloatKind,
+    op: &RowArgsIn<'_>,
+    args: &RowArgs,
+    buffers: BackwardBuffers<B>,
+) -> Result<Launch<B>> {
+    let stride = dim_u32(op.layout.stride(), "row")?;
+    let offset = dim_u32(op.layout.gathered_start(), "row")?;
+    let (family, mut params) = match (op.pass, buffers.input) {
+        (Pass::Rows, BackwardInput::Logits(logits)) => ("row_pass_bwd", vec![Param::Buffer(logits)]),
+        (Pass::Softmax | Pass::SelfMatch, BackwardInput::Jacobian { probs, dense }) => (
+            "jacobian_bwd",
+            vec![Param::Buffer(probs), Param::Buffer(dense)],
+        ),
+        (pass, _) => bail!("internal: the wrong backward input for the {pass:?} pass"),
+    };
+    params.extend([
+        Param::Buffer(buffers.ids),
+        Param::Buffer(buffers.links),
+        Param::Buffer(buffers.targets),
+        Param::Buffer(buffers.out),
+        Param::Buffer(buffers.grad_out),
+        Param::Buffer(buffers.grad),
+        Param::U32(args.rows_per_batch),
+        Param::U32(args.vocab),
+        Param::U32(args.width),
+        Param::U32(stride),
+    ]);
+    if op.pass != Pass::Rows {
+        params.push(Param::U32(offset));
+    }
+    params.extend([
+        Param::U32(args.has_targets),
+        Param::U32(args.has_pad),
+        Param::U32(args.pad_id),
+        Param::Float(op.ce.label_smoothing),
+    ]);
+    Ok(Launch {
+        family,
+        float,
+        dims: rows_dims(args.rows)?,
+        params,
+    })
+}
