@@ -207,7 +207,7 @@ fn ctc_on(
         from_logits,
         path,
     )?;
-    let losses = if path.runs_cpu_kernels(input.device()) {
+    let losses = if path.runs_ctc_kernels(input.device()) {
         CtcOp::new(alignments, from_logits).apply(&input)?
     } else {
         // Padding frames may hold anything (NaN too): zeroed before the log-softmax, whose

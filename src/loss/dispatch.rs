@@ -1,6 +1,8 @@
 //! The one choice between the crate's kernels and composed candle ops, for the logits path and
 //! the hidden-state path alike: [`Path`].
 
+#[cfg(feature = "cuda-unverified")]
+use super::kernels::ctc_cuda::ctc_kernels_loaded;
 use super::kernels::row_op::cuda_kernels_loaded;
 use candle_core::Device;
 
@@ -31,6 +33,17 @@ impl Path {
     /// whatever the path.
     pub(crate) fn runs_cpu_kernels(self, device: &Device) -> bool {
         self == Path::Kernels && device.is_cpu()
+    }
+
+    /// Whether the CTC loss's op runs on `device`: the CPU kernel on the CPU, and with the
+    /// `cuda-unverified` feature its CUDA kernels (`ctc.cu`, tested on the emulator, not yet on a
+    /// GPU) on a CUDA device where they load. Otherwise composed ops.
+    pub(crate) fn runs_ctc_kernels(self, device: &Device) -> bool {
+        #[cfg(feature = "cuda-unverified")]
+        if self == Path::Kernels && ctc_kernels_loaded(device) {
+            return true;
+        }
+        self.runs_cpu_kernels(device)
     }
 
     /// The path for a cross-entropy with options the CUDA kernels do not compute (the z-loss,

@@ -258,6 +258,35 @@ impl CtcOp {
         }
     }
 
+    /// What the CUDA kernels take for input of shape `shape` on `device`: the sizes and
+    /// settings, and the alignments uploaded as u32 tensors.
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_args(
+        &self,
+        shape: &Shape,
+        device: &candle_core::CudaDevice,
+    ) -> Result<(
+        super::ctc_launch::CtcArgs,
+        super::ctc_cuda::DeviceAlignments,
+    )> {
+        let (batch, frames, vocab) = shape.dims3()?;
+        let (device_alignments, target_max) = super::ctc_cuda::DeviceAlignments::upload(
+            &self.alignments.targets,
+            &self.alignments.input_lengths,
+            &candle_core::Device::Cuda(device.clone()),
+        )?;
+        let args = super::ctc_launch::CtcArgs {
+            batch,
+            frames,
+            vocab,
+            target_max,
+            blank: self.alignments.blank,
+            from_logits: self.from_logits,
+            zero_infinity: self.alignments.zero_infinity,
+        };
+        Ok((args, device_alignments))
+    }
+
     fn element<'a, T>(&self, x: &'a [T], b: usize, frames: usize, vocab: usize) -> Element<'a, T> {
         Element {
             x: &x[b * frames * vocab..(b + 1) * frames * vocab],
@@ -380,6 +409,17 @@ impl CustomOp1 for CtcOp {
         Ok((out, Shape::from((batch, self.width(frames)))))
     }
 
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (args, alignments) = self.cuda_args(layout.shape(), storage.device())?;
+        let out = super::ctc_cuda::forward(&args, &alignments, storage, layout)?;
+        Ok((out, Shape::from((args.batch, args.width()))))
+    }
+
     fn bwd(&self, x: &Tensor, out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
         let grad = x.apply_op3_no_bwd(
             &out.contiguous()?,
@@ -422,6 +462,27 @@ impl CustomOp3 for CtcOpBackward {
             Ok(candle_core::WithDType::to_cpu_storage_owned(grad))
         })?;
         Ok((grad, shape.clone()))
+    }
+
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_layout: &Layout,
+        out: &candle_core::CudaStorage,
+        out_layout: &Layout,
+        grad_out: &candle_core::CudaStorage,
+        grad_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (args, alignments) = self.0.cuda_args(x_layout.shape(), x.device())?;
+        let grad = super::ctc_cuda::backward(
+            &args,
+            &alignments,
+            (x, x_layout),
+            (out, out_layout),
+            (grad_out, grad_layout),
+        )?;
+        Ok((grad, x_layout.shape().clone()))
     }
 }
 

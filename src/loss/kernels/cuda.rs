@@ -17,8 +17,8 @@
 //! host).
 
 use super::launch::{
-    self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, Param, RowArgs,
-    RowArgsIn, RowPassFwdBuffers, KERNEL_FAMILIES,
+    self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, Param, RowArgs, RowArgsIn,
+    RowPassFwdBuffers, KERNEL_FAMILIES,
 };
 use super::layout::Pass;
 use candle_core::backend::BackendStorage;
@@ -29,26 +29,39 @@ use candle_core::cuda_backend::cudarc::nvrtc;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, WithDType};
 use std::collections::HashMap;
-use std::sync::{Mutex, Once, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
-/// The CUDA C source of every kernel.
-const SOURCE: &str = include_str!("kernels.cu");
+/// A module of CUDA C kernels: its source, the name it is cached under per device, and its
+/// kernel families (each instantiated as `<family>_f32` and `_f64`).
+pub(crate) struct KernelModule {
+    pub name: &'static str,
+    /// The file name NVRTC and its errors report.
+    pub file: &'static str,
+    pub source: &'static str,
+    pub families: &'static [&'static str],
+}
 
-/// The name the compiled module is cached under, per device.
-const MODULE: &str = "candle_bleu_kernels";
+/// The row op's kernels, `kernels.cu` (verified on an H200).
+pub(crate) const ROW_MODULE: KernelModule = KernelModule {
+    name: "candle_bleu_kernels",
+    file: "kernels.cu",
+    source: include_str!("kernels.cu"),
+    families: &KERNEL_FAMILIES,
+};
 
-/// Compiles [`SOURCE`] to PTX with NVRTC for `compute_{major}{minor}`. Needs `libnvrtc`, not a
-/// GPU.
-pub(crate) fn compile_ptx((major, minor): (i32, i32)) -> Result<String> {
+/// Compiles `module`'s source to PTX with NVRTC for `compute_{major}{minor}`. Needs `libnvrtc`,
+/// not a GPU.
+pub(crate) fn compile_ptx(module: &KernelModule, (major, minor): (i32, i32)) -> Result<String> {
     let options = nvrtc::CompileOptions {
         options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some("kernels.cu".to_string()),
+        name: Some(module.file.to_string()),
         ..Default::default()
     };
-    match nvrtc::compile_ptx_with_opts(SOURCE, options) {
+    match nvrtc::compile_ptx_with_opts(module.source, options) {
         Ok(ptx) => Ok(ptx.to_src()),
         Err(error) => bail!(
-            "NVRTC failed to compile candle-bleu's kernels.cu for compute_{major}{minor}: {error:?}"
+            "NVRTC failed to compile candle-bleu's {} for compute_{major}{minor}: {error:?}",
+            module.file
         ),
     }
 }
@@ -66,68 +79,77 @@ fn compute_capability(device: &CudaDevice) -> Result<(i32, i32)> {
     ))
 }
 
-/// The PTX for the compute capability of `device`, compiled once per capability.
-fn ptx(device: &CudaDevice) -> Result<String> {
-    static PTX: OnceLock<Mutex<HashMap<(i32, i32), String>>> = OnceLock::new();
-    let capability = compute_capability(device)?;
+/// The PTX of `module` for the compute capability of `device`, compiled once per capability.
+fn ptx(module: &KernelModule, device: &CudaDevice) -> Result<String> {
+    type Cache = Mutex<HashMap<(&'static str, (i32, i32)), String>>;
+    static PTX: OnceLock<Cache> = OnceLock::new();
+    let key = (module.name, compute_capability(device)?);
     let cache = PTX.get_or_init(Default::default);
-    if let Some(ptx) = cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&capability)
-    {
+    if let Some(ptx) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
-    let ptx = compile_ptx(capability)?;
+    let ptx = compile_ptx(module, key.1)?;
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(capability, ptx.clone());
+        .insert(key, ptx.clone());
     Ok(ptx)
 }
 
-/// The kernel `<family>_<suffix>`, from the module loaded into `device`.
-fn kernel(device: &CudaDevice, family: &str, suffix: &str) -> Result<CudaFunction> {
-    let func =
-        device.get_or_load_custom_func(&format!("{family}_{suffix}"), MODULE, &ptx(device)?)?;
+/// The kernel `<family>_<suffix>` of `module`, loaded into `device`.
+fn kernel(
+    module: &KernelModule,
+    device: &CudaDevice,
+    family: &str,
+    suffix: &str,
+) -> Result<CudaFunction> {
+    let func = device.get_or_load_custom_func(
+        &format!("{family}_{suffix}"),
+        module.name,
+        &ptx(module, device)?,
+    )?;
     Ok(func.into_cuda_function())
 }
 
-/// Whether every kernel compiles and loads on `device` (tried once per device). The first
-/// failure in the process prints one warning; the loss then takes the composed candle ops.
-pub(crate) fn load(device: &CudaDevice) -> bool {
-    static LOADED: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, bool>>> =
-        OnceLock::new();
-    static WARNED: Once = Once::new();
+/// Whether every kernel of `module` compiles and loads on `device` (tried once per module and
+/// device). The first failure of a module prints one warning; the loss then takes the composed
+/// candle ops.
+pub(crate) fn load(module: &KernelModule, device: &CudaDevice) -> bool {
+    type Loaded = Mutex<HashMap<(&'static str, candle_core::cuda_backend::DeviceId), bool>>;
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
+    static WARNED: OnceLock<Mutex<Vec<&'static str>>> = OnceLock::new();
     let loaded = LOADED.get_or_init(Default::default);
-    if let Some(&ok) = loaded
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&device.id())
-    {
+    let key = (module.name, device.id());
+    if let Some(&ok) = loaded.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return ok;
     }
-    let result = KERNEL_FAMILIES.iter().try_for_each(|family| {
-        ["f32", "f64"]
+    let result = module.families.iter().try_for_each(|family| {
+        FloatKind::ALL
             .iter()
-            .try_for_each(|suffix| kernel(device, family, suffix).map(drop))
+            .try_for_each(|float| kernel(module, device, family, float.suffix()).map(drop))
     });
     if let Err(error) = &result {
-        WARNED.call_once(|| {
+        let mut warned = WARNED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !warned.contains(&module.name) {
+            warned.push(module.name);
             eprintln!(
-                "candle-bleu: the CUDA kernels failed to load ({error}); using composed candle ops"
-            )
-        });
+                "candle-bleu: the CUDA kernels of {} failed to load ({error}); using composed candle ops",
+                module.name
+            );
+        }
     }
     loaded
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(device.id(), result.is_ok());
+        .insert(key, result.is_ok());
     result.is_ok()
 }
 
 /// The contiguous part of `slice` that `layout` addresses.
-fn contiguous_view<'a, T>(
+pub(crate) fn contiguous_view<'a, T>(
     slice: &'a CudaSlice<T>,
     layout: &Layout,
     what: &str,
@@ -139,19 +161,19 @@ fn contiguous_view<'a, T>(
 }
 
 /// An uninitialised device buffer of `len` elements, each written by the kernel launched next.
-fn alloc<T: DeviceRepr>(device: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
+pub(crate) fn alloc<T: DeviceRepr>(device: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every element is written before it is read (each row's block writes its row).
     unsafe { device.alloc::<T>(len.max(1)) }
 }
 
 /// The u32 data of a tensor the op holds (ids, links, targets), as a view; a one-element
 /// placeholder where the op holds none (the kernels do not read it then).
-struct HeldU32 {
-    tensor: Option<Tensor>,
+pub(crate) struct HeldU32 {
+    pub tensor: Option<Tensor>,
 }
 
 impl HeldU32 {
-    fn with<R>(
+    pub(crate) fn with<R>(
         &self,
         device: &CudaDevice,
         f: impl FnOnce(&CudaView<'_, u32>) -> Result<R>,
@@ -176,17 +198,21 @@ impl HeldU32 {
     }
 }
 
-/// A buffer parameter of a launch on the GPU, as cudarc pushes it.
-enum Buf<'r, 'v, T> {
+/// A buffer parameter of a launch on the GPU, as cudarc pushes it: data of the launch's float
+/// type `T`, u32 ids or lengths, or f64 workspaces.
+pub(crate) enum Buf<'r, 'v, T> {
     Floats(&'r CudaView<'v, T>),
     Slice(&'r CudaSlice<T>),
     Ids(&'r CudaView<'v, u32>),
     Out(&'r mut CudaSlice<T>),
+    Work(&'r mut CudaSlice<f64>),
+    WorkIn(&'r CudaSlice<f64>),
 }
 
 /// Launches `launch` on `device`'s stream: its parameters pushed in the plan's order, u32s as
 /// `u32` and floats as `T` (the launch's float type).
-fn run<T: DeviceRepr + WithDType>(
+pub(crate) fn run<T: DeviceRepr + WithDType>(
+    module: &KernelModule,
     device: &CudaDevice,
     launch: Launch<Buf<'_, '_, T>>,
 ) -> Result<()> {
@@ -195,9 +221,14 @@ fn run<T: DeviceRepr + WithDType>(
         FloatKind::F64 => candle_core::DType::F64,
     };
     if T::DTYPE != expected {
-        bail!("internal: a {:?} launch of {} over {:?} buffers", launch.float, launch.family, T::DTYPE);
+        bail!(
+            "internal: a {:?} launch of {} over {:?} buffers",
+            launch.float,
+            launch.family,
+            T::DTYPE
+        );
     }
-    let func = kernel(device, launch.family, launch.float.suffix())?;
+    let func = kernel(module, device, launch.family, launch.float.suffix())?;
     let mut params = launch.params;
     // The scalars live here, at fixed addresses, until the launch has read them.
     let u32s: Vec<u32> = params
@@ -223,6 +254,8 @@ fn run<T: DeviceRepr + WithDType>(
             Param::Buffer(Buf::Slice(slice)) => builder.arg(*slice),
             Param::Buffer(Buf::Ids(view)) => builder.arg(*view),
             Param::Buffer(Buf::Out(slice)) => builder.arg(&mut **slice),
+            Param::Buffer(Buf::Work(slice)) => builder.arg(&mut **slice),
+            Param::Buffer(Buf::WorkIn(slice)) => builder.arg(*slice),
             Param::U32(_) => match next_u32.next() {
                 Some(v) => builder.arg(v),
                 None => bail!("internal: a u32 parameter of {} lost", launch.family),
@@ -279,7 +312,7 @@ fn softmax_rows<T: DeviceRepr + WithDType>(
     let mut probs = alloc::<T>(device, args.rows * args.vocab as usize)?;
     if args.rows > 0 {
         let plan = launch::softmax_fwd(float, args, Buf::Floats(logits), Buf::Out(&mut probs))?;
-        run(device, plan)?;
+        run(&ROW_MODULE, device, plan)?;
     }
     Ok(probs)
 }
@@ -324,7 +357,11 @@ pub(crate) fn forward(
                         targets: Buf::Ids(targets),
                         out: Buf::Out(&mut out),
                     };
-                    run(&device, launch::row_pass_fwd(float, op, &args, buffers)?)
+                    run(
+                        &ROW_MODULE,
+                        &device,
+                        launch::row_pass_fwd(float, op, &args, buffers)?,
+                    )
                 })
             })?;
         }
@@ -408,7 +445,11 @@ pub(crate) fn backward(
                             grad_out: Buf::Floats(&grad_view),
                             grad: Buf::Out(&mut grad),
                         };
-                        run(&device, launch::backward(float, op, &args, buffers)?)
+                        run(
+                            &ROW_MODULE,
+                            &device,
+                            launch::backward(float, op, &args, buffers)?,
+                        )
                     })
                 })
             })?;
@@ -445,7 +486,7 @@ fn self_match_dense(
                 Buf::Floats(&grad_view),
                 Buf::Out(&mut sym),
             )?;
-            run(device, plan)?;
+            run(&ROW_MODULE, device, plan)?;
         }
         (
             CudaStorage::wrap_cuda_slice(probs, device.clone()),
@@ -466,7 +507,8 @@ fn self_match_dense(
 /// kernels::cuda`.
 #[cfg(test)]
 mod tests {
-    use super::{compile_ptx, KERNEL_FAMILIES};
+    use super::{compile_ptx, ROW_MODULE};
+    use crate::loss::kernels::launch::KERNEL_FAMILIES;
 
     /// The `.entry` names of a PTX module.
     fn ptx_entries(ptx: &str) -> Vec<String> {
@@ -478,34 +520,57 @@ mod tests {
             .collect()
     }
 
-    /// Every kernel family, in f32 and f64, for a Turing, an Ampere and a Hopper capability:
-    /// the PTX targets the capability and holds exactly the `<family>_<dtype>` entry points that
-    /// `load` asks for.
+    /// The modules the build loads: the row op's, and with `cuda-unverified` the CTC loss's.
+    fn modules() -> Vec<&'static super::KernelModule> {
+        #[allow(unused_mut)]
+        let mut modules = vec![&ROW_MODULE];
+        #[cfg(feature = "cuda-unverified")]
+        modules.push(&crate::loss::kernels::ctc_cuda::CTC_MODULE);
+        modules
+    }
+
+    /// Every kernel family of every module, in f32 and f64, for a Turing, an Ampere and a Hopper
+    /// capability: the PTX targets the capability and holds the `<family>_<dtype>` entry points
+    /// that `load` asks for (the row module exactly those).
     #[test]
     fn nvrtc_compiles_every_kernel_family_in_f32_and_f64() {
-        let mut expected: Vec<String> = KERNEL_FAMILIES
-            .iter()
-            .flat_map(|family| ["f32", "f64"].map(|suffix| format!("{family}_{suffix}")))
-            .collect();
-        expected.sort();
-        assert_eq!(expected.len(), 10);
-        for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
-            let ptx = compile_ptx((major, minor)).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                ptx.lines()
-                    .any(|line| line.trim() == format!(".target sm_{major}{minor}")),
-                "compute_{major}{minor}: no `.target sm_{major}{minor}` line in the PTX"
-            );
-            let mut entries = ptx_entries(&ptx);
-            entries.sort();
-            assert_eq!(entries, expected, "PTX entries for compute_{major}{minor}");
+        for module in modules() {
+            let mut expected: Vec<String> = module
+                .families
+                .iter()
+                .flat_map(|family| ["f32", "f64"].map(|suffix| format!("{family}_{suffix}")))
+                .collect();
+            expected.sort();
+            for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
+                let ptx = compile_ptx(module, (major, minor)).unwrap_or_else(|e| panic!("{e}"));
+                assert!(
+                    ptx.lines()
+                        .any(|line| line.trim() == format!(".target sm_{major}{minor}")),
+                    "{}, compute_{major}{minor}: no `.target sm_{major}{minor}` line in the PTX",
+                    module.name
+                );
+                let mut entries = ptx_entries(&ptx);
+                entries.sort();
+                if module.name == ROW_MODULE.name {
+                    assert_eq!(expected.len(), 10);
+                    assert_eq!(entries, expected, "PTX entries for compute_{major}{minor}");
+                } else {
+                    for name in &expected {
+                        assert!(
+                            entries.contains(name),
+                            "{}: no entry {name} in {entries:?}",
+                            module.name
+                        );
+                    }
+                }
+            }
         }
     }
 
     /// A capability NVRTC does not know is an error naming it, not a panic or an empty module.
     #[test]
     fn an_unknown_capability_is_an_error() {
-        let error = compile_ptx((0, 0))
+        let error = compile_ptx(&ROW_MODULE, (0, 0))
             .expect_err("compute_00 compiled")
             .to_string();
         assert!(

@@ -258,7 +258,9 @@ pub(crate) fn backward<B>(
     let stride = dim_u32(op.layout.stride(), "row")?;
     let offset = dim_u32(op.layout.gathered_start(), "row")?;
     let (family, mut params) = match (op.pass, buffers.input) {
-        (Pass::Rows, BackwardInput::Logits(logits)) => ("row_pass_bwd", vec![Param::Buffer(logits)]),
+        (Pass::Rows, BackwardInput::Logits(logits)) => {
+            ("row_pass_bwd", vec![Param::Buffer(logits)])
+        }
         (Pass::Softmax | Pass::SelfMatch, BackwardInput::Jacobian { probs, dense }) => (
             "jacobian_bwd",
             vec![Param::Buffer(probs), Param::Buffer(dense)],

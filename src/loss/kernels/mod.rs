@@ -11,6 +11,10 @@ pub(crate) mod composed;
 pub(crate) mod cpu;
 pub(crate) mod ctc_composed;
 pub(crate) mod ctc_cpu;
+#[cfg(feature = "cuda-unverified")]
+pub(crate) mod ctc_cuda;
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
+pub(crate) mod ctc_launch;
 pub(crate) mod ctc_ngrams;
 pub(crate) mod ctc_ngrams_composed;
 #[cfg(feature = "cuda")]

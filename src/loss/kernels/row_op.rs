@@ -16,9 +16,9 @@
 use super::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
 #[cfg(feature = "cuda")]
 use super::cuda;
+use super::float::KernelFloat;
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 use super::launch;
-use super::float::KernelFloat;
 use super::layout::{Pass, RowLayout};
 use crate::loss::host::CpuView;
 use candle_core::{
@@ -34,7 +34,7 @@ pub(crate) fn cuda_kernels_loaded(device: &candle_core::Device) -> bool {
     let candle_core::Device::Cuda(cuda_device) = device else {
         return false;
     };
-    cuda::load(cuda_device)
+    cuda::load(&cuda::ROW_MODULE, cuda_device)
 }
 
 /// Without the `cuda` feature, CUDA tensors take the composed ops.
@@ -136,7 +136,10 @@ pub(crate) struct RowOp {
     pass: Pass,
     ids: Option<Tensor>,
     /// The first-occurrence links of `ids` ([`GatherIds`]), for the CUDA backward.
-    #[cfg_attr(not(any(feature = "cuda", all(test, feature = "cuda-emu"))), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "cuda", all(test, feature = "cuda-emu"))),
+        allow(dead_code)
+    )]
     links: Option<Tensor>,
     targets: Option<Tensor>,
     ce: CrossEntropyTerms,

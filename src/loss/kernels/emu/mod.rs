@@ -5,6 +5,8 @@
 //! is tested on the CPU exactly as it is launched on a GPU (docs/gpu.md, "The emulator"). This
 //! file only declares the modules.
 
+#[cfg(test)]
+mod ctc_tests;
 pub(crate) mod module;
 #[cfg(test)]
 mod tests;

@@ -137,7 +137,8 @@ fn register_shared(source: &str) -> Result<String> {
 /// The translation unit: the prelude, the kernel source, the launcher, the kernel table of
 /// `kernels` and one constant per macro of `defines`.
 fn translation_unit(kernels: &[String], defines: &[&str]) -> String {
-    let mut unit = String::from("#include \"prelude.h\"\n#include \"kernels.cu\"\n#include \"runtime.h\"\n");
+    let mut unit =
+        String::from("#include \"prelude.h\"\n#include \"kernels.cu\"\n#include \"runtime.h\"\n");
     unit.push_str("extern \"C\" const emu::Entry candle_bleu_emu_kernels[] = {\n");
     for name in kernels {
         unit.push_str(&format!("    EMU_KERNEL({name}),\n"));
@@ -185,9 +186,7 @@ impl EmuModule {
     pub(crate) fn compile(source: &str, families: &[&str], defines: &[&str]) -> Result<Self> {
         let kernels: Vec<String> = families
             .iter()
-            .flat_map(|family| {
-                FloatKind::ALL.map(|float| format!("{family}_{}", float.suffix()))
-            })
+            .flat_map(|family| FloatKind::ALL.map(|float| format!("{family}_{}", float.suffix())))
             .collect();
         let dir = work_dir()?;
         let write = |name: &str, text: &str| std::fs::write(dir.join(name), text);
@@ -199,7 +198,14 @@ impl EmuModule {
         let output = Command::new(compiler())
             // -fno-gnu-unique: the static locals of templates (the __shared__ arrays) would
             // otherwise be bound process-wide, one copy for every module loaded (a mutant's too).
-            .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-fno-gnu-unique", "-o"])
+            .args([
+                "-std=c++17",
+                "-O1",
+                "-fPIC",
+                "-shared",
+                "-fno-gnu-unique",
+                "-o",
+            ])
             .arg(&library)
             .arg(dir.join("unit.cpp"))
             .output()
@@ -212,7 +218,10 @@ impl EmuModule {
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let head: String = stderr.lines().take(40).collect::<Vec<_>>().join("\n");
-            bail!("the CUDA emulator's compile failed ({}):\n{head}", dir.display());
+            bail!(
+                "the CUDA emulator's compile failed ({}):\n{head}",
+                dir.display()
+            );
         }
         let module = Self::load(&library, &kernels, defines);
         let _ = std::fs::remove_dir_all(&dir);
@@ -264,7 +273,10 @@ impl EmuModule {
 
     /// The value of macro `name` in the compiled source (asked for at compile time).
     pub(crate) fn define(&self, name: &str) -> Option<i64> {
-        self.defines.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+        self.defines
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
     }
 
     fn entry(&self, name: &str) -> Result<*const Entry> {
@@ -304,7 +316,11 @@ impl EmuModule {
     /// # Safety
     /// Every buffer must be valid for the reads and writes the kernel makes at the plan's
     /// dimensions (the buffers of a GPU launch of the same plan, on the host).
-    pub(crate) unsafe fn run(&self, launch: &Launch<*mut c_void>, order: ThreadOrder) -> Result<()> {
+    pub(crate) unsafe fn run(
+        &self,
+        launch: &Launch<*mut c_void>,
+        order: ThreadOrder,
+    ) -> Result<()> {
         let name = launch.kernel_name();
         let entry = self.entry(&name)?;
         let (expected, passed) = (self.parameter_kinds(&name)?, Self::plan_kinds(launch));
@@ -367,16 +383,19 @@ mod tests {
 
     #[test]
     fn shared_declarations_register_on_their_line() {
-        let source = "__device__ void f() {\n  __shared__ float a[WARPS];\n  __shared__ double b;\n}\n";
+        let source =
+            "__device__ void f() {\n  __shared__ float a[WARPS];\n  __shared__ double b;\n}\n";
         let rewritten = register_shared(source).unwrap();
         assert_eq!(rewritten.lines().count(), source.lines().count());
         assert!(rewritten.contains(
             "static  float a[WARPS]; static emu::SharedMemory emu_shared_0(&a, sizeof(a));"
         ));
-        assert!(rewritten.contains(
-            "static  double b; static emu::SharedMemory emu_shared_1(&b, sizeof(b));"
-        ));
+        assert!(rewritten
+            .contains("static  double b; static emu::SharedMemory emu_shared_1(&b, sizeof(b));"));
         let error = register_shared("extern __shared__ float dynamic[];").unwrap_err();
-        assert!(error.to_string().contains("dynamic shared memory"), "{error}");
+        assert!(
+            error.to_string().contains("dynamic shared memory"),
+            "{error}"
+        );
     }
 }

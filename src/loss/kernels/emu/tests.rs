@@ -8,6 +8,7 @@
 
 use super::module::{EmuModule, ThreadOrder};
 use crate::loss::kernels::cpu::CrossEntropyTerms;
+use crate::loss::kernels::ctc_launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
 use crate::loss::kernels::launch::{
     self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, RowArgsIn,
     RowPassFwdBuffers, KERNEL_FAMILIES,
@@ -18,24 +19,30 @@ use candle_core::{Device, Tensor, Var, WithDType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// The CUDA source the CUDA build compiles with NVRTC.
-const SOURCE: &str = include_str!("../kernels.cu");
+/// The CUDA source the CUDA build compiles with NVRTC: the row kernels, then the CTC kernels
+/// (`ctc_launch::CTC_SOURCE`, a superset of the row op's module).
+pub(super) const SOURCE: &str = CTC_SOURCE;
 
 /// The source compiled once for the emulator, for every test of this process.
-fn module() -> &'static EmuModule {
+pub(super) fn module() -> &'static EmuModule {
     static MODULE: OnceLock<EmuModule> = OnceLock::new();
     MODULE.get_or_init(|| compile(SOURCE))
 }
 
-fn compile(source: &str) -> EmuModule {
-    EmuModule::compile(source, &KERNEL_FAMILIES, &["BLOCK"]).unwrap_or_else(|e| panic!("{e}"))
+pub(super) fn compile(source: &str) -> EmuModule {
+    let families: Vec<&str> = KERNEL_FAMILIES
+        .iter()
+        .chain(&CTC_FAMILIES)
+        .copied()
+        .collect();
+    EmuModule::compile(source, &families, &["BLOCK", "CTC_BLOCK"]).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Elements before and after each host buffer, holding a canary that a stray write changes.
 const GUARD: usize = 64;
 
 /// What the harness needs of an element type: a canary bit pattern and bitwise comparison.
-trait Element: Copy + std::fmt::Debug {
+pub(super) trait Element: Copy + std::fmt::Debug {
     const CANARY: Self;
     fn bits(self) -> u64;
 }
@@ -59,33 +66,33 @@ impl Element for u32 {
 }
 
 /// A host buffer between two guard zones.
-struct Guarded<T: Element> {
+pub(super) struct Guarded<T: Element> {
     data: Vec<T>,
     what: &'static str,
 }
 
 impl<T: Element> Guarded<T> {
-    fn new(what: &'static str, payload: &[T]) -> Self {
+    pub(super) fn new(what: &'static str, payload: &[T]) -> Self {
         let mut data = vec![T::CANARY; GUARD];
         data.extend_from_slice(payload);
         data.extend(std::iter::repeat_n(T::CANARY, GUARD));
         Self { data, what }
     }
 
-    fn filled(what: &'static str, len: usize, value: T) -> Self {
+    pub(super) fn filled(what: &'static str, len: usize, value: T) -> Self {
         Self::new(what, &vec![value; len])
     }
 
-    fn ptr(&mut self) -> *mut c_void {
+    pub(super) fn ptr(&mut self) -> *mut c_void {
         self.data[GUARD..].as_mut_ptr() as *mut c_void
     }
 
-    fn payload(&self) -> &[T] {
+    pub(super) fn payload(&self) -> &[T] {
         &self.data[GUARD..self.data.len() - GUARD]
     }
 
     /// An error if a guard element changed.
-    fn check_guards(&self) -> Result<(), String> {
+    pub(super) fn check_guards(&self) -> Result<(), String> {
         let n = self.data.len();
         let touched = self.data[..GUARD]
             .iter()
@@ -99,7 +106,7 @@ impl<T: Element> Guarded<T> {
 }
 
 /// Float element types of the kernels.
-trait Float: Element + WithDType + PartialOrd {
+pub(super) trait Float: Element + WithDType + PartialOrd {
     const KIND: FloatKind;
     /// (absolute, relative) tolerance against the CPU kernels.
     const TOLERANCE: (f64, f64);
@@ -114,16 +121,22 @@ impl Float for f64 {
 }
 
 /// An error naming the first element of `got` that is not within tolerance of `want` (NaN
-/// matches NaN only).
-fn compare<T: Float>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
+/// matches NaN only, an infinity only itself).
+pub(super) fn compare<T: Float>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
     if got.len() != want.len() {
-        return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()));
+        return Err(format!(
+            "{what}: {} elements, expected {}",
+            got.len(),
+            want.len()
+        ));
     }
     let (atol, rtol) = T::TOLERANCE;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let (g, w) = (g.to_f64(), w.to_f64());
         let ok = if w.is_nan() || g.is_nan() {
             w.is_nan() && g.is_nan()
+        } else if g == w {
+            true // infinities too
         } else {
             (g - w).abs() <= atol + rtol * w.abs()
         };
@@ -164,10 +177,11 @@ impl Case {
 }
 
 /// Deterministic values in about ±`scale`.
-fn spread(n: usize, seed: u64, scale: f64) -> Vec<f64> {
+pub(super) fn spread(n: usize, seed: u64, scale: f64) -> Vec<f64> {
     (0..n)
         .map(|i| {
-            let x = ((i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let x = ((i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed)
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
             scale * ((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0)
         })
         .collect()
@@ -182,7 +196,13 @@ struct Inputs {
 }
 
 fn inputs(case: &Case, seed: u64) -> Inputs {
-    let Case { batch, seq, vocab, width, .. } = *case;
+    let Case {
+        batch,
+        seq,
+        vocab,
+        width,
+        ..
+    } = *case;
     let logits = spread(batch * seq * vocab, seed, 6.0);
     let mut ids: Vec<u32> = spread(batch * width, seed ^ 1, 1.0)
         .iter()
@@ -224,7 +244,8 @@ fn cpu_case<T: Float>(case: &Case, inputs: &Inputs) -> candle_core::Result<CpuCa
             let gather = (case.width > 0)
                 .then(|| GatherIds::from_host(&inputs.ids, (case.batch, case.width), &device))
                 .transpose()?;
-            let targets = Tensor::from_vec(inputs.targets.clone(), (case.batch, case.seq), &device)?;
+            let targets =
+                Tensor::from_vec(inputs.targets.clone(), (case.batch, case.seq), &device)?;
             let counted = inputs
                 .targets
                 .iter()
@@ -247,13 +268,16 @@ fn cpu_case<T: Float>(case: &Case, inputs: &Inputs) -> candle_core::Result<CpuCa
 /// The u32 data of an optional tensor of the op, or one zero (the CUDA side's placeholder).
 fn held_u32(what: &'static str, tensor: Option<&Tensor>) -> Guarded<u32> {
     match tensor {
-        Some(t) => Guarded::new(what, &t.flatten_all().and_then(|t| t.to_vec1()).expect("u32 data")),
+        Some(t) => Guarded::new(
+            what,
+            &t.flatten_all().and_then(|t| t.to_vec1()).expect("u32 data"),
+        ),
         None => Guarded::new(what, &[0]),
     }
 }
 
 /// Runs `plan` and checks the guards of every buffer it touched.
-fn run(
+pub(super) fn run(
     module: &EmuModule,
     plan: &Launch<*mut c_void>,
     order: ThreadOrder,
@@ -265,14 +289,23 @@ fn run(
 /// `out[b] = a[b] · c[b]ᵀ`-style products on the host: `[B, M, K] × [B, N, K]ᵀ` when
 /// `transpose`, else `[B, M, K] × [B, K, N]`, accumulated in f64 (cuBLAS's place in the CUDA
 /// path).
-fn host_matmul<T: Float>(a: &[T], b: &[T], (batch, m, k, n): (usize, usize, usize, usize), transpose: bool) -> Vec<T> {
+fn host_matmul<T: Float>(
+    a: &[T],
+    b: &[T],
+    (batch, m, k, n): (usize, usize, usize, usize),
+    transpose: bool,
+) -> Vec<T> {
     let mut out = vec![T::from_f64(0.0); batch * m * n];
     for bi in 0..batch {
         for i in 0..m {
             for j in 0..n {
                 let mut sum = 0.0;
                 for l in 0..k {
-                    let bv = if transpose { b[bi * n * k + j * k + l] } else { b[bi * k * n + l * n + j] };
+                    let bv = if transpose {
+                        b[bi * n * k + j * k + l]
+                    } else {
+                        b[bi * k * n + l * n + j]
+                    };
                     sum += a[bi * m * k + i * k + l].to_f64() * bv.to_f64();
                 }
                 out[bi * m * n + i * n + j] = T::from_f64(sum);
@@ -326,7 +359,12 @@ fn emulated<T: Float>(
             run(module, &plan, order)?;
             if args_in.pass == Pass::SelfMatch {
                 let probs = softmax(&mut logits_buf)?;
-                let z = host_matmul(probs.payload(), probs.payload(), (batch, seq, vocab, seq), true);
+                let z = host_matmul(
+                    probs.payload(),
+                    probs.payload(),
+                    (batch, seq, vocab, seq),
+                    true,
+                );
                 for r in 0..rows {
                     out.data[GUARD + r * stride..][..seq].copy_from_slice(&z[r * seq..][..seq]);
                 }
@@ -348,13 +386,19 @@ fn emulated<T: Float>(
         Pass::SelfMatch => {
             probs = softmax(&mut logits_buf)?;
             let mut sym = Guarded::filled("sym", rows * seq, nan);
-            let plan = launch::symmetrize(float, args_in, &args, seq, grad_out_buf.ptr(), sym.ptr())
-                .map_err(e)?;
+            let plan =
+                launch::symmetrize(float, args_in, &args, seq, grad_out_buf.ptr(), sym.ptr())
+                    .map_err(e)?;
             run(module, &plan, order)?;
             sym.check_guards()?;
             dense = Guarded::new(
                 "dense",
-                &host_matmul(sym.payload(), probs.payload(), (batch, seq, seq, vocab), false),
+                &host_matmul(
+                    sym.payload(),
+                    probs.payload(),
+                    (batch, seq, seq, vocab),
+                    false,
+                ),
             );
             BackwardInput::Jacobian {
                 probs: probs.ptr(),
@@ -383,23 +427,39 @@ fn emulated<T: Float>(
 }
 
 /// The case forward and backward on the emulator against the CPU kernels, in `orders`.
-fn check_case<T: Float>(module: &EmuModule, case: &Case, seed: u64, orders: &[ThreadOrder]) -> Result<(), String> {
+fn check_case<T: Float>(
+    module: &EmuModule,
+    case: &Case,
+    seed: u64,
+    orders: &[ThreadOrder],
+) -> Result<(), String> {
     let inputs = inputs(case, seed);
     let cpu = cpu_case::<T>(case, &inputs).map_err(|e| e.to_string())?;
     // The CPU kernels: forward, then the gradient of Σ out ⊙ grad_out through the op's backward.
     let logits = Var::from_tensor(&cpu.logits).map_err(|e| e.to_string())?;
     let cpu_side = || -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
         let out = cpu.op.clone().apply(logits.as_tensor())?;
-        let grad_out: Vec<T> = spread(out.elem_count(), seed ^ 3, 1.0).into_iter().map(T::from_f64).collect();
+        let grad_out: Vec<T> = spread(out.elem_count(), seed ^ 3, 1.0)
+            .into_iter()
+            .map(T::from_f64)
+            .collect();
         let grad_out_t = Tensor::from_vec(grad_out.clone(), out.shape(), &Device::Cpu)?;
         let grads = (&out * &grad_out_t)?.sum_all()?.backward()?;
-        let grad = grads.get(logits.as_tensor()).expect("a logits gradient").flatten_all()?.to_vec1()?;
+        let grad = grads
+            .get(logits.as_tensor())
+            .expect("a logits gradient")
+            .flatten_all()?
+            .to_vec1()?;
         Ok((out.flatten_all()?.to_vec1()?, grad_out, grad))
     };
     let (want_out, grad_out, want_grad) = cpu_side().map_err(|e| e.to_string())?;
     let shape = cpu.logits.shape();
     let args_in = cpu.op.cuda_args(shape).map_err(|e| e.to_string())?;
-    let logits_host: Vec<T> = cpu.logits.flatten_all().and_then(|t| t.to_vec1()).map_err(|e| e.to_string())?;
+    let logits_host: Vec<T> = cpu
+        .logits
+        .flatten_all()
+        .and_then(|t| t.to_vec1())
+        .map_err(|e| e.to_string())?;
     for &order in orders {
         let (out, grad) = emulated::<T>(module, &args_in, shape, &logits_host, &grad_out, order)?;
         compare(&format!("{case:?} {order:?} forward"), &out, &want_out)?;
@@ -411,16 +471,43 @@ fn check_case<T: Float>(module: &EmuModule, case: &Case, seed: u64, orders: &[Th
 /// Vocabularies below, at and around the block size and a large odd one; ids wider than a block.
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
-    for &(vocab, width) in &[(1, 1), (7, 3), (255, 5), (256, 0), (257, 17), (1000, 300), (5003, 9)] {
+    for &(vocab, width) in &[
+        (1, 1),
+        (7, 3),
+        (255, 5),
+        (256, 0),
+        (257, 17),
+        (1000, 300),
+        (5003, 9),
+    ] {
         cases.push(Case::rows(2, 3, vocab, width));
     }
-    cases.push(Case { targets: false, pad: None, smoothing: 0.0, ..Case::rows(2, 2, 300, 4) });
-    cases.push(Case { pad: None, smoothing: 0.0, ..Case::rows(1, 4, 513, 6) });
+    cases.push(Case {
+        targets: false,
+        pad: None,
+        smoothing: 0.0,
+        ..Case::rows(2, 2, 300, 4)
+    });
+    cases.push(Case {
+        pad: None,
+        smoothing: 0.0,
+        ..Case::rows(1, 4, 513, 6)
+    });
     for &(seq, vocab, width) in &[(1, 5, 2), (3, 300, 7), (5, 1000, 0)] {
-        cases.push(Case { pass: Pass::SelfMatch, ..Case::rows(2, seq, vocab, width) });
+        cases.push(Case {
+            pass: Pass::SelfMatch,
+            ..Case::rows(2, seq, vocab, width)
+        });
     }
     for &vocab in &[1, 31, 256, 777] {
-        cases.push(Case { pass: Pass::Softmax, width: 0, targets: false, pad: None, smoothing: 0.0, ..Case::rows(2, 3, vocab, 0) });
+        cases.push(Case {
+            pass: Pass::Softmax,
+            width: 0,
+            targets: false,
+            pad: None,
+            smoothing: 0.0,
+            ..Case::rows(2, 3, vocab, 0)
+        });
     }
     cases
 }
@@ -428,24 +515,43 @@ fn cases() -> Vec<Case> {
 /// Rows holding +inf (not at thread 0), NaN, and -inf (not at its thread's first element) give
 /// NaN in every value column of their rows, as the kernels document; the other rows equal the
 /// CPU kernels' on the same logits with the bad rows zeroed.
-fn check_non_finite_rows<T: Float>(module: &EmuModule, orders: &[ThreadOrder]) -> Result<(), String> {
+fn check_non_finite_rows<T: Float>(
+    module: &EmuModule,
+    orders: &[ThreadOrder],
+) -> Result<(), String> {
     let case = Case::rows(2, 3, 300, 5);
     let mut inputs = inputs(&case, 7);
     let vocab = case.vocab;
-    let bad = [(1usize, 37usize, f64::INFINITY), (3, 290, f64::NAN), (4, 261, f64::NEG_INFINITY)];
+    let bad = [
+        (1usize, 37usize, f64::INFINITY),
+        (3, 290, f64::NAN),
+        (4, 261, f64::NEG_INFINITY),
+    ];
     let clean = inputs.logits.clone();
     for &(row, _, _) in &bad {
-        inputs.logits[row * vocab..][..vocab].iter_mut().for_each(|x| *x = 0.0);
+        inputs.logits[row * vocab..][..vocab]
+            .iter_mut()
+            .for_each(|x| *x = 0.0);
     }
     let cpu = cpu_case::<T>(&case, &inputs).map_err(|e| e.to_string())?;
-    let want = cpu.op.clone().apply(&cpu.logits).and_then(|t| t.flatten_all()?.to_vec1::<T>()).map_err(|e| e.to_string())?;
+    let want = cpu
+        .op
+        .clone()
+        .apply(&cpu.logits)
+        .and_then(|t| t.flatten_all()?.to_vec1::<T>())
+        .map_err(|e| e.to_string())?;
     let mut logits = clean;
     for &(row, v, value) in &bad {
-        logits[row * vocab..][..vocab].iter_mut().for_each(|x| *x = 0.0);
+        logits[row * vocab..][..vocab]
+            .iter_mut()
+            .for_each(|x| *x = 0.0);
         logits[row * vocab + v] = value;
     }
     let logits: Vec<T> = logits.iter().map(|&x| T::from_f64(x)).collect();
-    let args_in = cpu.op.cuda_args(cpu.logits.shape()).map_err(|e| e.to_string())?;
+    let args_in = cpu
+        .op
+        .cuda_args(cpu.logits.shape())
+        .map_err(|e| e.to_string())?;
     let stride = args_in.layout.stride();
     let values = case.width + 3; // x, ce, max, sum; the weight column stays finite
     for &order in orders {
@@ -454,17 +560,30 @@ fn check_non_finite_rows<T: Float>(module: &EmuModule, orders: &[ThreadOrder]) -
         let mut logits_buf = Guarded::new("logits", &logits);
         let mut ids = held_u32("ids", args_in.ids);
         let mut targets = held_u32("targets", args_in.targets);
-        let buffers = RowPassFwdBuffers { logits: logits_buf.ptr(), ids: ids.ptr(), targets: targets.ptr(), out: out.ptr() };
-        let plan = launch::row_pass_fwd(T::KIND, &args_in, &args, buffers).map_err(|e| e.to_string())?;
+        let buffers = RowPassFwdBuffers {
+            logits: logits_buf.ptr(),
+            ids: ids.ptr(),
+            targets: targets.ptr(),
+            out: out.ptr(),
+        };
+        let plan =
+            launch::row_pass_fwd(T::KIND, &args_in, &args, buffers).map_err(|e| e.to_string())?;
         run(module, &plan, order)?;
         out.check_guards()?;
         for r in 0..args.rows {
-            let (got, expected) = (&out.payload()[r * stride..][..stride], &want[r * stride..][..stride]);
+            let (got, expected) = (
+                &out.payload()[r * stride..][..stride],
+                &want[r * stride..][..stride],
+            );
             if bad.iter().any(|&(row, _, _)| row == r) {
                 if let Some(k) = got[..values].iter().position(|x| !x.to_f64().is_nan()) {
                     return Err(format!("{order:?}: row {r} holds a non-finite logit, but column {k} is {:?}, not NaN", got[k]));
                 }
-                compare(&format!("{order:?} row {r} weight"), &got[values..], &expected[values..])?;
+                compare(
+                    &format!("{order:?} row {r} weight"),
+                    &got[values..],
+                    &expected[values..],
+                )?;
             } else {
                 compare(&format!("{order:?} row {r}"), got, expected)?;
             }
@@ -487,9 +606,22 @@ fn check_all(module: &EmuModule, cases: &[Case], orders: &[ThreadOrder]) -> Resu
 fn the_source_block_size_and_parameter_kinds_match_the_plans() {
     let module = module();
     assert_eq!(module.define("BLOCK"), Some(launch::BLOCK as i64));
+    assert_eq!(module.define("CTC_BLOCK"), Some(CTC_BLOCK as i64));
     // One plan of every kernel, in each float type, over dangling buffers (none runs).
     let p = std::ptr::null_mut::<c_void>();
-    for case in [Case::rows(1, 2, 5, 2), Case { pass: Pass::SelfMatch, ..Case::rows(1, 2, 5, 2) }, Case { pass: Pass::Softmax, width: 0, targets: false, ..Case::rows(1, 2, 5, 0) }] {
+    for case in [
+        Case::rows(1, 2, 5, 2),
+        Case {
+            pass: Pass::SelfMatch,
+            ..Case::rows(1, 2, 5, 2)
+        },
+        Case {
+            pass: Pass::Softmax,
+            width: 0,
+            targets: false,
+            ..Case::rows(1, 2, 5, 0)
+        },
+    ] {
         let inputs = inputs(&case, 0);
         let cpu = cpu_case::<f64>(&case, &inputs).unwrap();
         let shape = cpu.logits.shape();
@@ -500,10 +632,29 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
                 Pass::Rows => BackwardInput::Logits(p),
                 _ => BackwardInput::Jacobian { probs: p, dense: p },
             };
-            let buffers = BackwardBuffers { input, ids: p, links: p, targets: p, out: p, grad_out: p, grad: p };
+            let buffers = BackwardBuffers {
+                input,
+                ids: p,
+                links: p,
+                targets: p,
+                out: p,
+                grad_out: p,
+                grad: p,
+            };
             let plans = [
                 launch::softmax_fwd(float, &args, p, p).unwrap(),
-                launch::row_pass_fwd(float, &args_in, &args, RowPassFwdBuffers { logits: p, ids: p, targets: p, out: p }).unwrap(),
+                launch::row_pass_fwd(
+                    float,
+                    &args_in,
+                    &args,
+                    RowPassFwdBuffers {
+                        logits: p,
+                        ids: p,
+                        targets: p,
+                        out: p,
+                    },
+                )
+                .unwrap(),
                 launch::symmetrize(float, &args_in, &args, 2, p, p).unwrap(),
                 launch::backward(float, &args_in, &args, buffers).unwrap(),
             ];
@@ -567,15 +718,27 @@ const MUTANTS: [Mutant; 5] = [
 fn broken_copies_of_the_kernels_are_caught() {
     let cases = [
         Case::rows(2, 2, 300, 5),
-        Case { pass: Pass::SelfMatch, ..Case::rows(1, 2, 40, 3) },
+        Case {
+            pass: Pass::SelfMatch,
+            ..Case::rows(1, 2, 40, 3)
+        },
     ];
     let orders = [ThreadOrder::Forward, ThreadOrder::Random(3)];
     for mutant in &MUTANTS {
-        assert_eq!(SOURCE.matches(mutant.from).count(), 1, "{}: the text to replace", mutant.name);
+        assert_eq!(
+            SOURCE.matches(mutant.from).count(),
+            1,
+            "{}: the text to replace",
+            mutant.name
+        );
         let module = compile(&SOURCE.replace(mutant.from, mutant.to));
         match check_all(&module, &cases, &orders) {
             Ok(()) => panic!("the emulator tests passed a broken kernel: {}", mutant.name),
-            Err(failure) => println!("caught {}: {}", mutant.name, failure.lines().next().unwrap_or_default()),
+            Err(failure) => println!(
+                "caught {}: {}",
+                mutant.name,
+                failure.lines().next().unwrap_or_default()
+            ),
         }
     }
 }

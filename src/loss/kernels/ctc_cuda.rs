@@ -1,0 +1,222 @@
+//! The CUDA side of the CTC loss's op (`CtcOp` and `CtcOpBackward`'s `cuda_fwd`, in
+//! `ctc_cpu.rs`): the kernels of `ctc.cu` launched from the plans of `ctc_launch.rs`, the plans
+//! the emulator tests run (docs/gpu.md, "The emulator").
+//!
+//! **Unverified on a GPU**: built only with the `cuda-unverified` feature; without it CUDA
+//! tensors take the composed ops. Forward: `ctc_lse` (from logits) and `ctc_alpha`, two launches;
+//! backward: `ctc_beta` and `ctc_grad_rows`, two launches; f64 workspaces of `[B, T, 2L + 1]`.
+//! The alignments reach the device as u32 tensors uploaded from the op's checked host copy (a
+//! host-to-device copy, no synchronisation).
+
+use super::ctc_launch::{self, CtcArgs, CtcInputs, CtcWorkspace, CTC_FAMILIES, CTC_SOURCE};
+use super::cuda::{alloc, contiguous_view, run, Buf, KernelModule};
+use super::launch::FloatKind;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::CudaView;
+use candle_core::cuda_backend::CudaStorageSlice;
+use candle_core::{bail, CudaDevice, CudaStorage, Device, Layout, Result, Storage, Tensor};
+
+/// The CTC loss's kernels: `kernels.cu` (whose helpers they use), then `ctc.cu`.
+pub(crate) const CTC_MODULE: KernelModule = KernelModule {
+    name: "candle_bleu_ctc_kernels",
+    file: "ctc.cu",
+    source: CTC_SOURCE,
+    families: &CTC_FAMILIES,
+};
+
+/// Whether the CTC kernels run on `device`: a CUDA device whose CTC module compiled and loaded.
+pub(crate) fn ctc_kernels_loaded(device: &Device) -> bool {
+    let Device::Cuda(cuda_device) = device else {
+        return false;
+    };
+    super::cuda::load(&CTC_MODULE, cuda_device)
+}
+
+/// The alignments on the device: u32 targets `[B, L]` (padding 0, never read) and the lengths.
+pub(crate) struct DeviceAlignments {
+    pub targets: Tensor,
+    pub input_lengths: Tensor,
+    pub target_lengths: Tensor,
+}
+
+impl DeviceAlignments {
+    /// From the checked host alignments, on `device`.
+    pub(crate) fn upload(
+        targets: &[Vec<u32>],
+        input_lengths: &[usize],
+        device: &Device,
+    ) -> Result<(Self, usize)> {
+        let target_max = targets.iter().map(Vec::len).max().unwrap_or(0);
+        let mut padded = vec![0u32; targets.len() * target_max.max(1)];
+        for (row, target) in padded.chunks_mut(target_max.max(1)).zip(targets) {
+            row[..target.len()].copy_from_slice(target);
+        }
+        let u32s = |v: Vec<usize>| v.into_iter().map(|l| l as u32).collect::<Vec<u32>>();
+        Ok((
+            Self {
+                targets: Tensor::from_vec(padded, (targets.len(), target_max.max(1)), device)?,
+                input_lengths: Tensor::from_vec(
+                    u32s(input_lengths.to_vec()),
+                    targets.len(),
+                    device,
+                )?,
+                target_lengths: Tensor::from_vec(
+                    u32s(targets.iter().map(Vec::len).collect()),
+                    targets.len(),
+                    device,
+                )?,
+            },
+            target_max,
+        ))
+    }
+}
+
+/// The u32 data of a CUDA tensor of the op.
+fn u32_view<'a>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, u32>> {
+    contiguous_view(storage.as_cuda_slice::<u32>()?, layout, what)
+}
+
+/// Calls `f` with the three u32 views of `alignments`.
+fn with_alignments<R>(
+    alignments: &DeviceAlignments,
+    f: impl FnOnce(&CudaView<'_, u32>, &CudaView<'_, u32>, &CudaView<'_, u32>) -> Result<R>,
+) -> Result<R> {
+    let (targets, targets_layout) = alignments.targets.storage_and_layout();
+    let (inputs, inputs_layout) = alignments.input_lengths.storage_and_layout();
+    let (lengths, lengths_layout) = alignments.target_lengths.storage_and_layout();
+    let (Storage::Cuda(targets), Storage::Cuda(inputs), Storage::Cuda(lengths)) =
+        (&*targets, &*inputs, &*lengths)
+    else {
+        bail!("internal: the CTC alignments are not on the CUDA device")
+    };
+    f(
+        &u32_view(targets, targets_layout, "targets")?,
+        &u32_view(inputs, inputs_layout, "input_lengths")?,
+        &u32_view(lengths, lengths_layout, "target_lengths")?,
+    )
+}
+
+/// `CtcOp`'s `cuda_fwd`: the output `[B, width]` (the loss, then from logits each frame's
+/// log-sum-exp) of `x` `[B, T, V]`.
+pub(crate) fn forward(
+    args: &CtcArgs,
+    alignments: &DeviceAlignments,
+    x: &CudaStorage,
+    layout: &Layout,
+) -> Result<CudaStorage> {
+    let device = x.device().clone();
+    macro_rules! body {
+        ($slice:expr, $float:expr, $t:ty) => {{
+            let x = contiguous_view($slice, layout, "input")?;
+            let mut out = alloc::<$t>(&device, args.batch * args.width())?;
+            let mut alpha = alloc::<f64>(&device, args.table_len())?;
+            if args.batch > 0 && args.frames > 0 {
+                with_alignments(alignments, |targets, input_lengths, target_lengths| {
+                    if args.from_logits {
+                        let plan = ctc_launch::ctc_lse(
+                            $float,
+                            args,
+                            Buf::Floats(&x),
+                            Buf::Ids(input_lengths),
+                            Buf::Out(&mut out),
+                        )?;
+                        run(&CTC_MODULE, &device, plan)?;
+                    }
+                    let inputs = CtcInputs {
+                        x: Buf::Floats(&x),
+                        targets: Buf::Ids(targets),
+                        input_lengths: Buf::Ids(input_lengths),
+                        target_lengths: Buf::Ids(target_lengths),
+                    };
+                    let plan = ctc_launch::ctc_alpha(
+                        $float,
+                        args,
+                        inputs,
+                        Buf::Out(&mut out),
+                        Buf::Work(&mut alpha),
+                    )?;
+                    run(&CTC_MODULE, &device, plan)
+                })?;
+            }
+            CudaStorage::wrap_cuda_slice(out, device.clone())
+        }};
+    }
+    Ok(match &x.slice {
+        CudaStorageSlice::F32(slice) => body!(slice, FloatKind::F32, f32),
+        CudaStorageSlice::F64(slice) => body!(slice, FloatKind::F64, f64),
+        _ => bail!(
+            "candle-bleu CTC kernels: the input must be f32 or f64, got {:?}",
+            x.dtype()
+        ),
+    })
+}
+
+/// `CtcOpBackward`'s `cuda_fwd`: the gradient with respect to `x` from `(x, out, grad_out)`.
+pub(crate) fn backward(
+    args: &CtcArgs,
+    alignments: &DeviceAlignments,
+    (x, x_layout): (&CudaStorage, &Layout),
+    (out, out_layout): (&CudaStorage, &Layout),
+    (grad_out, grad_layout): (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    let device: CudaDevice = x.device().clone();
+    macro_rules! body {
+        ($slice:expr, $float:expr, $t:ty) => {{
+            let x_view = contiguous_view($slice, x_layout, "input")?;
+            let out_view = contiguous_view(out.as_cuda_slice::<$t>()?, out_layout, "output")?;
+            let grad_view =
+                contiguous_view(grad_out.as_cuda_slice::<$t>()?, grad_layout, "gradient")?;
+            let mut grad = alloc::<$t>(&device, args.batch * args.frames * args.vocab)?;
+            let mut alpha = alloc::<f64>(&device, args.table_len())?;
+            let mut beta = alloc::<f64>(&device, args.beta_len())?;
+            let mut gamma = alloc::<f64>(&device, args.table_len())?;
+            let mut scale = alloc::<f64>(&device, args.batch)?;
+            if args.batch > 0 && args.frames > 0 {
+                with_alignments(alignments, |targets, input_lengths, target_lengths| {
+                    let inputs = || CtcInputs {
+                        x: Buf::Floats(&x_view),
+                        targets: Buf::Ids(targets),
+                        input_lengths: Buf::Ids(input_lengths),
+                        target_lengths: Buf::Ids(target_lengths),
+                    };
+                    let workspace = CtcWorkspace {
+                        alpha: Buf::Work(&mut alpha),
+                        beta: Buf::Work(&mut beta),
+                        gamma: Buf::Work(&mut gamma),
+                        scale: Buf::Work(&mut scale),
+                    };
+                    let plan = ctc_launch::ctc_beta(
+                        $float,
+                        args,
+                        inputs(),
+                        (Buf::Floats(&out_view), Buf::Floats(&grad_view)),
+                        workspace,
+                    )?;
+                    run(&CTC_MODULE, &device, plan)?;
+                    let plan = ctc_launch::ctc_grad_rows(
+                        $float,
+                        args,
+                        inputs(),
+                        Buf::Floats(&out_view),
+                        (Buf::WorkIn(&gamma), Buf::WorkIn(&scale)),
+                        Buf::Out(&mut grad),
+                    )?;
+                    run(&CTC_MODULE, &device, plan)
+                })?;
+            }
+            CudaStorage::wrap_cuda_slice(grad, device.clone())
+        }};
+    }
+    Ok(match &x.slice {
+        CudaStorageSlice::F32(slice) => body!(slice, FloatKind::F32, f32),
+        CudaStorageSlice::F64(slice) => body!(slice, FloatKind::F64, f64),
+        _ => bail!(
+            "candle-bleu CTC kernels: the input must be f32 or f64, got {:?}",
+            x.dtype()
+        ),
+    })
+}

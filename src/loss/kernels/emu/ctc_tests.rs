@@ -1,0 +1,317 @@
+//! The CTC loss's CUDA kernels (`ctc.cu`) on the emulator against its CPU kernel (`CtcOp`):
+//! the output `[B, width]` and the input gradient, from logits and from log-probabilities, f32
+//! and f64, blanks first and last, repeated labels, empty targets, targets too long for their
+//! frames (with and without `zero_infinity`), more states than threads in a block, `-inf`
+//! log-probabilities, and NaN in every padding frame (never read), in several thread orders,
+//! each launch from the plans of `ctc_launch.rs`. Then broken copies of the kernels, caught.
+
+use super::module::{EmuModule, ThreadOrder};
+use super::tests::{compare, compile, module, run, spread, Float, Guarded, SOURCE};
+use crate::loss::kernels::ctc_cpu::{CtcAlignments, CtcOp};
+use crate::loss::kernels::ctc_launch::{self, CtcArgs, CtcInputs, CtcWorkspace};
+use candle_core::{Device, Tensor, Var};
+
+/// One batch: its sizes, each element's target and input length, and the settings.
+#[derive(Debug, Clone)]
+struct CtcCase {
+    frames: usize,
+    vocab: usize,
+    targets: Vec<Vec<u32>>,
+    input_lengths: Vec<usize>,
+    blank: u32,
+    from_logits: bool,
+    zero_infinity: bool,
+    /// Log-probabilities of -inf at some non-blank entries (log-probability inputs only).
+    with_neg_inf: bool,
+}
+
+impl CtcCase {
+    fn batch(&self) -> usize {
+        self.targets.len()
+    }
+
+    fn target_max(&self) -> usize {
+        self.targets.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    fn args(&self) -> CtcArgs {
+        CtcArgs {
+            batch: self.batch(),
+            frames: self.frames,
+            vocab: self.vocab,
+            target_max: self.target_max(),
+            blank: self.blank,
+            from_logits: self.from_logits,
+            zero_infinity: self.zero_infinity,
+        }
+    }
+
+    /// The input `[B, T, V]` in f64: logits, or their log-softmax; NaN in the padding frames.
+    fn input(&self, seed: u64) -> Vec<f64> {
+        let (t_max, v) = (self.frames, self.vocab);
+        let mut x = spread(self.batch() * t_max * v, seed, 4.0);
+        for (b, &len) in self.input_lengths.iter().enumerate() {
+            for t in 0..t_max {
+                let row = &mut x[(b * t_max + t) * v..][..v];
+                if t >= len {
+                    row.fill(f64::NAN);
+                } else if !self.from_logits {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+                    row.iter_mut().for_each(|x| *x -= lse);
+                    if self.with_neg_inf && t % 3 == 1 {
+                        // A label impossible at this frame (never the blank).
+                        let label = (self.blank as usize + 1 + t) % v;
+                        row[label] = f64::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        x
+    }
+}
+
+/// The cases: the shapes of the CPU kernel's own tests and of the loss's, and a wide one.
+fn cases() -> Vec<CtcCase> {
+    let base = CtcCase {
+        frames: 7,
+        vocab: 6,
+        targets: vec![vec![1, 2, 2], vec![4, 4], vec![], vec![3, 3, 3]],
+        input_lengths: vec![7, 5, 3, 4], // the last needs 5 frames: an infinite loss
+        blank: 0,
+        from_logits: true,
+        zero_infinity: false,
+        with_neg_inf: false,
+    };
+    let mut cases = Vec::new();
+    for from_logits in [true, false] {
+        for zero_infinity in [false, true] {
+            cases.push(CtcCase {
+                from_logits,
+                zero_infinity,
+                ..base.clone()
+            });
+        }
+        cases.push(CtcCase {
+            blank: 5,
+            targets: vec![vec![0, 1, 0], vec![4], vec![2, 3, 2, 3]],
+            input_lengths: vec![6, 1, 7],
+            from_logits,
+            with_neg_inf: !from_logits,
+            ..base.clone()
+        });
+        // More states (2L + 1 = 281) than threads in a block, 300 frames of a wider vocabulary.
+        let long: Vec<u32> = (0..140).map(|i| 1 + (i * 7 % 49) as u32).collect();
+        cases.push(CtcCase {
+            frames: 300,
+            vocab: 50,
+            targets: vec![long, vec![7, 7, 8]],
+            input_lengths: vec![300, 211],
+            from_logits,
+            ..base.clone()
+        });
+    }
+    cases
+}
+
+/// The CPU kernel's output `[B, width]`, the upstream gradient used, and the input gradient.
+fn cpu_side<T: Float>(
+    case: &CtcCase,
+    x: &[f64],
+    seed: u64,
+) -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let alignments = CtcAlignments {
+        targets: case.targets.clone(),
+        input_lengths: case.input_lengths.clone(),
+        blank: case.blank,
+        zero_infinity: case.zero_infinity,
+    };
+    let op = CtcOp::new(alignments, case.from_logits);
+    let data: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
+    let x = Var::from_tensor(&Tensor::from_vec(
+        data,
+        (case.batch(), case.frames, case.vocab),
+        &Device::Cpu,
+    )?)?;
+    let out = x.as_tensor().apply_op1(op)?;
+    let grad_out: Vec<T> = spread(out.elem_count(), seed ^ 5, 1.0)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let grad_out_t = Tensor::from_vec(grad_out.clone(), out.shape(), &Device::Cpu)?;
+    let grads = (out.clone() * grad_out_t)?.sum_all()?.backward()?;
+    let grad = grads
+        .get(x.as_tensor())
+        .expect("an input gradient")
+        .flatten_all()?
+        .to_vec1()?;
+    Ok((out.flatten_all()?.to_vec1()?, grad_out, grad))
+}
+
+/// The kernels' output and gradient on the emulator, as the CUDA op runs them.
+fn emulated<T: Float>(
+    module: &EmuModule,
+    case: &CtcCase,
+    x: &[T],
+    grad_out: &[T],
+    order: ThreadOrder,
+) -> Result<(Vec<T>, Vec<T>), String> {
+    let e = |e: candle_core::Error| e.to_string();
+    let args = case.args();
+    let (nan, nan64) = (T::from_f64(f64::NAN), f64::NAN);
+    let mut targets: Vec<u32> = Vec::new();
+    for target in &case.targets {
+        targets.extend(target);
+        // Padding no kernel may read: an id far outside the vocabulary.
+        targets.extend(std::iter::repeat_n(
+            u32::MAX,
+            args.target_max - target.len(),
+        ));
+    }
+    let mut x = Guarded::new("x", x);
+    let mut targets = Guarded::new("targets", &targets);
+    let lengths = |v: Vec<usize>| v.into_iter().map(|l| l as u32).collect::<Vec<_>>();
+    let mut input_lengths = Guarded::new("input_lengths", &lengths(case.input_lengths.clone()));
+    let mut target_lengths = Guarded::new(
+        "target_lengths",
+        &lengths(case.targets.iter().map(Vec::len).collect()),
+    );
+    let mut inputs = || CtcInputs {
+        x: x.ptr(),
+        targets: targets.ptr(),
+        input_lengths: input_lengths.ptr(),
+        target_lengths: target_lengths.ptr(),
+    };
+    let mut out = Guarded::filled("out", args.batch * args.width(), nan);
+    let mut alpha = Guarded::filled("alpha", args.table_len(), nan64);
+    let mut ptrs = inputs();
+    if args.from_logits {
+        let plan = ctc_launch::ctc_lse(T::KIND, &args, ptrs.x, ptrs.input_lengths, out.ptr())
+            .map_err(e)?;
+        run(module, &plan, order)?;
+        ptrs = inputs();
+    }
+    let plan = ctc_launch::ctc_alpha(T::KIND, &args, ptrs, out.ptr(), alpha.ptr()).map_err(e)?;
+    run(module, &plan, order)?;
+    let mut grad_out = Guarded::new("grad_out", grad_out);
+    let mut beta = Guarded::filled("beta", args.beta_len(), nan64);
+    let mut gamma = Guarded::filled("gamma", args.table_len(), nan64);
+    let mut scale = Guarded::filled("scale", args.batch, nan64);
+    let mut grad = Guarded::filled("grad", args.batch * args.frames * args.vocab, nan);
+    let workspace = CtcWorkspace {
+        alpha: alpha.ptr(),
+        beta: beta.ptr(),
+        gamma: gamma.ptr(),
+        scale: scale.ptr(),
+    };
+    let plan = ctc_launch::ctc_beta(
+        T::KIND,
+        &args,
+        inputs(),
+        (out.ptr(), grad_out.ptr()),
+        workspace,
+    )
+    .map_err(e)?;
+    run(module, &plan, order)?;
+    let plan = ctc_launch::ctc_grad_rows(
+        T::KIND,
+        &args,
+        inputs(),
+        out.ptr(),
+        (gamma.ptr(), scale.ptr()),
+        grad.ptr(),
+    )
+    .map_err(e)?;
+    run(module, &plan, order)?;
+    for buffer in [&out, &grad_out, &grad, &x] {
+        buffer.check_guards()?;
+    }
+    for buffer in [&alpha, &beta, &gamma, &scale] {
+        buffer.check_guards()?;
+    }
+    for buffer in [&targets, &input_lengths, &target_lengths] {
+        buffer.check_guards()?;
+    }
+    Ok((out.payload().to_vec(), grad.payload().to_vec()))
+}
+
+fn check_case<T: Float>(
+    module: &EmuModule,
+    case: &CtcCase,
+    seed: u64,
+    orders: &[ThreadOrder],
+) -> Result<(), String> {
+    let x = case.input(seed);
+    let (want_out, grad_out, want_grad) =
+        cpu_side::<T>(case, &x, seed).map_err(|e| e.to_string())?;
+    let x: Vec<T> = x.iter().map(|&v| T::from_f64(v)).collect();
+    for &order in orders {
+        let (out, grad) = emulated::<T>(module, case, &x, &grad_out, order)?;
+        let what = format!(
+            "T = {}, V = {}, from_logits {}, zero_infinity {}, {order:?}",
+            case.frames, case.vocab, case.from_logits, case.zero_infinity
+        );
+        compare(&format!("{what}: output"), &out, &want_out)?;
+        compare(&format!("{what}: gradient"), &grad, &want_grad)?;
+    }
+    Ok(())
+}
+
+fn check_all(module: &EmuModule, cases: &[CtcCase], orders: &[ThreadOrder]) -> Result<(), String> {
+    for (i, case) in cases.iter().enumerate() {
+        check_case::<f64>(module, case, i as u64, orders)?;
+        check_case::<f32>(module, case, i as u64, orders)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_ctc_kernels_match_the_cpu_kernel_in_every_thread_order() {
+    if let Err(failure) = check_all(module(), &cases(), &ThreadOrder::SOME) {
+        panic!("{failure}");
+    }
+}
+
+#[test]
+fn broken_copies_of_the_ctc_kernels_are_caught() {
+    let mutants = [
+        (
+            "the barrier between two frames of alpha removed",
+            "        __syncthreads();  // row t complete before row t + 1 reads it\n",
+            "",
+        ),
+        (
+            "the barrier after a beta row removed",
+            "        __syncthreads();  // every thread has read beta_now\n",
+            "",
+        ),
+        (
+            "a skip allowed between repeated labels",
+            "return (s & 1u) && s >= 3 && target[s >> 1] != target[(s >> 1) - 1];",
+            "return (s & 1u) && s >= 3;",
+        ),
+        (
+            "the blank's occupancies counted once",
+            "        for (u32 j = s; j < states; j += 2)  // the states of one parity",
+            "        for (u32 j = s; j < s + 1; j += 2)  // the states of one parity",
+        ),
+    ];
+    let small = cases();
+    let cases = [small[0].clone(), small[2].clone(), small[4].clone()];
+    let orders = [ThreadOrder::Forward, ThreadOrder::Random(5)];
+    for (name, from, to) in mutants {
+        assert_eq!(
+            SOURCE.matches(from).count(),
+            1,
+            "{name}: the text to replace"
+        );
+        let module = compile(&SOURCE.replace(from, to));
+        match check_all(&module, &cases, &orders) {
+            Ok(()) => panic!("the emulator tests passed a broken CTC kernel: {name}"),
+            Err(failure) => println!(
+                "caught {name}: {}",
+                failure.lines().next().unwrap_or_default()
+            ),
+        }
+    }
+}
