@@ -128,6 +128,8 @@ for step in "${steps[@]}"; do
         for set in "${sets[@]}"; do
             jobs+=("$set/cuda_kernels|--test-threads=1 --nocapture" "$set/distributed|--nocapture nccl"
                 "$set/lib_unit|--test-threads=4")
+            # The unverified build's unit tests (NVRTC compiles the CTC module), when packed.
+            [[ -x "$bins/$set/lib_unit_unverified" ]] && jobs+=("$set/lib_unit_unverified|--test-threads=4")
         done
         run_lanes "$log" -- "${jobs[@]}"
         grep -E '^== |^test result:' "$log"

@@ -15,6 +15,9 @@
 #                          translate examples
 #   bins/cuda/bench_cuda   the `cuda` bench, --features cuda,nccl,cuda-unverified: it adds the
 #                          host/device timing per step (CUDA events), not yet run on a GPU
+#   bins/cuda/ctc_loss_unverified, lib_unit_unverified
+#                          tests/ctc_loss.rs and the unit tests, --features cuda,nccl,
+#                          cuda-unverified: the CTC loss on its CUDA kernels (ctc.cu)
 #
 # The builds go through scripts/build-cuda.sh (target/cuda; incremental: seconds when already
 # built) and the binaries are the exact ones cargo reports (--message-format=json), not globbed
@@ -71,6 +74,13 @@ echo "pack-gpu: building the bench (--features cuda,nccl,cuda-unverified)" >&2
 listing="$(executables build --release -p candle-bleu --features cuda,nccl,cuda-unverified \
     --bench cuda)"
 pick bench_cuda bench cuda "$listing"
+# The CTC loss's CUDA kernels are behind cuda-unverified until a GPU run passes: its test binary
+# and the library's unit tests (NVRTC compiles the CTC module too) from that build.
+echo "pack-gpu: building the unverified kernels' tests (--features cuda,nccl,cuda-unverified)" >&2
+listing="$(executables test --no-run --release -p candle-bleu \
+    --features cuda,nccl,cuda-unverified --lib --test ctc_loss)"
+pick ctc_loss_unverified test ctc_loss "$listing"
+pick lib_unit_unverified lib candle_bleu "$listing"
 if [[ "${EXAMPLES:-1}" != 0 ]]; then
     listing="$(executables build --release -p candle-bleu-research --features cuda,nccl \
         --example seq2seq --example translate)"
