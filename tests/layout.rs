@@ -397,6 +397,7 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "training.rs",
         "hidden.rs",
         "ctc_bleu.rs",
+        "ctc_fmeasure.rs",
         "ctc.rs",
     ],
     // Data-parallel training: the group's entry points, the back-ends, the gradient helpers.

@@ -431,3 +431,41 @@ pub struct CtcConfig {
     /// loss). Turn it on while debugging a GPU run.
     pub check_values: bool,
 }
+
+/// Configuration of NMLA's n-gram F-measure on CTC outputs
+/// ([`ctc_ngram_f_loss`](super::ctc_ngram_f_loss)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CtcNgramFConfig {
+    /// The n-gram order `n` (`>= 1`); NMLA's objective is bigrams, 2.
+    pub order: usize,
+    /// [`Reduction::SentenceMean`] (NMLA's): the loss is `−mean_b F_b`;
+    /// [`Reduction::Corpus`]: `−2 Σ M / Σ (T_n(y) + E[T_n])`.
+    pub reduction: Reduction,
+    /// As [`BleuLossConfig::check_values`]: off the CPU, also check the values (host copies).
+    pub check_values: bool,
+}
+
+impl Default for CtcNgramFConfig {
+    fn default() -> Self {
+        Self {
+            order: 2,
+            reduction: Reduction::SentenceMean,
+            check_values: false,
+        }
+    }
+}
+
+/// The n-gram F-measure loss on CTC outputs and what it was computed from, per element `[B]`.
+#[derive(Debug, Clone)]
+pub struct CtcNgramFOutput {
+    /// Scalar: `−mean_b F_b`, or the corpus form (see [`CtcNgramFConfig::reduction`]).
+    pub loss: Tensor,
+    /// `[B]`: `F_n = 2 M_n / (T_n(y) + E[T_n(B(a))])` (0 where the reference has no n-gram).
+    pub f_measure: Tensor,
+    /// `[B]`: `M_n`, the clipped expected matches of order `n`.
+    pub matches: Tensor,
+    /// `[B]`: `E[T_n(B(a))] = E[max(|B(a)| − n + 1, 0)]`, the output's expected n-grams.
+    pub hyp_ngrams: Tensor,
+    /// `[B]`: `T_n(y) = max(|y| − n + 1, 0)`, the reference's n-grams (a constant).
+    pub ref_ngrams: Tensor,
+}

@@ -120,6 +120,7 @@ mod config;
 mod cross_entropy;
 mod ctc;
 mod ctc_bleu;
+mod ctc_fmeasure;
 mod ctc_pass;
 mod dispatch;
 pub mod distributed;
@@ -140,8 +141,9 @@ mod training;
 pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
 pub use config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyOutput,
-    CrossEntropyReduction, CtcConfig, CtcExpectedCounts, CtcReduction, Form, HiddenConfig,
-    LengthModel, LossSmoothing, Reduction, TrainingLoss, TrainingLossConfig,
+    CrossEntropyReduction, CtcConfig, CtcExpectedCounts, CtcNgramFConfig, CtcNgramFOutput,
+    CtcReduction, Form, HiddenConfig, LengthModel, LossSmoothing, Reduction, TrainingLoss,
+    TrainingLossConfig,
 };
 pub use cross_entropy::{cross_entropy_from_logits, cross_entropy_from_logits_composed};
 pub use ctc::{
@@ -151,6 +153,7 @@ pub use ctc::{
 pub use ctc_bleu::{
     ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed, ctc_expected_counts,
 };
+pub use ctc_fmeasure::{ctc_ngram_f_loss, ctc_ngram_f_loss_composed};
 pub use hidden::{
     bleu_loss_from_hidden, bleu_loss_from_hidden_composed, ce_bleu_from_hidden,
     ce_bleu_from_hidden_composed, cross_entropy_from_hidden, cross_entropy_from_hidden_composed,
