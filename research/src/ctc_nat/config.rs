@@ -55,6 +55,16 @@ pub struct Config {
     /// Leave out `ctc+bleu4` (the first objective the budget cuts).
     #[arg(long)]
     pub no_bleu4: bool,
+    /// Add the `ctc+nmla2` arm: NMLA's bigram F-measure on the CTC outputs
+    /// (`candle_bleu::loss::ctc_ngram_f_loss`), with `ctc+bon2`'s mixing.
+    #[arg(long)]
+    pub nmla: bool,
+    /// The blank penalties `δ` (the blank's logit lowered by `δ` before the argmax) tried on dev
+    /// for every run, the same grid for all: each run's test output is then reported at its
+    /// dev-best `δ` (variant `blank-tuned`) beside `δ = 0` (`greedy`). Empty (the default): no
+    /// length control, only `greedy`.
+    #[arg(long, value_delimiter = ',')]
+    pub blank_penalties: Vec<f64>,
     /// CTC baseline: step cap (4000 to fit the 150-minute budget, docs/ctc_nat.md).
     #[arg(long, default_value_t = 4000)]
     pub base_steps: usize,
@@ -106,6 +116,9 @@ impl Config {
         }
         if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
             bail!("--lambdas must be finite and > 0, got {l}");
+        }
+        if let Some(d) = self.blank_penalties.iter().find(|d| !d.is_finite()) {
+            bail!("--blank-penalties must be finite, got {d}");
         }
         if self.base_eval_every == 0 || self.base_steps == 0 {
             bail!("--base-steps and --base-eval-every must be >= 1");

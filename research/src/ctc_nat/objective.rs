@@ -13,8 +13,8 @@
 
 use anyhow::Result;
 use candle_bleu::loss::{
-    ctc_bleu_loss_from_logits, ctc_loss_from_logits, BleuLossConfig, CtcConfig, CtcReduction,
-    References,
+    ctc_bleu_loss_from_logits, ctc_loss_from_logits, ctc_ngram_f_loss, BleuLossConfig, CtcConfig,
+    CtcNgramFConfig, CtcReduction, References,
 };
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -29,7 +29,8 @@ use crate::nat::objective::{bon2_config, Mixing};
 pub enum CtcObjective {
     /// The CTC loss.
     Ctc,
-    /// The bag-of-2-grams objective on the CTC outputs, alone or with the CTC loss.
+    /// `−log p₂ − log BP` on the CTC outputs (weights `[0, 1]`: the bigram precision with the
+    /// brevity penalty, named bag-of-2-grams here), alone or with the CTC loss.
     Bon2 {
         /// Alone or `CTC + λ·L`.
         mixing: Mixing,
@@ -39,15 +40,22 @@ pub enum CtcObjective {
         /// Alone or `CTC + λ·L`.
         mixing: Mixing,
     },
+    /// NMLA's bigram F-measure on the CTC outputs (`ctc_ngram_f_loss`, order 2, the sentence
+    /// mean), alone or with the CTC loss.
+    Nmla2 {
+        /// Alone or `CTC + λ·L`.
+        mixing: Mixing,
+    },
 }
 
 impl CtcObjective {
-    /// `ctc`, `ctc+bon2`, `ctc+bleu4`.
+    /// `ctc`, `ctc+bon2`, `ctc+bleu4`, `ctc+nmla2`.
     pub fn name(&self) -> &'static str {
         match self {
             CtcObjective::Ctc => "ctc",
             CtcObjective::Bon2 { .. } => "ctc+bon2",
             CtcObjective::Bleu4 { .. } => "ctc+bleu4",
+            CtcObjective::Nmla2 { .. } => "ctc+nmla2",
         }
     }
 
@@ -58,6 +66,7 @@ impl CtcObjective {
             CtcObjective::Ctc => "ctc".into(),
             CtcObjective::Bon2 { mixing } => format!("bon2-{}", mixing.label()),
             CtcObjective::Bleu4 { mixing } => format!("bleu4-{}", mixing.label()),
+            CtcObjective::Nmla2 { mixing } => format!("nmla2-{}", mixing.label()),
         }
     }
 
@@ -67,6 +76,17 @@ impl CtcObjective {
             CtcObjective::Ctc => None,
             CtcObjective::Bon2 { mixing } => Some((bon2_config(), mixing)),
             CtcObjective::Bleu4 { mixing } => Some((BleuLossConfig::default(), mixing)),
+            CtcObjective::Nmla2 { .. } => None,
+        }
+    }
+
+    /// The mixing of the n-gram term with CTC (`None` for the control).
+    pub fn mixing(&self) -> Option<Mixing> {
+        match *self {
+            CtcObjective::Ctc => None,
+            CtcObjective::Bon2 { mixing }
+            | CtcObjective::Bleu4 { mixing }
+            | CtcObjective::Nmla2 { mixing } => Some(mixing),
         }
     }
 }
@@ -101,12 +121,20 @@ pub fn step_loss(
         &ctc_config(),
     )?
     .to_dtype(DType::F32)?;
-    let Some((bleu, mixing)) = objective.bleu() else {
+    let Some(mixing) = objective.mixing() else {
         return Ok((ctc.clone(), ctc));
     };
     let refs = References::from_ids(&batch.targets, pad)?;
-    let out = ctc_bleu_loss_from_logits(&logits, Some(&frames), &refs, BLANK, &bleu)?;
-    let term = out.loss.to_dtype(DType::F32)?;
+    let term = match objective.bleu() {
+        Some((bleu, _)) => {
+            ctc_bleu_loss_from_logits(&logits, Some(&frames), &refs, BLANK, &bleu)?.loss
+        }
+        None => {
+            let cfg = CtcNgramFConfig::default(); // bigrams, the sentence mean: NMLA's
+            ctc_ngram_f_loss(&logits, Some(&frames), &refs, BLANK, &cfg)?.loss
+        }
+    };
+    let term = term.to_dtype(DType::F32)?;
     Ok(match mixing {
         Mixing::Pure => (term, ctc.detach()),
         Mixing::WithCe(lambda) => ((&ctc + (term * lambda)?)?, ctc),
@@ -169,6 +197,9 @@ mod tests {
                 mixing: Mixing::Pure,
             },
             CtcObjective::Bleu4 {
+                mixing: Mixing::WithCe(1.0),
+            },
+            CtcObjective::Nmla2 {
                 mixing: Mixing::WithCe(1.0),
             },
         ] {

@@ -43,7 +43,12 @@ pub(super) fn plan(
     let seeds = cfg.common.seeds as usize;
     let grid = cfg.grid().len();
     let finetune = cfg.common.finetune_steps;
-    let bleu_runs = grid + (seeds - 1) + if cfg.no_bleu4 { 0 } else { seeds };
+    let bleu_runs = grid
+        + (seeds - 1)
+        + if cfg.no_bleu4 { 0 } else { seeds }
+        + if cfg.nmla { seeds } else { 0 };
+    // The runs decoded on the test set: the baselines, `ctc`, and every arm for every seed.
+    let runs = 2 * seeds + bleu_runs - grid + 1;
     let mut kinds = vec![(BASELINE.to_string(), cfg.base_steps * seeds)];
     kinds.push((FINETUNE_CTC.into(), finetune * seeds));
     kinds.push((FINETUNE_BLEU.into(), finetune * bleu_runs));
@@ -83,6 +88,13 @@ pub(super) fn plan(
         (
             "test decodes and speed".into(),
             if cfg.common.quick { 0.3 } else { 5.0 },
+        ),
+        (
+            format!(
+                "blank penalty on dev ({} values)",
+                cfg.blank_penalties.len()
+            ),
+            (runs * cfg.blank_penalties.len()) as f64 * DEV_EVAL_SECONDS / 60.0,
         ),
     ];
     (kinds, minutes)

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::batches::{feasible_pairs, infeasible_count, make_ctc_batch};
 use super::config::{Config, TeacherChoice};
-use super::decode::decode_ctc;
+use super::decode::{decode_ctc, decode_ctc_penalised};
 use super::objective::{step_loss, CtcObjective};
 use super::plan::{plan, step_estimates, BASELINE, FINETUNE_BLEU, FINETUNE_CTC};
 use crate::checkpoint::{load_json, save_json};
@@ -47,8 +47,10 @@ use crate::translate::track::Tracker;
 use crate::nat::study::{record_scores, study_setting, StudySetting, MAX_LEN};
 /// The control every objective is compared with.
 const CONTROL: &str = "ctc";
-/// The one decoding of the CTC NAT.
+/// The CTC NAT's decoding: greedy, `δ = 0`.
 const VARIANT: &str = "greedy";
+/// Greedy with the blank penalty `δ` chosen on dev for each run (`--blank-penalties`).
+const TUNED: &str = "blank-tuned";
 
 /// The setting the whole study shares.
 struct Study {
@@ -332,37 +334,68 @@ impl Study {
         self.train(tracker, &label, kind, &spec, pairs)
     }
 
-    /// Test output of a CTC NAT: its record and segment statistics.
+    /// The dev-best blank penalty of `model` over `--blank-penalties` (the first among equals)
+    /// and every `(δ, dev BLEU)` tried.
+    fn tune_blank_penalty(&self, model: &CtcNat) -> Result<(f64, Vec<(f64, f64)>)> {
+        let dev = &self.data.dev;
+        let mut tried = Vec::new();
+        for &delta in &self.cfg.blank_penalties {
+            let ids = decode_ctc_penalised(model, &dev.ids.src, 64, PAD, delta, &self.device)?;
+            let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+            tried.push((delta, bleu(&hyps, &dev.references)?));
+        }
+        let Some(best) = best_on_dev(&tried) else {
+            bail!("internal: no blank penalty to tune")
+        };
+        Ok((best, tried))
+    }
+
+    /// Test outputs of a CTC NAT: its record and segment statistics at `δ = 0` (`greedy`), and
+    /// with `--blank-penalties` at its dev-best `δ` too (`blank-tuned`, its `δ` in `config`).
     fn test(
         &self,
         name: &str,
         state: &RunState<CtcObjective>,
-    ) -> Result<(NatRecord, SegmentStats)> {
+    ) -> Result<Vec<(NatRecord, SegmentStats, Option<Vec<(f64, f64)>>)>> {
         let model = self.load(&best_weights(&state.spec.dir))?;
+        let mut variants = vec![(VARIANT, 0.0, None)];
+        if !self.cfg.blank_penalties.is_empty() {
+            let (delta, tried) = self.tune_blank_penalty(&model)?;
+            variants.push((TUNED, delta, Some(tried)));
+        }
         let test = &self.data.test;
-        let ids = decode_ctc(&model, &test.ids.src, 64, PAD, &self.device)?;
-        let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
-        let file = format!(
-            "test.distilled.{name}.seed{}.{VARIANT}.hyp.gz",
-            state.spec.seed
-        );
-        write_lines_gz(&self.out.join(&file), &hyps)?;
-        let scores = score(&hyps, &test.references)?;
-        Ok((
-            NatRecord {
-                seed: state.spec.seed,
-                config: state.spec.objective.label(),
-                dev_bleu: state.best_dev_bleu,
-                best_step: state.best_step,
-                steps: state.step,
-                repetition_share: repetition_share(&ids),
-                ms_per_step: state.ms_per_step(),
-                train_seconds: state.train_seconds,
-                eval_seconds: state.eval_seconds,
-                ..record(&scores, name, "distilled", VARIANT, file)
-            },
-            segment_stats(&hyps, &test.references)?,
-        ))
+        let mut out = Vec::new();
+        for (variant, delta, tried) in variants {
+            let ids = decode_ctc_penalised(&model, &test.ids.src, 64, PAD, delta, &self.device)?;
+            let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
+            let file = format!(
+                "test.distilled.{name}.seed{}.{variant}.hyp.gz",
+                state.spec.seed
+            );
+            write_lines_gz(&self.out.join(&file), &hyps)?;
+            let scores = score(&hyps, &test.references)?;
+            let config = match variant {
+                TUNED => format!("{} δ={delta}", state.spec.objective.label()),
+                _ => state.spec.objective.label(),
+            };
+            out.push((
+                NatRecord {
+                    seed: state.spec.seed,
+                    config,
+                    dev_bleu: state.best_dev_bleu,
+                    best_step: state.best_step,
+                    steps: state.step,
+                    repetition_share: repetition_share(&ids),
+                    ms_per_step: state.ms_per_step(),
+                    train_seconds: state.train_seconds,
+                    eval_seconds: state.eval_seconds,
+                    ..record(&scores, name, "distilled", variant, file)
+                },
+                segment_stats(&hyps, &test.references)?,
+                tried,
+            ));
+        }
+        Ok(out)
     }
 
     /// The reference points: the source copied as the hypothesis, the teacher greedy and beam.
@@ -592,6 +625,9 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     if !cfg.no_bleu4 {
         objectives.push(CtcObjective::Bleu4 { mixing });
     }
+    if cfg.nmla {
+        objectives.push(CtcObjective::Nmla2 { mixing });
+    }
     for &seed in &study.seeds {
         for &objective in &objectives {
             let state = study.finetune_run(&mut tracker, seed, objective, &pairs.distilled)?;
@@ -603,14 +639,24 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     let part = Instant::now();
     tracker.progress.show("decoding the test set", true);
     let mut records = study.reference_points(&pairs.teacher)?;
-    let mut segments = BTreeMap::new();
+    // Segment statistics by variant, then by (objective, seed); each run's blank-penalty grid.
+    let mut segments: BTreeMap<String, BTreeMap<(String, u64), SegmentStats>> = BTreeMap::new();
+    let mut blank_grids = Vec::new();
     for ((name, seed), state) in &states {
         if name.starts_with("grid:") {
             continue;
         }
-        let (record, segs) = study.test(name, state)?;
-        records.push(record);
-        segments.insert((name.clone(), *seed), segs);
+        for (record, segs, tried) in study.test(name, state)? {
+            if let Some(tried) = tried {
+                blank_grids.push(json!({"objective": name, "seed": seed, "chosen": record.config,
+                    "dev_bleu_by_delta": tried.iter().map(|(d, b)| json!([d, b])).collect::<Vec<_>>()}));
+            }
+            segments
+                .entry(record.variant.clone())
+                .or_default()
+                .insert((name.clone(), *seed), segs);
+            records.push(record);
+        }
     }
     let speed = study.speed(&pairs.teacher)?;
     costs.push((
@@ -623,28 +669,53 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         .map(CtcObjective::name)
         .filter(|o| *o != CONTROL)
         .collect();
-    let tests = seed_level_tests_vs(
-        &records,
-        CONTROL,
-        "distilled",
-        VARIANT,
-        &compared,
-        &study.seeds,
-    )?;
-    let boot = bootstraps_vs(
-        &segments,
-        CONTROL,
-        &compared,
-        &study.seeds,
-        cfg.common.bootstrap,
-    )?;
+    // The seed-level tests and the bootstraps, for each decoding variant.
+    let mut tests = BTreeMap::new();
+    let mut boot = BTreeMap::new();
+    for (variant, segments) in &segments {
+        tests.insert(
+            variant.clone(),
+            seed_level_tests_vs(
+                &records,
+                CONTROL,
+                "distilled",
+                variant,
+                &compared,
+                &study.seeds,
+            )?,
+        );
+        boot.insert(
+            variant.clone(),
+            bootstraps_vs(
+                segments,
+                CONTROL,
+                &compared,
+                &study.seeds,
+                cfg.common.bootstrap,
+            )?,
+        );
+    }
     let summary = summary(&records);
     let names: Vec<&str> = std::iter::once("baseline")
         .chain(objectives.iter().map(CtcObjective::name))
         .collect();
-    let table = render(
-        &study, &pairs, &records, &summary, &tests, &names, &grid, &speed,
-    );
+    let mut table = String::new();
+    for variant in [VARIANT, TUNED]
+        .into_iter()
+        .filter(|v| segments.contains_key(*v))
+    {
+        table.push_str(&render(
+            &study,
+            &pairs,
+            &records,
+            &summary,
+            (variant, &tests[variant]),
+            &names,
+            &grid,
+            &speed,
+        ));
+        table.push('\n');
+    }
     let baselines: Vec<serde_json::Value> = states
         .iter()
         .filter(|((name, _), _)| name == "baseline")
@@ -681,8 +752,11 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         "bon2": bon2,
         "runs": records,
         "summary": summary,
-        "paired_t_vs_ctc": tests,
-        "paired_bootstrap_vs_ctc": boot,
+        "paired_t_vs_ctc": tests[VARIANT],
+        "paired_bootstrap_vs_ctc": boot[VARIANT],
+        "paired_t_vs_ctc_blank_tuned": tests.get(TUNED),
+        "paired_bootstrap_vs_ctc_blank_tuned": boot.get(TUNED),
+        "blank_penalties": {"grid": cfg.blank_penalties, "runs": blank_grids},
         "speed": speed,
         "costs_seconds": costs.iter().map(|(p, s)| json!({"part": p, "seconds": s})).collect::<Vec<_>>(),
         "planned_minutes": planned_minutes.iter().map(|(p, m)| json!({"part": p, "minutes": m})).collect::<Vec<_>>(),
@@ -709,28 +783,42 @@ fn render(
     pairs: &TrainingPairs,
     records: &[NatRecord],
     summary: &serde_json::Value,
-    tests: &serde_json::Value,
+    (variant, tests): (&str, &serde_json::Value),
     names: &[&str],
     grid: &[(CtcObjective, f64)],
     speed: &[serde_json::Value],
 ) -> String {
+    let decoding = match variant {
+        TUNED => "greedy CTC decoding with each run's dev-best blank penalty",
+        _ => "greedy CTC decoding",
+    };
     let mut t = format!(
-        "Test set; CTC NAT (r = {}) outputs by greedy CTC decoding; mean ± sd over seeds; Δ vs `ctc` with the seed-level paired t-test, Holm's correction and the difference detectable at 80 % power.\n\n",
+        "Test set; CTC NAT (r = {}) outputs by {decoding} (`{variant}`); mean ± sd over seeds; Δ vs `ctc` with the seed-level paired t-test, Holm's correction and the difference detectable at 80 % power.\n\n",
         study.cfg.ratio
     );
-    t.push_str("| distilled | BLEU | Δ BLEU vs ctc | chrF | Δ chrF vs ctc | length ratio | repeated tokens |\n|---|---|---|---|---|---|---|\n");
+    t.push_str("| distilled | BLEU | Δ BLEU vs ctc | chrF | Δ chrF vs ctc | length ratio | BLEU / BP | repeated tokens |\n|---|---|---|---|---|---|---|---|\n");
     for o in names {
-        let row = find(summary, "distilled", o, VARIANT);
+        let row = find(summary, "distilled", o, variant);
         let _ = writeln!(
             t,
-            "| {o} | {} | {} | {} | {} | {} | {} |",
+            "| {o} | {} | {} | {} | {} | {} | {} | {} |",
             mean_sd_text(row, "test_bleu", 2),
             delta_text(tests, "test_bleu", o),
             mean_sd_text(row, "test_chrf", 2),
             delta_text(tests, "test_chrf", o),
             mean_sd_text(row, "test_length_ratio", 3),
+            mean_sd_text(row, "test_bleu_without_bp", 2),
             mean_sd_text(row, "repetition_share", 3),
         );
+    }
+    if variant == TUNED {
+        let deltas: Vec<String> = records
+            .iter()
+            .filter(|r| r.variant == TUNED)
+            .map(|r| format!("{} seed {}: {}", r.objective, r.seed, r.config))
+            .collect();
+        let _ = writeln!(t, "\nchosen on dev: {}", deltas.join("; "));
+        return t; // the reference points, the grid and the speed are in the `greedy` table
     }
     t.push('\n');
     for r in records.iter().filter(|r| r.condition != "distilled") {
