@@ -64,7 +64,10 @@ struct Study {
     out: PathBuf,
     work: PathBuf,
     seeds: Vec<u64>,
+    /// The teacher's beam search on the test set (its reference point).
     beam: BeamConfig,
+    /// The distillation's: the same width, `--distill-length-penalty`.
+    distill_beam: BeamConfig,
 }
 
 /// Every run's state by (name, seed); seed 1's grid runs are named `grid:<label>`.
@@ -78,6 +81,9 @@ struct TrainingPairs {
     dropped_distilled: usize,
     /// The raw training references `r·S` frames cannot align (for comparison; not trained on).
     infeasible_raw: usize,
+    /// Σ |distilled target| / Σ |reference| over the training pairs, in subwords (before the
+    /// infeasible pairs are dropped): how short the teacher's targets are.
+    target_length_ratio: f64,
     /// Dev and test references longer (with repeats) than their source's frames.
     infeasible_dev: usize,
     infeasible_test: usize,
@@ -131,6 +137,11 @@ impl Study {
             seeds: (1..=common.seeds).collect(),
             beam: BeamConfig {
                 beam: common.beam,
+                ..BeamConfig::default()
+            },
+            distill_beam: BeamConfig {
+                beam: common.beam,
+                length_penalty: cfg.distill_length_penalty,
                 ..BeamConfig::default()
             },
             cfg,
@@ -227,6 +238,8 @@ impl Study {
             Some(r) if weights.exists() && self.out.join("distilled.ids.gz").exists() => {
                 r.teacher_sha256 == file_sha256(&weights)?
                     && r.corpus_sha256 == self.data.summary.sha256
+                    && r.beam == self.distill_beam.beam
+                    && r.length_penalty == self.distill_beam.length_penalty
             }
             _ => false,
         })
@@ -251,23 +264,27 @@ impl Study {
                 .then_some(translate_run.as_path()),
             out: &self.out,
             work: &teacher_dir,
-            beam: self.beam,
+            beam: self.distill_beam,
             device: &self.device,
         };
         let (teacher, distilled) = teacher_and_distilled(&setup, tracker)?;
+        let total = |rows: &[Vec<u32>]| rows.iter().map(Vec::len).sum::<usize>() as f64;
+        let target_length_ratio = total(&distilled.tgt) / total(&self.data.train.ids.tgt).max(1.0);
         let frames = |s: usize| self.frames(s);
         let (distilled, dropped_distilled) = feasible_pairs(&distilled, frames);
         let pairs = TrainingPairs {
             teacher,
             distilled,
             dropped_distilled,
+            target_length_ratio,
             infeasible_raw: infeasible_count(&self.data.train.ids, frames),
             infeasible_dev: infeasible_count(&self.data.dev.ids, frames),
             infeasible_test: infeasible_count(&self.data.test.ids, frames),
         };
         tracker.progress.println(&format!(
-            "distilled targets: {} pairs kept, {} left out (no alignment in {}·S frames, or empty); references beyond their frames: raw train {}, dev {}, test {}",
-            pairs.distilled.len(), pairs.dropped_distilled, self.cfg.ratio, pairs.infeasible_raw, pairs.infeasible_dev, pairs.infeasible_test
+            "distilled targets: {} pairs kept, {} left out (no alignment in {}·S frames, or empty); references beyond their frames: raw train {}, dev {}, test {}; targets / references length {:.3} (subwords, length penalty {})",
+            pairs.distilled.len(), pairs.dropped_distilled, self.cfg.ratio, pairs.infeasible_raw, pairs.infeasible_dev, pairs.infeasible_test,
+            pairs.target_length_ratio, self.distill_beam.length_penalty
         ));
         Ok(pairs)
     }
@@ -738,6 +755,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         "teacher": pairs.teacher,
         "teacher_recipe": format!("{:?}", cfg.recipe()),
         "distillation": {"pairs_kept": pairs.distilled.len(), "dropped_no_alignment_or_empty": pairs.dropped_distilled,
+                         "target_length_ratio_subwords": pairs.target_length_ratio, "length_penalty": cfg.distill_length_penalty,
                          "raw_train_references_without_alignment": pairs.infeasible_raw,
                          "dev_references_beyond_frames": pairs.infeasible_dev, "test_references_beyond_frames": pairs.infeasible_test,
                          "beam": cfg.common.beam},
