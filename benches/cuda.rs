@@ -108,11 +108,14 @@ struct Args {
     only: Option<Vec<String>>,
     kernels: Vec<bool>,
     cpu: bool,
+    /// `--pool-threshold BYTES|max`: the CUDA memory pool's release threshold
+    /// (`candle_bleu::cuda_pool`, a `cuda-unverified` build); the driver's default otherwise.
+    pool_threshold: Option<u64>,
 }
 
 const USAGE: &str =
     "usage: cuda [--quick] [--repeats N] [--warmup N] [--json PATH] [--torch PATH] \
-[--only KEY,...] [--kernels both|off|on] [--cpu]
+[--only KEY,...] [--kernels both|off|on] [--cpu] [--pool-threshold BYTES|max]
   KEY: cross_entropy, expected, lower_bound, paired, ce_expected, hidden_ce_expected, logits, hidden
   --kernels: off = the _composed functions, on = the fast functions (the crate's CUDA kernels),
   both = each row both ways";
@@ -130,6 +133,7 @@ fn parse_args() -> Result<Args> {
         only: None,
         kernels: Vec::new(),
         cpu: false,
+        pool_threshold: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -143,6 +147,12 @@ fn parse_args() -> Result<Args> {
             "--repeats" => args.repeats = value()?.parse().context("--repeats N")?,
             "--warmup" => args.warmup = value()?.parse().context("--warmup N")?,
             "--json" => args.json = Some(value()?),
+            "--pool-threshold" => {
+                args.pool_threshold = Some(match value()?.as_str() {
+                    "max" => u64::MAX,
+                    bytes => bytes.parse().context("--pool-threshold BYTES|max")?,
+                })
+            }
             "--torch" => args.torch = Some(value()?),
             "--only" => args.only = Some(value()?.split(',').map(String::from).collect()),
             "--kernels" => {
@@ -1058,6 +1068,19 @@ fn main() -> Result<()> {
         })?
     };
     let (mut header, device_info, memory) = describe(&device)?;
+    if let Some(bytes) = args.pool_threshold {
+        #[cfg(feature = "cuda-unverified")]
+        {
+            let previous = candle_bleu::cuda_pool::set_pool_release_threshold(&device, bytes)?;
+            header.push(format!(
+                "memory pool release threshold: {bytes} bytes (was {previous})"
+            ));
+        }
+        #[cfg(not(feature = "cuda-unverified"))]
+        anyhow::bail!(
+            "--pool-threshold {bytes} needs a cuda-unverified build (candle_bleu::cuda_pool)"
+        );
+    }
     header.push(format!(
         "build: --features cuda{}; kernels on = the fast functions ({}), off = the _composed \
          functions",

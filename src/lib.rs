@@ -99,6 +99,8 @@
 // Every public item is documented; CI (clippy with warnings denied) keeps it so.
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda-unverified")]
+pub mod cuda_pool;
 pub mod exact;
 pub mod gradcheck;
 pub mod loss;
