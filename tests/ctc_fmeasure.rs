@@ -194,7 +194,7 @@ fn the_f_measure_equals_enumeration_over_every_alignment() {
 fn one_hot_frames_give_the_discrete_f_measure_penalising_length_both_ways() {
     let blank = 0u32;
     let reference = vec![1u32, 2, 3, 4];
-    let refs = references(&[reference.clone()], blank);
+    let refs = references(std::slice::from_ref(&reference), blank);
     let mut previous = None;
     for frames in [
         vec![1u32, 2, 0, 0, 0, 0],

@@ -70,6 +70,10 @@ struct Study {
     distill_beam: BeamConfig,
 }
 
+/// A run's test output in one decoding variant: its record, its segment statistics and, for the
+/// blank-tuned variant, every `(δ, dev BLEU)` tried.
+type TestOutput = (NatRecord, SegmentStats, Option<Vec<(f64, f64)>>);
+
 /// Every run's state by (name, seed); seed 1's grid runs are named `grid:<label>`.
 type States = BTreeMap<(String, u64), RunState<CtcObjective>>;
 
@@ -369,11 +373,7 @@ impl Study {
 
     /// Test outputs of a CTC NAT: its record and segment statistics at `δ = 0` (`greedy`), and
     /// with `--blank-penalties` at its dev-best `δ` too (`blank-tuned`, its `δ` in `config`).
-    fn test(
-        &self,
-        name: &str,
-        state: &RunState<CtcObjective>,
-    ) -> Result<Vec<(NatRecord, SegmentStats, Option<Vec<(f64, f64)>>)>> {
+    fn test(&self, name: &str, state: &RunState<CtcObjective>) -> Result<Vec<TestOutput>> {
         let model = self.load(&best_weights(&state.spec.dir))?;
         let mut variants = vec![(VARIANT, 0.0, None)];
         if !self.cfg.blank_penalties.is_empty() {
