@@ -20,6 +20,9 @@
 // into the library only with the `cuda-unverified` feature.
 
 #define CTC_BLOCK 256
+// ctc_lse uses kernels.cu's block reductions, which stride by BLOCK and size their shared arrays
+// by its warps.
+static_assert(CTC_BLOCK == BLOCK, "the CTC kernels' blocks must be kernels.cu's");
 
 // l'_s: the blank at even s, target label (s - 1) / 2 at odd s.
 __device__ __forceinline__ u32 ctc_label(const u32* __restrict__ target, u32 blank, u32 s) {
