@@ -45,7 +45,7 @@ impl<'c> TerCounter<'c> {
     fn segment<'a>(&mut self, hyp: &str, refs: impl Iterator<Item = &'a str>) -> TerStats {
         let hyp = tercom_tokenize(python_rstrip(hyp), self.cfg);
         let mut ids: FxHashMap<&str, u32> = FxHashMap::default();
-        let mut intern = |w, ids: &mut FxHashMap<_, u32>| {
+        let intern = |w, ids: &mut FxHashMap<_, u32>| {
             let next = ids.len() as u32;
             *ids.entry(w).or_insert(next)
         };
