@@ -1,5 +1,5 @@
 //! Bootstrap confidence intervals and paired significance tests over per-segment statistics of
-//! BLEU or chrF, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
+//! BLEU, chrF or TER, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
 //! `metrics/base.py`), **with sacrebleu's random numbers**.
 //!
 //! sacrebleu draws its resamples with NumPy: `np.random.default_rng(seed)` (seed 12345 unless
@@ -11,7 +11,8 @@
 //! Every function takes the metric's configuration (a [`Metric`]): a [`BleuConfig`] with
 //! [`BleuCounts`] per segment (from [`corpus_stats`](super::corpus_stats)), or a
 //! [`ChrfConfig`] with [`ChrfCounts`] (from
-//! [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+//! [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)), or a [`TerConfig`] with [`TerStats`]
+//! (from [`corpus_ter_stats`](super::ter::corpus_ter_stats)).
 //!
 //! # Definitions
 //! Statistics `s_1..s_S` (one per segment), `B` resamples, seed `σ`, `M` the metric:
@@ -45,13 +46,20 @@
 //!     `0.0` (no order with both hypothesis and reference n-grams) makes its array `float64`,
 //!     as NumPy does (sacrebleu's `-ci` then raises `TypeError`; this module averages in
 //!     `f64`).
+//!   - TER: each resample adds the edits and the `float32`-rounded mean reference lengths in
+//!     `float32`, in resample order (NumPy's `sum(0)` over a `float32` matrix), and scores
+//!     `100 * (edits / ref_len)` in `float32` (a Python `100.0` or `0.0` when the resampled
+//!     reference length is 0, which makes the array `float64` as for chrF).
 //! - AR trials are scored in `f64` (NumPy `int64` matrix products); BLEU's add-k on them
 //!   truncates `m + k` to an integer (sacrebleu assigns the float into an `int64` array).
 //! - `-ci` means are `statistics.mean` (exact, correctly rounded; for chrF then rounded to
 //!   `f32`); the paired tests use `numpy.mean` (pairwise summation), both reproduced.
 //! - The only deliberate difference: resample sums are exact integers, while NumPy sums
 //!   `float32` values, which stops being exact once a summed count exceeds 2^24 (a corpus of
-//!   more than ~16.7 million tokens, or characters for chrF).
+//!   more than ~16.7 million tokens, or characters for chrF). TER's AR trials add `f64`
+//!   statistics in segment order, where sacrebleu's `float64` matrix product adds them in BLAS's
+//!   order: equal when the sums are whole numbers (the edits; the reference lengths with one
+//!   reference per segment), else possibly not in the last bit.
 //!
 //! For BLEU, only sacrebleu's smoothings (`None`, `Floor`, `AddK`, `Exp`) are supported; custom
 //! weights are scored with [`score_from_stats`] in `f64` (sacrebleu has no weights).
@@ -115,7 +123,9 @@ impl BootstrapConfig {
 /// - [`BleuConfig`] with a sacrebleu smoothing (`None`, `Floor`, `AddK`, `Exp`), statistics
 ///   [`BleuCounts`] (from [`corpus_stats`](super::corpus_stats));
 /// - [`ChrfConfig`], statistics [`ChrfCounts`] (from
-///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats));
+/// - [`TerConfig`], statistics [`TerStats`] (from
+///   [`corpus_ter_stats`](super::ter::corpus_ter_stats)).
 ///
 /// Each reproduces sacrebleu's arithmetic on a resample (see the module docs).
 pub trait Metric: sealed::Resample<Self::Counts> {
@@ -174,6 +184,14 @@ mod sealed {
                 }
             }
             self.resample_flat(sum)
+        }
+
+        /// Whether the flat statistics are floating point (TER's mean reference lengths, kept
+        /// as `f64` bits), which only the metric can add: then approximate randomization calls
+        /// `trial_pair` for every trial; integer statistics take a faster path that computes
+        /// the same sums.
+        fn float_stats(&self) -> bool {
+            false
         }
 
         /// The scores of the two pseudo-systems of an approximate-randomization trial:
@@ -335,6 +353,10 @@ impl sealed::Resample<TerStats> for TerConfig {
 
     fn overflows(&self, segment: &[u64], limit: u64) -> bool {
         segment[0] > limit
+    }
+
+    fn float_stats(&self) -> bool {
+        true
     }
 
     /// sacrebleu's `sum_of_lists`: Python floats added in segment order.
@@ -868,15 +890,55 @@ pub fn paired_approximate_randomization<M: Metric>(
     let diff = (bl_score - score).abs();
     let mut rng = NumpyPcg64::new(seed);
     let mut bools = NumpyBools::default();
-    let mut swap = vec![false; baseline.len()];
     let mut c = 0usize;
-    for _ in 0..n_trials {
-        for s in &mut swap {
-            *s = bools.next(&mut rng);
+    if cfg.float_stats() {
+        let mut swap = vec![false; baseline.len()];
+        for _ in 0..n_trials {
+            for s in &mut swap {
+                *s = bools.next(&mut rng);
+            }
+            let (sa, sb) = cfg.trial_pair(&flat[0], &flat[1], &swap);
+            if (sa - sb).abs() > diff {
+                c += 1;
+            }
         }
-        let (sa, sb) = cfg.trial_pair(&flat[0], &flat[1], &swap);
-        if (sa - sb).abs() > diff {
-            c += 1;
+    } else {
+        let width = cfg.width();
+        let bl_sum = flat_sum(&flat[0], width);
+        let sys_sum = flat_sum(&flat[1], width);
+        // A_t = Σ_{pos} bl_i + Σ_{neg} sys_i = sys_sum + Σ_{pos} (bl_i - sys_i); B_t = bl + sys - A_t.
+        let delta: Vec<i64> = flat[0]
+            .iter()
+            .zip(&flat[1])
+            .map(|(&p, &q)| p as i64 - q as i64)
+            .collect();
+        let base_a: Vec<i64> = sys_sum.iter().map(|&x| x as i64).collect();
+        let both: Vec<i64> = bl_sum
+            .iter()
+            .zip(&sys_sum)
+            .map(|(&x, &y)| x as i64 + y as i64)
+            .collect();
+        let mut acc = vec![0i64; width];
+        let mut sum_a = vec![0u64; width];
+        let mut sum_b = vec![0u64; width];
+        for _ in 0..n_trials {
+            acc.copy_from_slice(&base_a);
+            for d in delta.chunks_exact(width) {
+                if bools.next(&mut rng) {
+                    for (x, y) in acc.iter_mut().zip(d) {
+                        *x += y;
+                    }
+                }
+            }
+            for (((a, b), t), x) in sum_a.iter_mut().zip(&mut sum_b).zip(&both).zip(&acc) {
+                *a = *x as u64;
+                *b = (t - x) as u64;
+            }
+            let sa = cfg.trial_flat(&sum_a);
+            let sb = cfg.trial_flat(&sum_b);
+            if (sa - sb).abs() > diff {
+                c += 1;
+            }
         }
     }
     Ok(PairedResult {
