@@ -8,7 +8,8 @@
 //! - [`exact`]: an **exact BLEU** that reproduces sacrebleu 2.6.0 (every smoothing, effective
 //!   order, the `none`/`13a`/`intl`/`char`/`zh` tokenizers, bootstrap confidence intervals and
 //!   paired tests with sacrebleu's own random numbers) and NLTK 3.10.4 (`method0`–`method7`) to
-//!   the last digit, and sacrebleu's **chrF and chrF++** ([`exact::chrf`]).
+//!   the last digit, and sacrebleu's **chrF and chrF++** ([`exact::chrf`]) and **TER**
+//!   ([`exact::ter`]).
 //! - [`gradcheck`]: finite-difference gradient checks for any scalar candle function.
 //! - Inside, one n-gram counter (the private `ngram` module) serves both the loss and the
 //!   metrics, so they always agree on what a match is.
@@ -70,8 +71,9 @@
 //! | [`loss`] | [`loss::bleu_loss`], [`loss::bleu_loss_from_logits`], [`loss::BleuLossConfig`] (form, length model, reduction, smoothing), [`loss::References`], [`loss::loss_from_stats`] for data-parallel training; [`loss::ce_bleu_from_logits`] and [`loss::ce_bleu_from_hidden`] for a training step (the row kernels they run are private) |
 //! | [`exact`] | [`exact::corpus_bleu`], [`exact::sentence_bleu`], [`exact::BleuConfig`] and [`exact::SmoothMethod`] (sacrebleu's or NLTK's semantics), statistics and scoring from statistics, [`exact::TextStatsCounter`] (statistics of lines of text, as the command line counts them) |
 //! | [`exact::chrf`] | [`exact::chrf::corpus_chrf`], [`exact::chrf::sentence_chrf`], [`exact::chrf::ChrfConfig`]: sacrebleu's chrF and chrF++ |
+//! | [`exact::ter`] | [`exact::ter::corpus_ter`], [`exact::ter::sentence_ter`], [`exact::ter::TerConfig`]: sacrebleu's TER |
 //! | [`exact::tokenize`] | sacrebleu's tokenizers, with Python's string semantics |
-//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization of BLEU or chrF ([`exact::bootstrap::BootstrapConfig`]: samples and seed), with NumPy's PCG64 |
+//! | [`exact::bootstrap`] | bootstrap confidence intervals, paired bootstrap and approximate randomization of BLEU, chrF or TER ([`exact::bootstrap::BootstrapConfig`]: samples and seed), with NumPy's PCG64 |
 //! | [`gradcheck`] | [`gradcheck::check_gradients`]: autograd against central finite differences in f64 |
 //! | `ngram` (private) | clipped n-gram matches and the reference masks of the loss; the crate's one hash-table probe |
 //!

@@ -5,9 +5,10 @@
 //!   the repository root, and must print sacrebleu's standard output exactly (our extra JSON
 //!   fields removed, the `version` token masked) with sacrebleu's exit status. Cases with
 //!   `full` statistics also check the extra JSON fields against sacrebleu's full-precision
-//!   values (1e-9 relative). BLEU and chrF (`-m bleu chrf`, the `--chrf-*` options, `-ci`,
-//!   `-pbs`, `-par`); the two chrF `-pbs -f json` cases are sacrebleu's output with its JSON
-//!   encoder taught `numpy.float32` (sacrebleu 2.6.0 itself raises TypeError there).
+//!   values (1e-9 relative). BLEU, chrF and TER (`-m bleu chrf ter`, the `--chrf-*` and
+//!   `--ter-*` options, `-ci`, `-pbs`, `-par`); the chrF and TER `-pbs -f json` cases are
+//!   sacrebleu's output with its JSON encoder taught `numpy.float32` (sacrebleu 2.6.0 itself
+//!   raises TypeError there).
 //! - Malformed input: exit status 2, a message on stderr naming the file, line or counts, and
 //!   nothing on stdout.
 //! - Bootstrap and paired tests: structure, plausibility and determinism.
@@ -429,8 +430,12 @@ fn unreadable_files_and_bad_arguments() {
         &["--max-ngram-order"],
     );
     assert_fails(
-        &run(&[&r, "-i", &h, "-m", "ter"], &[], None),
-        &["ter", "not supported"],
+        &run(&[&r, "-i", &h, "-m", "ter", "chrf", "-sl"], &[], None),
+        &["--sentence-level", "one metric"],
+    );
+    assert_fails(
+        &run(&[&r, "-i", &h, "-m", "ter", "--ter-bogus"], &[], None),
+        &["--ter-bogus"],
     );
     assert_fails(
         &run(&[&r, "-i", &h, "-m", "bleu", "rouge"], &[], None),

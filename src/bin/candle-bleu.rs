@@ -1,4 +1,4 @@
-//! `candle-bleu`: sacrebleu 2.6.0's command line for BLEU and chrF/chrF++, same options, same
+//! `candle-bleu`: sacrebleu 2.6.0's command line for BLEU, chrF/chrF++ and TER, same options, same
 //! numbers, same output (JSON or text, sentence level, bootstrap confidence intervals, paired
 //! bootstrap and approximate randomization tests), 30-100x faster. See docs/CLI.md.
 //!
@@ -26,6 +26,9 @@ use candle_bleu::exact::bootstrap::{
 };
 use candle_bleu::exact::chrf::{
     corpus_chrf, corpus_chrf_stats, score_chrf_stats, ChrfConfig, ChrfCounts,
+};
+use candle_bleu::exact::ter::{
+    corpus_ter, corpus_ter_stats, score_ter_stats, TerConfig, TerScore, TerStats,
 };
 use candle_bleu::exact::tokenize::Tokenizer;
 use candle_bleu::exact::{
@@ -164,11 +167,13 @@ fn dedup_inputs<'a>(
     Ok(sources)
 }
 
-/// A metric of `-m/--metrics`. The order is sacrebleu's `sorted(metrics)` (`BLEU` < `CHRF`).
+/// A metric of `-m/--metrics`. The order is sacrebleu's `sorted(metrics)` (`BLEU` < `CHRF` <
+/// `TER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum MetricKind {
     Bleu,
     Chrf,
+    Ter,
 }
 
 /// Everything the command line asks for, validated before any file is read.
@@ -179,6 +184,7 @@ struct Options {
     /// The signature's `smooth:` text (`exp`, `floor[0.10]`, ...).
     smooth_text: String,
     chrf: ChrfConfig,
+    ter: TerConfig,
     /// The metrics in the order given, without repeats (the order of the paired tests; other
     /// modes sort them).
     metrics: Vec<MetricKind>,
@@ -195,12 +201,10 @@ fn metrics(args: &Args) -> Result<Vec<MetricKind>, Failure> {
         let kind = match m.as_str() {
             "bleu" => MetricKind::Bleu,
             "chrf" => MetricKind::Chrf,
-            "ter" => {
-                return Err("--metrics: ter is not supported by candle-bleu (use sacrebleu)".into())
-            }
+            "ter" => MetricKind::Ter,
             other => {
                 return Err(format!(
-                    "--metrics: invalid choice {other:?} (choose from bleu, chrf)"
+                    "--metrics: invalid choice {other:?} (choose from bleu, chrf, ter)"
                 ))
             }
         };
@@ -315,6 +319,12 @@ fn options(args: &Args) -> Result<Options, Failure> {
         },
         smooth_text,
         chrf,
+        ter: TerConfig {
+            normalized: args.ter_normalized,
+            no_punct: args.ter_no_punct,
+            asian_support: args.ter_asian_support,
+            case_sensitive: args.ter_case_sensitive,
+        },
         metrics,
         width,
         num_refs,
@@ -507,6 +517,41 @@ impl CliMetric for ChrfCli<'_> {
     }
 }
 
+/// TER: the library's counter on the lines (references by segment).
+struct TerCli<'c> {
+    corpus: &'c Corpus<'c>,
+    refs: Vec<Vec<&'c str>>,
+    cfg: TerConfig,
+}
+
+/// A TER score's output: no verbose text (as sacrebleu), nothing extra.
+fn ter_scored(score: TerScore) -> Scored {
+    Scored {
+        score: score.score,
+        extras: ScoreExtras {
+            verbose: None,
+            json: Vec::new(),
+        },
+    }
+}
+
+impl CliMetric for TerCli<'_> {
+    type Cfg = TerConfig;
+    fn cfg(&self) -> &TerConfig {
+        &self.cfg
+    }
+    fn segments(&self, system: usize) -> Result<Vec<TerStats>, MetricError> {
+        corpus_ter_stats(&self.corpus.systems[system].1, &self.refs, self.cfg)
+    }
+    fn corpus(&self, system: usize) -> Result<Scored, MetricError> {
+        corpus_ter(&self.corpus.systems[system].1, &self.refs, self.cfg).map(ter_scored)
+    }
+    fn score(&self, stats: &[TerStats]) -> Result<Scored, MetricError> {
+        let sum: TerStats = stats.iter().sum();
+        score_ter_stats(&sum).map(ter_scored)
+    }
+}
+
 /// Counts and scores one metric as the options ask: sentence by sentence, one corpus (with
 /// `-ci`, its bootstrap estimate), or several systems (with `-pbs`/`-par`, paired tests
 /// against the first). Records the resample count and seed in `signature`.
@@ -634,7 +679,7 @@ fn score_metric<C: CliMetric>(
     Ok(Body::Rows(rows))
 }
 
-/// Scores every metric, in the order sacrebleu prints them: sorted (`BLEU`, then `chrF`),
+/// Scores every metric, in the order sacrebleu prints them: sorted (`BLEU`, `chrF`, `TER`),
 /// except for the paired tests, which keep the order of `-m`.
 fn score_all(args: &Args, opts: &Options, corpus: &Corpus<'_>) -> Result<Vec<MetricOut>, Failure> {
     let mut kinds = opts.metrics.clone();
@@ -698,6 +743,26 @@ fn score_all(args: &Args, opts: &Options, corpus: &Corpus<'_>) -> Result<Vec<Met
                 let body = score_metric(args, opts, num_sys, &metric, &mut signature)?;
                 MetricOut {
                     name: cfg.name(),
+                    signature,
+                    body,
+                }
+            }
+            MetricKind::Ter => {
+                let cfg = opts.ter;
+                let mut signature = Signature {
+                    nrefs,
+                    bs: None,
+                    ar: None,
+                    seed: None,
+                    metric: MetricSignature::Ter(cfg),
+                };
+                let refs: Vec<Vec<&str>> = (0..corpus.systems[0].1.len())
+                    .map(|i| corpus.refs.iter().map(|r| r[i]).collect())
+                    .collect();
+                let metric = TerCli { corpus, refs, cfg };
+                let body = score_metric(args, opts, num_sys, &metric, &mut signature)?;
+                MetricOut {
+                    name: "TER".into(),
                     signature,
                     body,
                 }

@@ -1,5 +1,5 @@
 //! Bootstrap confidence intervals and paired significance tests over per-segment statistics of
-//! BLEU or chrF, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
+//! BLEU, chrF or TER, as sacrebleu 2.6.0 computes them (`sacrebleu/significance.py`,
 //! `metrics/base.py`), **with sacrebleu's random numbers**.
 //!
 //! sacrebleu draws its resamples with NumPy: `np.random.default_rng(seed)` (seed 12345 unless
@@ -11,7 +11,8 @@
 //! Every function takes the metric's configuration (a [`Metric`]): a [`BleuConfig`] with
 //! [`BleuCounts`] per segment (from [`corpus_stats`](super::corpus_stats)), or a
 //! [`ChrfConfig`] with [`ChrfCounts`] (from
-//! [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+//! [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)), or a [`TerConfig`] with [`TerStats`]
+//! (from [`corpus_ter_stats`](super::ter::corpus_ter_stats)).
 //!
 //! # Definitions
 //! Statistics `s_1..s_S` (one per segment), `B` resamples, seed `σ`, `M` the metric:
@@ -45,13 +46,20 @@
 //!     `0.0` (no order with both hypothesis and reference n-grams) makes its array `float64`,
 //!     as NumPy does (sacrebleu's `-ci` then raises `TypeError`; this module averages in
 //!     `f64`).
+//!   - TER: each resample adds the edits and the `float32`-rounded mean reference lengths in
+//!     `float32`, in resample order (NumPy's `sum(0)` over a `float32` matrix), and scores
+//!     `100 * (edits / ref_len)` in `float32` (a Python `100.0` or `0.0` when the resampled
+//!     reference length is 0, which makes the array `float64` as for chrF).
 //! - AR trials are scored in `f64` (NumPy `int64` matrix products); BLEU's add-k on them
 //!   truncates `m + k` to an integer (sacrebleu assigns the float into an `int64` array).
 //! - `-ci` means are `statistics.mean` (exact, correctly rounded; for chrF then rounded to
 //!   `f32`); the paired tests use `numpy.mean` (pairwise summation), both reproduced.
 //! - The only deliberate difference: resample sums are exact integers, while NumPy sums
 //!   `float32` values, which stops being exact once a summed count exceeds 2^24 (a corpus of
-//!   more than ~16.7 million tokens, or characters for chrF).
+//!   more than ~16.7 million tokens, or characters for chrF). TER's AR trials add `f64`
+//!   statistics in segment order, where sacrebleu's `float64` matrix product adds them in BLAS's
+//!   order: equal when the sums are whole numbers (the edits; the reference lengths with one
+//!   reference per segment), else possibly not in the last bit.
 //!
 //! For BLEU, only sacrebleu's smoothings (`None`, `Floor`, `AddK`, `Exp`) are supported; custom
 //! weights are scored with [`score_from_stats`] in `f64` (sacrebleu has no weights).
@@ -66,6 +74,7 @@ use super::chrf::score::{f_score, f_score_f32};
 use super::config::{invalid, BleuConfig, BleuCounts, MetricError, SmoothMethod};
 use super::numpy_rng::{NumpyBools, NumpyPcg64};
 use super::sacre::{brevity_penalty, my_log};
+use super::ter::{score_ter_stats, TerConfig, TerStats};
 
 /// sacrebleu's default seed (`SACREBLEU_SEED` unset).
 pub const SACREBLEU_SEED: u64 = 12345;
@@ -114,7 +123,9 @@ impl BootstrapConfig {
 /// - [`BleuConfig`] with a sacrebleu smoothing (`None`, `Floor`, `AddK`, `Exp`), statistics
 ///   [`BleuCounts`] (from [`corpus_stats`](super::corpus_stats));
 /// - [`ChrfConfig`], statistics [`ChrfCounts`] (from
-///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats)).
+///   [`corpus_chrf_stats`](super::chrf::corpus_chrf_stats));
+/// - [`TerConfig`], statistics [`TerStats`] (from
+///   [`corpus_ter_stats`](super::ter::corpus_ter_stats)).
 ///
 /// Each reproduces sacrebleu's arithmetic on a resample (see the module docs).
 pub trait Metric: sealed::Resample<Self::Counts> {
@@ -147,6 +158,58 @@ mod sealed {
         /// The score of an approximate-randomization trial as sacrebleu computes it (`int64`
         /// statistics).
         fn trial_flat(&self, sum: &[u64]) -> f64;
+
+        /// Whether one segment's flat statistics are too large for sums over `limit`
+        /// segments' worth: by default, a count above `limit`.
+        fn overflows(&self, segment: &[u64], limit: u64) -> bool {
+            segment.iter().any(|&c| c > limit)
+        }
+
+        /// The full-precision score of a system from its flat per-segment statistics: by
+        /// default, `score_flat` of their (exact, integer) sum.
+        fn score_segments(&self, flat: &[u64]) -> f64 {
+            self.score_flat(&super::flat_sum(flat, self.width()))
+        }
+
+        /// The score of the bootstrap resample that draws the segments `row` of `flat`, as
+        /// sacrebleu computes it: by default, `resample_flat` of their integer sum (`sum` is
+        /// a buffer of `width` counts).
+        fn resample_row(&self, flat: &[u64], row: &[u32], sum: &mut [u64]) -> (f64, bool) {
+            let width = self.width();
+            sum.fill(0);
+            for &i in row {
+                let segment = &flat[i as usize * width..(i as usize + 1) * width];
+                for (a, b) in sum.iter_mut().zip(segment) {
+                    *a += b;
+                }
+            }
+            self.resample_flat(sum)
+        }
+
+        /// Whether the flat statistics are floating point (TER's mean reference lengths, kept
+        /// as `f64` bits), which only the metric can add: then approximate randomization calls
+        /// `trial_pair` for every trial; integer statistics take a faster path that computes
+        /// the same sums.
+        fn float_stats(&self) -> bool {
+            false
+        }
+
+        /// The scores of the two pseudo-systems of an approximate-randomization trial:
+        /// segment `i` of the first is the baseline's where `swap[i]`, else the system's, and
+        /// the other way round for the second. By default, `trial_flat` of their integer sums.
+        fn trial_pair(&self, baseline: &[u64], system: &[u64], swap: &[bool]) -> (f64, f64) {
+            let width = self.width();
+            let (mut a, mut b) = (vec![0u64; width], vec![0u64; width]);
+            let rows = baseline.chunks_exact(width).zip(system.chunks_exact(width));
+            for ((bl, sys), &s) in rows.zip(swap) {
+                let (to_a, to_b) = if s { (bl, sys) } else { (sys, bl) };
+                for ((x, y), (p, q)) in a.iter_mut().zip(&mut b).zip(to_a.iter().zip(to_b)) {
+                    *x += p;
+                    *y += q;
+                }
+            }
+            (self.trial_flat(&a), self.trial_flat(&b))
+        }
     }
 }
 
@@ -244,6 +307,106 @@ impl sealed::Resample<ChrfCounts> for ChrfConfig {
 
     fn trial_flat(&self, sum: &[u64]) -> f64 {
         chrf_flat(sum, self)
+    }
+}
+
+impl Metric for TerConfig {
+    type Counts = TerStats;
+}
+
+/// TER's flat layout: `[edits, ref_len.to_bits()]` per segment (the mean reference length is
+/// not an integer with several references, so it is kept as its `f64` bits and every sum is
+/// taken here, in floating point, in sacrebleu's order).
+impl sealed::Resample<TerStats> for TerConfig {
+    fn check_resample(&self) -> Result<(), MetricError> {
+        Ok(())
+    }
+
+    fn width(&self) -> usize {
+        2
+    }
+
+    fn flatten(&self, stats: &TerStats, out: &mut Vec<u64>) -> bool {
+        if stats.validate("stats").is_err() {
+            return false;
+        }
+        out.push(stats.edits as u64);
+        out.push(stats.ref_len.to_bits());
+        true
+    }
+
+    fn orders_text(&self) -> String {
+        "TER statistics (edits a finite whole number >= 0, ref_len finite and >= 0)".into()
+    }
+
+    fn score_flat(&self, sum: &[u64]) -> f64 {
+        ter_score(sum[0] as f64, f64::from_bits(sum[1]))
+    }
+
+    fn resample_flat(&self, sum: &[u64]) -> (f64, bool) {
+        ter_score_f32(sum[0] as f32, f64::from_bits(sum[1]) as f32)
+    }
+
+    fn trial_flat(&self, sum: &[u64]) -> f64 {
+        self.score_flat(sum)
+    }
+
+    fn overflows(&self, segment: &[u64], limit: u64) -> bool {
+        segment[0] > limit
+    }
+
+    fn float_stats(&self) -> bool {
+        true
+    }
+
+    /// sacrebleu's `sum_of_lists`: Python floats added in segment order.
+    fn score_segments(&self, flat: &[u64]) -> f64 {
+        let (edits, ref_len) = flat.chunks_exact(2).fold((0.0f64, 0.0f64), |(e, r), s| {
+            (e + s[0] as f64, r + f64::from_bits(s[1]))
+        });
+        ter_score(edits, ref_len)
+    }
+
+    /// NumPy's `_s.sum(0)` of a `float32` resample: sequential `float32` additions.
+    fn resample_row(&self, flat: &[u64], row: &[u32], _sum: &mut [u64]) -> (f64, bool) {
+        let (mut edits, mut ref_len) = (0.0f32, 0.0f32);
+        for &i in row {
+            let s = &flat[2 * i as usize..2 * i as usize + 2];
+            edits += s[0] as f32;
+            ref_len += f64::from_bits(s[1]) as f32;
+        }
+        ter_score_f32(edits, ref_len)
+    }
+
+    /// sacrebleu adds the pseudo-systems' statistics with a `float64` matrix product (BLAS,
+    /// whose order of additions is its own); here in segment order. Edits (and reference
+    /// lengths with one reference per segment) are whole numbers, summed exactly either way.
+    fn trial_pair(&self, baseline: &[u64], system: &[u64], swap: &[bool]) -> (f64, f64) {
+        let (mut a, mut b) = ((0.0f64, 0.0f64), (0.0f64, 0.0f64));
+        let rows = baseline.chunks_exact(2).zip(system.chunks_exact(2));
+        for ((bl, sys), &s) in rows.zip(swap) {
+            let (to_a, to_b) = if s { (bl, sys) } else { (sys, bl) };
+            a = (a.0 + to_a[0] as f64, a.1 + f64::from_bits(to_a[1]));
+            b = (b.0 + to_b[0] as f64, b.1 + f64::from_bits(to_b[1]));
+        }
+        (ter_score(a.0, a.1), ter_score(b.0, b.1))
+    }
+}
+
+/// sacrebleu's `TER._compute_score_from_stats` in Python floats.
+fn ter_score(edits: f64, ref_len: f64) -> f64 {
+    score_ter_stats(&TerStats { edits, ref_len }).map_or(0.0, |s| s.score)
+}
+
+/// `TER._compute_score_from_stats` on a `float32` resample: `float32` division and `100 *`,
+/// unless the reference length is 0 (then the Python floats 100.0 or 0.0).
+fn ter_score_f32(edits: f32, ref_len: f32) -> (f64, bool) {
+    if ref_len > 0.0 {
+        (f64::from(100f32 * (edits / ref_len)), true)
+    } else if edits > 0.0 {
+        (100.0, false)
+    } else {
+        (0.0, false)
     }
 }
 
@@ -358,7 +521,7 @@ fn check<M: Metric>(
                     ),
                 ));
             }
-            if flat[flat.len() - width..].iter().any(|&c| c > limit) {
+            if cfg.overflows(&flat[flat.len() - width..], limit) {
                 return Err(invalid(
                     "stats",
                     format!(
@@ -518,14 +681,7 @@ fn resample_all<M: Metric>(
     for _ in 0..n_samples {
         rng.choice_into(n as u64, &mut row);
         for (flat, out) in systems.iter().zip(&mut samples) {
-            sum.fill(0);
-            for &i in &row {
-                let segment = &flat[i as usize * width..(i as usize + 1) * width];
-                for (a, b) in sum.iter_mut().zip(segment) {
-                    *a += b;
-                }
-            }
-            out.push(cfg.resample_flat(&sum));
+            out.push(cfg.resample_row(flat, &row, &mut sum));
         }
     }
     samples.into_iter().map(Scores::from_samples).collect()
@@ -603,7 +759,7 @@ pub fn bootstrap_confidence<M: Metric>(
     bootstrap: &BootstrapConfig,
 ) -> Result<Confidence, MetricError> {
     let flat = check(cfg, bootstrap, &[stats])?;
-    let score = cfg.score_flat(&flat_sum(&flat[0], cfg.width()));
+    let score = cfg.score_segments(&flat[0]);
     let mut scores = resample_all(&flat, cfg, bootstrap).remove(0);
     Ok(estimate_ci(score, &mut scores, Mean::Exact))
 }
@@ -637,10 +793,7 @@ pub fn paired_bootstrap_many<M: Metric>(
     let mut all: Vec<&[M::Counts]> = vec![baseline];
     all.extend_from_slice(systems);
     let flat = check(cfg, bootstrap, &all)?;
-    let actual: Vec<f64> = flat
-        .iter()
-        .map(|f| cfg.score_flat(&flat_sum(f, cfg.width())))
-        .collect();
+    let actual: Vec<f64> = flat.iter().map(|f| cfg.score_segments(f)).collect();
     let mut scores = resample_all(&flat, cfg, bootstrap);
     let bl_scores = scores.remove(0);
     let mut bl_sorted = bl_scores.clone();
@@ -732,47 +885,60 @@ pub fn paired_approximate_randomization<M: Metric>(
         seed,
     } = *bootstrap;
     let flat = check(cfg, bootstrap, &[baseline, system])?;
-    let width = cfg.width();
-    let bl_sum = flat_sum(&flat[0], width);
-    let sys_sum = flat_sum(&flat[1], width);
-    let bl_score = cfg.score_flat(&bl_sum);
-    let score = cfg.score_flat(&sys_sum);
+    let bl_score = cfg.score_segments(&flat[0]);
+    let score = cfg.score_segments(&flat[1]);
     let diff = (bl_score - score).abs();
-    // A_t = Σ_{pos} bl_i + Σ_{neg} sys_i = sys_sum + Σ_{pos} (bl_i - sys_i); B_t = bl + sys - A_t.
-    let delta: Vec<i64> = flat[0]
-        .iter()
-        .zip(&flat[1])
-        .map(|(&p, &q)| p as i64 - q as i64)
-        .collect();
-    let base_a: Vec<i64> = sys_sum.iter().map(|&x| x as i64).collect();
-    let both: Vec<i64> = bl_sum
-        .iter()
-        .zip(&sys_sum)
-        .map(|(&x, &y)| x as i64 + y as i64)
-        .collect();
     let mut rng = NumpyPcg64::new(seed);
     let mut bools = NumpyBools::default();
-    let mut acc = vec![0i64; width];
-    let mut sum_a = vec![0u64; width];
-    let mut sum_b = vec![0u64; width];
     let mut c = 0usize;
-    for _ in 0..n_trials {
-        acc.copy_from_slice(&base_a);
-        for d in delta.chunks_exact(width) {
-            if bools.next(&mut rng) {
-                for (x, y) in acc.iter_mut().zip(d) {
-                    *x += y;
-                }
+    if cfg.float_stats() {
+        let mut swap = vec![false; baseline.len()];
+        for _ in 0..n_trials {
+            for s in &mut swap {
+                *s = bools.next(&mut rng);
+            }
+            let (sa, sb) = cfg.trial_pair(&flat[0], &flat[1], &swap);
+            if (sa - sb).abs() > diff {
+                c += 1;
             }
         }
-        for (((a, b), t), x) in sum_a.iter_mut().zip(&mut sum_b).zip(&both).zip(&acc) {
-            *a = *x as u64;
-            *b = (t - x) as u64;
-        }
-        let sa = cfg.trial_flat(&sum_a);
-        let sb = cfg.trial_flat(&sum_b);
-        if (sa - sb).abs() > diff {
-            c += 1;
+    } else {
+        let width = cfg.width();
+        let bl_sum = flat_sum(&flat[0], width);
+        let sys_sum = flat_sum(&flat[1], width);
+        // A_t = Σ_{pos} bl_i + Σ_{neg} sys_i = sys_sum + Σ_{pos} (bl_i - sys_i); B_t = bl + sys - A_t.
+        let delta: Vec<i64> = flat[0]
+            .iter()
+            .zip(&flat[1])
+            .map(|(&p, &q)| p as i64 - q as i64)
+            .collect();
+        let base_a: Vec<i64> = sys_sum.iter().map(|&x| x as i64).collect();
+        let both: Vec<i64> = bl_sum
+            .iter()
+            .zip(&sys_sum)
+            .map(|(&x, &y)| x as i64 + y as i64)
+            .collect();
+        let mut acc = vec![0i64; width];
+        let mut sum_a = vec![0u64; width];
+        let mut sum_b = vec![0u64; width];
+        for _ in 0..n_trials {
+            acc.copy_from_slice(&base_a);
+            for d in delta.chunks_exact(width) {
+                if bools.next(&mut rng) {
+                    for (x, y) in acc.iter_mut().zip(d) {
+                        *x += y;
+                    }
+                }
+            }
+            for (((a, b), t), x) in sum_a.iter_mut().zip(&mut sum_b).zip(&both).zip(&acc) {
+                *a = *x as u64;
+                *b = (t - x) as u64;
+            }
+            let sa = cfg.trial_flat(&sum_a);
+            let sb = cfg.trial_flat(&sum_b);
+            if (sa - sb).abs() > diff {
+                c += 1;
+            }
         }
     }
     Ok(PairedResult {

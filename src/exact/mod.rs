@@ -49,6 +49,11 @@
 //! [`chrf`] reproduces sacrebleu's `CHRF` ([`chrf::corpus_chrf`], [`chrf::sentence_chrf`],
 //! [`chrf::ChrfConfig`]), with additive per-segment statistics ([`chrf::ChrfCounts`]) that
 //! [`bootstrap`] resamples as it does BLEU's.
+//!
+//! # TER
+//! [`ter`] reproduces sacrebleu's `TER` ([`ter::corpus_ter`], [`ter::sentence_ter`],
+//! [`ter::TerConfig`]), with additive per-segment statistics ([`ter::TerStats`]) that
+//! [`bootstrap`] resamples too.
 
 mod bleu;
 pub mod bootstrap;
@@ -59,6 +64,7 @@ mod nltk;
 mod numpy_rng;
 mod sacre;
 mod stats;
+pub mod ter;
 mod text_stats;
 pub mod tokenize;
 

@@ -17,11 +17,11 @@ multi-system tables, so both tools are run with the same relative paths). sacreb
 no max-n-gram-order option: the `api` cases build `BLEU(max_ngram_order=N, ...)` in-process and
 print what the CLI would print with that metric (`Score.format` with its signature).
 
-chrF cases (`-m chrf`, `-m bleu chrf`, the `--chrf-*` options, `-ci`, `-pbs`, `-par`) run the
-real CLI too, except two: sacrebleu 2.6.0's `-pbs -f json` raises TypeError on chrF (its
-bootstrap means are numpy.float32, which `json` cannot serialize), so those cases run
-sacrebleu's own `main()` with `json.dumps(..., default=float)` and are marked
-`sacrebleu_json_float32_patched`.
+chrF and TER cases (`-m chrf`, `-m ter`, `-m bleu chrf ter`, the `--chrf-*` and `--ter-*`
+options, `-ci`, `-pbs`, `-par`) run the real CLI too, except three: sacrebleu 2.6.0's `-pbs -f
+json` raises TypeError on chrF and TER (their bootstrap means are numpy.float32, which `json`
+cannot serialize), so those cases run sacrebleu's own `main()` with
+`json.dumps(..., default=float)` and are marked `sacrebleu_json_float32_patched`.
 
 Single-system corpus cases also record sacrebleu's full-precision statistics (`full`: score,
 counts, totals, precisions, bp, ratio, sys_len, ref_len) for the numeric checks of the extra
@@ -480,6 +480,51 @@ def main():
     case("both_paired_ar_json", [R, "-i", H, S2, "-m", "bleu", "chrf", "-par", "-parn", "500"])
     case("chrf_stdin_paired_bs", [R, "-m", "chrf", "-pbs", "-pbsn", "200", "-f", "text"], stdin=paste)
 
+    # TER (-m ter), alone and with BLEU and chrF: every --ter-* combination, references,
+    # sentence level, confidence intervals and paired tests.
+    case("ter_json", [R, "-i", H, "-m", "ter"])
+    case("ter_text", [R, "-i", H, "-m", "ter", "-f", "text", "-w", "8"])
+    case("ter_b", [R, "-i", H, "-m", "ter", "-b", "-w", "6"])
+    case("ter_short", [R, "-i", H, "-m", "ter", "-f", "text", "--short"])
+    case("ter_short_json", [R, "-i", H, "-m", "ter", "-sh", "-w", "4"])
+    ter_flags = ["--ter-normalized", "--ter-no-punct", "--ter-asian-support", "--ter-case-sensitive"]
+    for bits in range(16):
+        flags = [f for k, f in enumerate(ter_flags) if bits >> k & 1]
+        case(f"ter_unicode_flags{bits}", U + ["-m", "ter", *flags, "-f", "text", "-w", "10"])
+        if bits in (0, 3, 5, 9, 15):
+            case(f"ter_flags{bits}", [R, "-i", H, "-m", "ter", *flags, "-w", "10"])
+    case("ter_unicode_sl_norm_asian", U + ["-m", "ter", "--ter-normalized", "--ter-asian-support", "-sl", "-w", "6"])
+    case("ter_sl", [R, "-i", H, "-m", "ter", "-sl"])
+    case("ter_sl_b", [R, "-i", H, "-m", "ter", "-sl", "-b", "-w", "3"])
+    case("ter_sl_multi_ref_short", [R, I("ref2.txt"), "-i", H, "-m", "ter", "-sl", "--short", "-w", "5"])
+    case("ter_two_refs", [R, I("ref2.txt"), "-i", H, "-m", "ter", "-f", "text", "-w", "10"])
+    case("ter_num_refs_3", [I("nr3.ref.txt"), "-i", H, "-nr", "3", "-m", "ter", "-w", "10"])
+    case("ter_short_lines", [I("short.ref.txt"), "-i", I("short.hyp.txt"), "-m", "ter", "-f", "text", "-w", "8"])
+    case("ter_short_lines_sl", [I("short.ref.txt"), "-i", I("short.hyp.txt"), "-m", "ter", "-sl", "-w", "8"])
+    case("ter_whitespace_file", [I("ws.ref.txt"), "-i", I("ws.hyp.txt"), "-m", "ter", "--ter-normalized", "-w", "8"])
+    case("ter_crlf", [I("crlf.ref.txt"), "-i", I("crlf.hyp.txt"), "-m", "ter", "-w", "8"])
+    case("ter_stdin", [R, "-m", "ter", "--ter-no-punct"], stdin=hyp_text)
+    case("ter_identical", [R, "-i", R, "-m", "ter", "-w", "14"])
+    case("ter_zero_matches", [I("ref40.txt"), "-i", I("zero.hyp.txt"), "-m", "ter", "-w", "8"])
+    case("all_three_json", [R, "-i", H, "-m", "bleu", "chrf", "ter"])
+    case("all_three_text_reversed", [R, "-i", H, "-m", "ter", "chrf", "bleu", "-f", "text", "-w", "4"])
+    case("all_three_b", [R, "-i", H, "-m", "ter", "bleu", "chrf", "-b"])
+    case("ter_bleu_short_text", [R, "-i", H, "-m", "ter", "bleu", "-f", "text", "-sh", "--ter-case-sensitive"])
+    case("ter_ci", [R, "-i", H, "-m", "ter", "-ci", "-cin", "300", "-w", "10"])
+    case("ter_ci_text", [R, "-i", H, "-m", "ter", "-ci", "-f", "text"])
+    case("ter_ci_two_refs_seed", [R, I("ref2.txt"), "-i", H, "-m", "ter", "-ci", "-cin", "200", "-f", "text", "-w", "8"],
+         env={"SACREBLEU_SEED": "42"})
+    case("all_three_ci_text", [R, "-i", H, "-m", "ter", "bleu", "chrf", "-ci", "-cin", "200", "-f", "text", "-w", "4"])
+    case("ter_multi_text", [R, "-i", H, S2, "-m", "ter", "-f", "text", "-w", "6"])
+    case("ter_multi_json", [R, "-i", H, S2, R, "-m", "ter", "--ter-normalized"])
+    case("all_three_multi_latex", [R, "-i", H, S2, "-m", "chrf", "ter", "bleu", "-f", "latex"])
+    case("ter_paired_bs_text", [R, "-i", H, S2, "-m", "ter", "-pbs", "-pbsn", "300", "-f", "text", "-w", "10"])
+    case("ter_paired_bs_three_refs2", [R, I("ref2.txt"), "-i", H, S2, R, "-m", "ter", "-pbs", "-pbsn", "200", "-f", "text", "-w", "8"])
+    case("all_three_paired_bs_text", [R, "-i", H, S2, "-m", "ter", "bleu", "chrf", "-pbs", "-pbsn", "200", "-f", "text", "-w", "6"])
+    case("ter_paired_ar_text", [R, "-i", H, S2, "-m", "ter", "-par", "-parn", "1000", "-f", "text", "-w", "10"])
+    case("ter_paired_ar_json_refs2", [R, I("ref2.txt"), "-i", H, S2, "-m", "ter", "-par", "-parn", "500"])
+    case("ter_stdin_paired_ar", [R, "-m", "ter", "-par", "-parn", "300", "-f", "latex"], stdin=paste)
+
     # sacrebleu 2.6.0's -pbs -f json dies on chrF (json cannot serialize its numpy.float32
     # means: TypeError, exit 1, nothing on stdout). These cases run sacrebleu's own CLI code
     # with json.dumps(..., default=float), i.e. what it would print if it could.
@@ -506,6 +551,7 @@ def main():
 
     patched_case("chrf_paired_bs_json", [R, "-i", H, S2, "-m", "chrf", "-pbs", "-pbsn", "300"])
     patched_case("both_paired_bs_json", [R, "-i", H, S2, R, "-m", "bleu", "chrf", "-cw", "2", "-pbs", "-pbsn", "200"])
+    patched_case("ter_paired_bs_json", [R, "-i", H, S2, "-m", "ter", "-pbs", "-pbsn", "200"])
 
     # --max-ngram-order: not a sacrebleu CLI option; the API's max_ngram_order, printed the
     # way the CLI prints a score (signature without an n-gram field).

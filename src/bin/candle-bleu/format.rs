@@ -3,6 +3,7 @@
 //! several systems (`fancy_grid` for text, `latex_booktabs` for LaTeX); and the rendering of
 //! what the command computed ([`MetricOut`]) in the format the options ask for ([`render`]).
 
+use candle_bleu::exact::ter::TerConfig;
 use candle_bleu::exact::tokenize::is_python_whitespace;
 use candle_bleu::exact::BleuScore;
 
@@ -33,7 +34,18 @@ pub fn py_repr(x: f64) -> String {
     if x == 0.0 {
         return format!("{sign}0.0");
     }
-    let sci = format!("{:e}", x.abs());
+    // The number of significant digits of the shortest string that round-trips; then that many
+    // digits of the exact value, rounded half to even. Python (David Gay's dtoa) takes the
+    // nearest of the shortest strings, ties to even, where Rust's shortest can round a tie up
+    // (1.79779815673828125 is "1.7977981567382812" for Python, "1.7977981567382813" for `{:e}`).
+    let shortest = format!("{:e}", x.abs());
+    let n = shortest
+        .split_once('e')
+        .map_or(shortest.as_str(), |(m, _)| m)
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .count();
+    let sci = format!("{:.*e}", n.saturating_sub(1), x.abs());
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
     let exp: i32 = exp.parse().unwrap_or(0);
@@ -170,7 +182,8 @@ fn write_json_str(out: &mut String, s: &str, ascii: bool) {
     out.push('"');
 }
 
-/// sacrebleu's reproducibility signature (`Signature` and `BLEUSignature`/`CHRFSignature`):
+/// sacrebleu's reproducibility signature (`Signature` and `BLEUSignature`/`CHRFSignature`/
+/// `TERSignature`):
 /// fields in sacrebleu's order, `None` ones left out.
 #[derive(Debug, Clone)]
 pub struct Signature {
@@ -200,6 +213,7 @@ pub enum MetricSignature {
         word_order: usize,
         whitespace: bool,
     },
+    Ter(TerConfig),
 }
 
 /// The sacrebleu version whose numbers (and signature) this tool reproduces.
@@ -248,6 +262,13 @@ impl Signature {
                 pairs.push(("nc", "nc", char_order.to_string()));
                 pairs.push(("nw", "nw", word_order.to_string()));
                 pairs.push(("space", "s", yes_no(*whitespace)));
+            }
+            MetricSignature::Ter(cfg) => {
+                pairs.push(("case", "c", case(!cfg.case_sensitive)));
+                pairs.push(("tok", "t", "tercom".to_owned()));
+                pairs.push(("norm", "nr", yes_no(cfg.normalized)));
+                pairs.push(("punct", "pn", yes_no(!cfg.no_punct)));
+                pairs.push(("asian", "as", yes_no(cfg.asian_support)));
             }
         }
         pairs.push(("version", "v", SACREBLEU_VERSION.into()));
@@ -821,6 +842,10 @@ mod tests {
             (1e15, "1000000000000000.0"),
             (0.029970029970029972, "0.029970029970029972"),
             (-2.5, "-2.5"),
+            // Exact ties between two shortest strings: Python rounds half to even.
+            (15_081_024.0 / 8_388_608.0, "1.7977981567382812"),
+            (589_825.0 / 65_536.0, "9.000015258789062"),
+            (f64::from(0.1f32), "0.10000000149011612"),
         ] {
             assert_eq!(py_repr(x), s);
         }
