@@ -205,7 +205,10 @@ pub(crate) enum Buf<'r, 'v, T> {
     Slice(&'r CudaSlice<T>),
     Ids(&'r CudaView<'v, u32>),
     Out(&'r mut CudaSlice<T>),
+    /// f64 workspaces, which only the CTC kernels (`cuda-unverified`) take.
+    #[cfg_attr(not(feature = "cuda-unverified"), allow(dead_code))]
     Work(&'r mut CudaSlice<f64>),
+    #[cfg_attr(not(feature = "cuda-unverified"), allow(dead_code))]
     WorkIn(&'r CudaSlice<f64>),
 }
 
@@ -222,9 +225,8 @@ pub(crate) fn run<T: DeviceRepr + WithDType>(
     };
     if T::DTYPE != expected {
         bail!(
-            "internal: a {:?} launch of {} over {:?} buffers",
-            launch.float,
-            launch.family,
+            "internal: a launch of {} over {:?} buffers",
+            launch.kernel_name(),
             T::DTYPE
         );
     }
@@ -508,7 +510,6 @@ fn self_match_dense(
 #[cfg(test)]
 mod tests {
     use super::{compile_ptx, ROW_MODULE};
-    use crate::loss::kernels::launch::KERNEL_FAMILIES;
 
     /// The `.entry` names of a PTX module.
     fn ptx_entries(ptx: &str) -> Vec<String> {
