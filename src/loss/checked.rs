@@ -71,27 +71,48 @@ pub(crate) struct CheckedTargets<'a> {
     /// `Σ w_t` over the non-pad targets with class weights (`n` without them): the weighted
     /// mean's denominator.
     pub weight_sum: f64,
-    /// What each non-pad row's term is divided by, set by the reduction stage: `n` (`Σ w_t`
-    /// with class weights) for the mean over this batch, 1 for a sum, each position's loss, or
-    /// a data-parallel shard's sum. 1 until then.
-    pub divisor: f64,
+    /// Which mean the reduction stage takes, set by it (`reduce::Reducer::divide`): the mean
+    /// over this batch (divided by `n`, or `Σ w_t` with class weights), or none (a sum, each
+    /// position's loss, a data-parallel shard's sum). [`Division::None`] until then.
+    pub division: Division,
     /// How the token losses are reduced.
     pub reduction: CrossEntropyReduction,
 }
 
+/// The mean the reduction stage takes of the cross-entropy's row terms, said explicitly (never
+/// inferred from the divisor's value: a weighted mean whose `Σ w_t` is 1 is still a mean).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Division {
+    /// No division: a sum, each position's loss, or a data-parallel shard's sum.
+    None,
+    /// The mean over this batch's `n` non-pad targets.
+    Mean,
+    /// The mean over this batch weighted by class weights: divided by `Σ w_t`.
+    WeightedMean,
+}
+
 impl CheckedTargets<'_> {
-    /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
-    pub(crate) fn inv_count(&self) -> f64 {
-        1.0 / self.divisor
+    /// What each non-pad row's term is divided by: `n`, `Σ w_t`, or 1, as
+    /// [`Self::division`] says.
+    pub(crate) fn divisor(&self) -> f64 {
+        match self.division {
+            Division::None => 1.0,
+            Division::Mean => self.count as f64,
+            Division::WeightedMean => self.weight_sum,
+        }
     }
 
-    /// The z-term's row weight over the cross-entropy's: `divisor / n` for a local weighted
+    /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
+    pub(crate) fn inv_count(&self) -> f64 {
+        1.0 / self.divisor()
+    }
+
+    /// The z-term's row weight over the cross-entropy's: `Σ w_t / n` for a local weighted
     /// mean (the z-term's mean divides by the count, as Liger's does), 1 otherwise.
     pub(crate) fn z_ratio(&self) -> f64 {
-        if self.terms.class_weights.is_some() && self.count > 0 && self.divisor != 1.0 {
-            self.divisor / self.count as f64
-        } else {
-            1.0
+        match self.division {
+            Division::WeightedMean if self.count > 0 => self.weight_sum / self.count as f64,
+            _ => 1.0,
         }
     }
 }
@@ -750,7 +771,7 @@ fn checked_targets<'a>(
         } else {
             count as f64
         },
-        divisor: 1.0,
+        division: Division::None,
         reduction: cfg.reduction,
     })
 }
