@@ -1025,23 +1025,8 @@ pub(crate) fn ctc_call(
         device,
     )?;
     let input = input.to_dtype(dtype)?.contiguous()?;
-    if device.is_cpu() && !path.runs_cpu_kernels(device) {
-        ctc_finite_frames(name, &input, &lengths, from_logits)?;
-    } else if !device.is_cpu() && check_values {
-        // One counted copy of the input to the host, checked there as on the CPU.
-        let on_host = match input.dtype() {
-            DType::F64 => Tensor::from_vec(
-                host::to_vec1::<f64>(&input.flatten_all()?)?,
-                input.shape(),
-                &Device::Cpu,
-            )?,
-            _ => Tensor::from_vec(
-                host::to_vec1::<f32>(&input.flatten_all()?)?,
-                input.shape(),
-                &Device::Cpu,
-            )?,
-        };
-        ctc_finite_frames(name, &on_host, &lengths, from_logits)?;
+    if !path.runs_cpu_kernels(device) {
+        ctc_finite_input(name, &input, &lengths, from_logits, check_values)?;
     }
     Ok(CheckedCtc {
         input,
@@ -1054,6 +1039,38 @@ pub(crate) fn ctc_call(
         target_lengths,
         path,
     })
+}
+
+/// Errors if a frame within the input lengths of `input` (`[B, T', V]`, f32 or f64) holds NaN
+/// or `+inf`, or from logits `-inf`: read in place on the CPU; off it with `check_off_cpu`
+/// from one counted copy to the host, else not checked. Frames beyond the lengths are never
+/// read.
+fn ctc_finite_input(
+    name: &str,
+    input: &Tensor,
+    lengths: &[usize],
+    from_logits: bool,
+    check_off_cpu: bool,
+) -> Result<()> {
+    if input.device().is_cpu() {
+        return ctc_finite_frames(name, &input.contiguous()?, lengths, from_logits);
+    }
+    if !check_off_cpu {
+        return Ok(());
+    }
+    let on_host = match input.dtype() {
+        DType::F64 => Tensor::from_vec(
+            host::to_vec1::<f64>(&input.flatten_all()?)?,
+            input.shape(),
+            &Device::Cpu,
+        )?,
+        _ => Tensor::from_vec(
+            host::to_vec1::<f32>(&input.flatten_all()?)?,
+            input.shape(),
+            &Device::Cpu,
+        )?,
+    };
+    ctc_finite_frames(name, &on_host, lengths, from_logits)
 }
 
 /// Errors if a frame within the input lengths of the CPU tensor `input` (`[B, T', V]`, f32 or
@@ -1149,7 +1166,7 @@ pub(crate) fn ctc_bleu_call(
 ) -> Result<CheckedCtcLogits> {
     ctc_bleu_config(cfg)?;
     let check_values = cfg.check_values;
-    let (_, dims) = logits_shape("logits", logits)?;
+    let (compute, dims) = logits_shape("logits", logits)?;
     let (batch, frames, vocab) = dims;
     let shape = HypothesisShape::of("logits", logits, dims);
     ctc_blank(blank, vocab, &shape.described)?;
@@ -1189,7 +1206,18 @@ pub(crate) fn ctc_bleu_call(
             None
         }
     };
-    let logits = hypotheses("logits", logits, path, check_values)?;
+    // Only the frames in use are checked, as `ctc_loss` does: padding frames may hold anything,
+    // NaN included (the composed ops zero them before the softmax). The CPU kernel finds
+    // non-finite logits in its own pass over those frames.
+    let logits = CheckedHypotheses {
+        tensor: logits.to_dtype(compute)?,
+        path,
+    };
+    if !path.checks_finite(logits.tensor.device()) {
+        if let Some(frames) = &frame_counts {
+            ctc_finite_input("logits", &logits.tensor, frames, true, check_values)?;
+        }
+    }
     let (dtype, device) = (logits.tensor.dtype(), logits.tensor.device());
     let frame_mask = match input_lengths {
         None => Tensor::ones((batch, frames), dtype, device)?,
