@@ -3,7 +3,8 @@
 //! `log_softmax` and both composed references, in f64 and f32; finite differences on a leaf
 //! `log_probs` (the true gradient, not PyTorch's, pytorch/pytorch#52241) and on logits; the
 //! kernel against the composed ops; frames beyond the input lengths; greedy decoding; and each
-//! input error.
+//! input error. The tests that compute in f64 are skipped on Metal, which has none
+//! (`common::f64_supported`).
 
 use candle_bleu::gradcheck::{check_gradients, GradCheckConfig};
 use candle_bleu::loss::{
@@ -229,6 +230,9 @@ fn check_golden(dtype: DType, value_tol: f64, grad_tol: f64) -> Result<()> {
 
 #[test]
 fn golden_pytorch_f64() -> Result<()> {
+    if !common::f64_supported("golden_pytorch_f64") {
+        return Ok(());
+    }
     check_golden(DType::F64, 1e-10, 1e-10)
 }
 
@@ -275,6 +279,9 @@ fn random_batch(seed: u64, blank: u32) -> Result<(Tensor, Tensor, Tensor, Tensor
 /// agree with the kernel and the composed ops, for each reduction.
 #[test]
 fn gradcheck_on_a_leaf_log_probs() -> Result<()> {
+    if !common::f64_supported("gradcheck_on_a_leaf_log_probs") {
+        return Ok(());
+    }
     for (seed, blank) in [(1, 0), (2, 3), (3, 5)] {
         let (x, targets, il, tl) = random_batch(seed, blank)?;
         for reduction in [CtcReduction::Mean, CtcReduction::Sum, CtcReduction::None] {
@@ -302,6 +309,9 @@ fn gradcheck_on_a_leaf_log_probs() -> Result<()> {
 
 #[test]
 fn gradcheck_on_logits() -> Result<()> {
+    if !common::f64_supported("gradcheck_on_logits") {
+        return Ok(());
+    }
     for (seed, blank) in [(4, 0), (5, 2)] {
         let (x, targets, il, tl) = random_batch(seed, blank)?;
         let cfg = CtcConfig {
@@ -324,6 +334,9 @@ fn gradcheck_on_logits() -> Result<()> {
 /// `-inf` entries: probability 0) and from logits.
 #[test]
 fn kernel_matches_composed() -> Result<()> {
+    if !common::f64_supported("kernel_matches_composed") {
+        return Ok(());
+    }
     for (seed, blank) in [(6, 0), (7, 4), (8, 5)] {
         let (x, targets, il, tl) = random_batch(seed, blank)?;
         // A few zero probabilities: every label 1 at frame 1 of element 0, say.
@@ -354,6 +367,9 @@ fn kernel_matches_composed() -> Result<()> {
 /// Frames at and beyond an element's input length get no gradient, whatever they hold.
 #[test]
 fn frames_beyond_input_lengths_have_zero_gradient() -> Result<()> {
+    if !common::f64_supported("frames_beyond_input_lengths_have_zero_gradient") {
+        return Ok(());
+    }
     let (x, targets, il, tl) = random_batch(9, 0)?;
     let lengths = il.to_vec1::<u32>()?;
     let (_, t, v) = x.dims3()?;
@@ -390,6 +406,9 @@ fn frames_beyond_input_lengths_have_zero_gradient() -> Result<()> {
 /// (the composed path masks them before its `log_softmax`, whose backward would spread NaN).
 #[test]
 fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
+    if !common::f64_supported("frames_beyond_input_lengths_are_not_read") {
+        return Ok(());
+    }
     let dev = test_device();
     let x = Tensor::new(
         &[[[0.1f64, 0.2, 0.3], [0.3, 0.2, 0.1], [f64::NAN, 0.0, 0.0]]],
@@ -425,6 +444,9 @@ fn frames_beyond_input_lengths_are_not_read() -> Result<()> {
 /// "1 1": only (1, blank, 1) aligns, so the loss is 3 log 3; target "1 2" has 5 alignments.
 #[test]
 fn hand_values() -> Result<()> {
+    if !common::f64_supported("hand_values") {
+        return Ok(());
+    }
     let dev = test_device();
     let log_probs = Tensor::full((1f64 / 3.0).ln(), (1, 3, 3), &dev)?;
     let il = Tensor::new(&[3u32], &dev)?;
@@ -480,6 +502,9 @@ fn impossible_alignment_is_infinite_or_zero() -> Result<()> {
 /// f16 and bf16 are computed in f32.
 #[test]
 fn half_precision_is_computed_in_f32() -> Result<()> {
+    if !common::f64_supported("half_precision_is_computed_in_f32") {
+        return Ok(());
+    }
     let (x, targets, il, tl) = random_batch(10, 0)?;
     let cfg = CtcConfig::default();
     let reference = ctc_loss_from_logits(&x.to_dtype(DType::F32)?, &targets, &il, &tl, &cfg)?;
@@ -499,6 +524,9 @@ fn half_precision_is_computed_in_f32() -> Result<()> {
 /// Targets and lengths as u32, i32 or i64 give the same loss.
 #[test]
 fn integer_dtypes_of_targets_and_lengths() -> Result<()> {
+    if !common::f64_supported("integer_dtypes_of_targets_and_lengths") {
+        return Ok(());
+    }
     let (x, targets, il, tl) = random_batch(11, 0)?;
     let cfg = CtcConfig::default();
     let reference = ctc_loss_from_logits(&x, &targets, &il, &tl, &cfg)?.to_scalar::<f64>()?;
@@ -517,6 +545,9 @@ fn integer_dtypes_of_targets_and_lengths() -> Result<()> {
 
 #[test]
 fn three_host_copies_per_call() -> Result<()> {
+    if !common::f64_supported("three_host_copies_per_call") {
+        return Ok(());
+    }
     let (x, targets, il, tl) = random_batch(12, 0)?;
     let before = host_copies();
     ctc_loss_from_logits(&x, &targets, &il, &tl, &CtcConfig::default())?;
@@ -845,6 +876,9 @@ fn error_nan_in_logits() {
 
 #[test]
 fn error_infinity_in_logits_and_positive_infinity_in_log_probs() {
+    if !common::f64_supported("error_infinity_in_logits_and_positive_infinity_in_log_probs") {
+        return;
+    }
     let (_, t, il, tl) = valid();
     let mut values = vec![0f64; 40];
     values[3] = f64::INFINITY;
@@ -858,6 +892,9 @@ fn error_infinity_in_logits_and_positive_infinity_in_log_probs() {
 
 #[test]
 fn negative_infinity_is_a_log_probability_but_not_a_logit() {
+    if !common::f64_supported("negative_infinity_is_a_log_probability_but_not_a_logit") {
+        return;
+    }
     let (_, t, il, tl) = valid();
     let mut values = vec![0f64; 40];
     values[3] = f64::NEG_INFINITY;

@@ -9,7 +9,7 @@
 //! recursion and candle's autograd gives the gradient. The same numbers to rounding.
 
 use super::checked::{ctc_call, ctc_decode_call, CheckedCtc};
-use super::config::{CtcConfig, CtcReduction};
+use super::config::{constant, CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;
 use super::kernels::ctc_composed::{ctc_losses, without_padding_frames};
@@ -234,8 +234,12 @@ fn reduce(losses: &Tensor, target_lengths: &[usize], reduction: CtcReduction) ->
                 .iter()
                 .map(|&l| 1.0 / (l.max(1) as f64 * batch))
                 .collect();
-            let weights = Tensor::from_vec(weights, target_lengths.len(), losses.device())?
-                .to_dtype(losses.dtype())?;
+            let weights = constant(
+                weights,
+                target_lengths.len(),
+                losses.dtype(),
+                losses.device(),
+            )?;
             (losses * weights)?.sum(0)
         }
     }

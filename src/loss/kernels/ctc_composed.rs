@@ -10,6 +10,7 @@
 //! 0 under `zero_infinity`) with a zero gradient, as in the kernel.
 
 use super::ctc_cpu::{can_skip, CtcAlignments};
+use crate::loss::config::constant;
 use candle_core::{DType, Device, Result, Tensor, D};
 
 /// `log 0` in the composed recursion: far below any log-likelihood of a possible alignment
@@ -32,17 +33,23 @@ fn log_add3(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
 /// `alpha` shifted right by `k` states along dimension 1, filled with [`LOG_ZERO`].
 fn shifted(alpha: &Tensor, k: usize) -> Result<Tensor> {
     let (batch, states) = alpha.dims2()?;
-    let fill =
-        Tensor::full(LOG_ZERO, (batch, k.min(states)), alpha.device())?.to_dtype(alpha.dtype())?;
+    let width = k.min(states);
+    let fill = constant(
+        vec![LOG_ZERO; batch * width],
+        (batch, width),
+        alpha.dtype(),
+        alpha.device(),
+    )?;
     if k >= states {
         return Ok(fill);
     }
     Tensor::cat(&[&fill, &alpha.narrow(1, 0, states - k)?], 1)
 }
 
-/// A host `[B, S]` table as a tensor of `dtype` on `device`.
+/// A host `[B, S]` table as a tensor of `dtype` on `device` (converted on the host: no f64
+/// tensor on a device without f64, as [`constant`]).
 fn table(values: Vec<f64>, shape: (usize, usize), dtype: DType, device: &Device) -> Result<Tensor> {
-    Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
+    constant(values, shape, dtype, device)
 }
 
 /// `x` (`[B, T', V]`) with the frames at and beyond each element's input length replaced by 0:
@@ -125,6 +132,6 @@ pub(crate) fn ctc_losses(log_probs: &Tensor, alignments: &CtcAlignments) -> Resu
     } else {
         f64::INFINITY
     };
-    let fill = Tensor::full(fill, batch, device)?.to_dtype(dtype)?;
+    let fill = constant(vec![fill; batch], batch, dtype, device)?;
     impossible.where_cond(&fill, &log_likelihood.neg()?)
 }
