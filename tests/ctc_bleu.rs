@@ -811,3 +811,38 @@ fn negative_input_lengths_are_refused() {
     ));
     assert!(e.contains("`input_lengths[1]` = -1 is negative"), "{e}");
 }
+
+/// The host copies of the module docs' table: without `input_lengths` none; with them one on
+/// the CPU (the lengths, which the kernel reads on the host), none off it (the composed ops
+/// read them on the device); with `check_values` off the CPU one for the lengths and one for
+/// the NaN/Inf check.
+#[test]
+fn host_copies_are_those_documented() {
+    let (logits, refs) = small_case();
+    let (batch, frames, _) = logits.dims3().unwrap();
+    let lengths = lengths_tensor(&vec![frames; batch]);
+    let on_cpu = test_device().is_cpu();
+    for check_values in [false, true] {
+        let cfg = BleuLossConfig {
+            check_values,
+            ..Default::default()
+        };
+        for (given, expected) in [
+            (None, usize::from(!on_cpu && check_values)),
+            (
+                Some(&lengths),
+                usize::from(on_cpu) + 2 * usize::from(!on_cpu && check_values),
+            ),
+        ] {
+            let before = candle_bleu::loss::host_copies();
+            ctc_bleu_loss_from_logits(&logits, given, &refs, 0, &cfg).unwrap();
+            let copies = candle_bleu::loss::host_copies() - before;
+            assert_eq!(
+                copies as usize,
+                expected,
+                "check_values {check_values}, lengths {}",
+                given.is_some()
+            );
+        }
+    }
+}

@@ -993,10 +993,10 @@ pub(crate) fn ctc_targets(
 }
 
 /// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
-/// checked: the input, the targets and both lengths, each input length `>= 1`, the blank. On
-/// the CPU, where the path's kernel does not check them in its own pass, the frames within the
-/// input lengths are checked for NaN and `+inf` (and `-inf` from logits); off the CPU values are
-/// not checked.
+/// checked: the input, the targets and both lengths, each input length `>= 1`, the blank. The
+/// frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
+/// where the path's kernel does not find them in its own pass: on the CPU in place, off it
+/// only with `check_values` (one counted copy).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ctc_call(
     name: &str,
@@ -1153,7 +1153,7 @@ pub(crate) struct CheckedCtcLogits {
 }
 
 /// The arguments of the BLEU loss on CTC outputs, checked: `logits` `[B, T', V]`,
-/// `input_lengths` (u32 `[B]`, each `<= T'`), id `refs` none of whose tokens is `blank`,
+/// `input_lengths` (u32, i32 or i64 `[B]`, each `<= T'`), id `refs` none of whose tokens is `blank`,
 /// `blank < V`; `cfg` is checked by [`ctc_bleu_config`] (its `max_order` and `check_values`
 /// are read here).
 pub(crate) fn ctc_bleu_call(

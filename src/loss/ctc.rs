@@ -33,9 +33,10 @@ use candle_core::{Result, Tensor, D};
 ///
 /// # Arguments
 /// * `log_probs` - float `[B, T', V]`; f32 and f64 are computed in their dtype, f16 and bf16 in
-///   f32. Values may be `-inf` (probability 0), never NaN or `+inf` (checked on the CPU, in the
-///   frames within `input_lengths`; off the CPU not checked). Frames beyond an element's input
-///   length are not read and get a zero gradient.
+///   f32. Values may be `-inf` (probability 0), never NaN or `+inf` (checked in the frames
+///   within `input_lengths`: on the CPU always, off it with [`CtcConfig::check_values`], one
+///   counted copy). Frames beyond an element's input length are not read and get a zero
+///   gradient.
 /// * `targets` - u32, i32 or i64 `[B, L]`, padded: row `b`'s first `target_lengths[b]` ids are
 ///   its target, each `< V` and not the blank; the rest is padding, never read. A label
 ///   repeated in a row needs a blank frame between its two occurrences, so a target with `r`
@@ -53,7 +54,8 @@ use candle_core::{Result, Tensor, D};
 /// Errors (naming the argument and its shape, value, dtype or device) on a wrong rank, dtype or
 /// shape, mismatched batch sizes or devices, `blank >= V`, a target id that is the blank or
 /// `>= V` (or negative), a negative length, `input_lengths[b]` of 0 or above `T'`,
-/// `target_lengths[b] > L`, and NaN or `+inf` in `log_probs` on the CPU.
+/// `target_lengths[b] > L`, and NaN or `+inf` in `log_probs` (on the CPU, or with
+/// `check_values`).
 ///
 /// Reads `targets` and both lengths to the host (three counted copies, [`host_copies`](super::host_copies)).
 ///
@@ -98,8 +100,9 @@ pub fn ctc_loss(
 /// backward: `scale · (softmax(logits[b, t]) − posterior[b, t])`, where the posterior sums
 /// the occupancies of the states of each label; no `[B, T', V]` log-probabilities are stored.
 ///
-/// `logits` is float `[B, T', V]`, finite within the input lengths (checked on the CPU); the
-/// other arguments, the result and the errors are those of [`ctc_loss`].
+/// `logits` is float `[B, T', V]`, finite within the input lengths (checked on the CPU, and off
+/// it with `check_values`); the other arguments, the result and the errors are those of
+/// [`ctc_loss`].
 ///
 /// ```
 /// use candle_bleu::loss::{ctc_loss_from_logits, CtcConfig, CtcReduction};

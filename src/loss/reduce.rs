@@ -12,7 +12,7 @@
 //!
 //! | quantity | `Local` | `Group` |
 //! |---|---|---|
-//! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels), summed: the mean | the row terms summed (weight 1), all-reduced with the count, divided by the global count |
+//! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels; with class weights `Σ w_t`, the z-term's part still by `n`), summed: the mean | the row terms summed (weight 1), all-reduced with the count (and `Σ w_t` with class weights), divided by the global count (`Σ w_t`); class weights with a z-loss are refused |
 //! | corpus BLEU | `score::score` of the elements' statistics (summed there) | the statistics summed over the shard, all-reduced, scored |
 //! | `SentenceMean` BLEU | `score::score` (the mean of the sentence losses) | the shard's sum of sentence losses and its size, all-reduced, divided |
 //!

@@ -19,8 +19,9 @@
 //! - corpus BLEU: `g_w` = the shard's statistics summed over its elements, and the loss is
 //!   [`loss_from_stats`](crate::loss::loss_from_stats) of the global sums ([`global_stats`], [`bleu_loss_from_stats`]);
 //! - `SentenceMean`: `Σ_w (sum of the shard's sentence losses) / Σ_w (shard size)`;
-//! - cross-entropy: `Σ_w (sum of the shard's token losses) / Σ_w (shard's non-pad tokens)`; a
-//!   shard may hold only padding ([`cross_entropy_sum_and_count`]).
+//! - cross-entropy: `Σ_w (sum of the shard's token losses) / Σ_w (shard's non-pad tokens)`
+//!   (with class weights, `/ Σ_w (shard's Σ w_t)`, PyTorch's weighted mean; with a z-loss too,
+//!   refused under `Mean`); a shard may hold only padding ([`cross_entropy_sum_and_count`]).
 //!
 //! Every worker gets the loss of the global batch, and the gradient of its own shard's share.
 //! Summing the parameter gradients over workers ([`sum_gradients`]: a **sum**, not a mean) then
