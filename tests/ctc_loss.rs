@@ -46,10 +46,23 @@ fn composed_on_log_softmax(
     ctc_loss_composed(&log_probs, targets, input_lengths, target_lengths, cfg)
 }
 
+/// `ctc_loss` of the crate's `log_softmax` op of the logits: PyTorch's idiom.
+fn kernel_on_crate_log_softmax(
+    logits: &Tensor,
+    targets: &Tensor,
+    input_lengths: &Tensor,
+    target_lengths: &Tensor,
+    cfg: &CtcConfig,
+) -> Result<Tensor> {
+    let log_probs = candle_bleu::loss::log_softmax(logits)?;
+    ctc_loss(&log_probs, targets, input_lengths, target_lengths, cfg)
+}
+
 /// Every way to get the loss from logits.
-const FROM_LOGITS: [(&str, Loss); 4] = [
+const FROM_LOGITS: [(&str, Loss); 5] = [
     ("ctc_loss_from_logits", ctc_loss_from_logits),
     ("ctc_loss(log_softmax)", kernel_on_log_softmax),
+    ("ctc_loss(crate log_softmax)", kernel_on_crate_log_softmax),
     (
         "ctc_loss_from_logits_composed",
         ctc_loss_from_logits_composed,
@@ -225,7 +238,7 @@ fn check_golden(dtype: DType, value_tol: f64, grad_tol: f64) -> Result<()> {
             }
         }
     }
-    assert_eq!(checked, 7 * 6 * 4);
+    assert_eq!(checked, 7 * 6 * FROM_LOGITS.len());
     Ok(())
 }
 

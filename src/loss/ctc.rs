@@ -31,6 +31,13 @@ use candle_core::{Result, Tensor, D};
 ///
 /// **Batch-first**: `log_probs` is `[B, T', V]`, where PyTorch takes time-first `[T, B, V]`.
 ///
+/// **From logits**, PyTorch's `F.ctc_loss(F.log_softmax(x, -1), …)` is
+/// `ctc_loss(&log_softmax(&x)?, …)` with the crate's [`log_softmax`](super::log_softmax) (one
+/// pass forward and one backward; candle-nn's composed `log_softmax` is about 2.5× slower
+/// here), and [`ctc_loss_from_logits`]`(&x, …)` is the same loss fused into one op, the fastest:
+/// no `[B, T', V]` log-probabilities, and no gradient of them for candle's autograd to
+/// accumulate between two ops (BENCHMARKS.md).
+///
 /// # Arguments
 /// * `log_probs` - float `[B, T', V]`; f32 and f64 are computed in their dtype, f16 and bf16 in
 ///   f32. Values may be `-inf` (probability 0), never NaN or `+inf` (checked in the frames

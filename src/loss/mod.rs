@@ -104,6 +104,9 @@
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ctc_loss`], [`ctc_loss_from_logits`]: the CTC loss (PyTorch's `F.ctc_loss`, batch-first,
 //!   with the true gradient of its input) and [`ctc_greedy_decode`];
+//! - [`log_softmax`]: the last dimension's log-softmax as one op with a one-pass backward
+//!   (PyTorch's `F.log_softmax(x, -1)`; [`log_softmax_slow`] its composed reference), for
+//!   PyTorch's idiom `ctc_loss(&log_softmax(&x)?, …)`;
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
@@ -157,6 +160,7 @@ pub use hidden::{
     ce_bleu_from_hidden_composed, cross_entropy_from_hidden, cross_entropy_from_hidden_composed,
 };
 pub use host::host_copies;
+pub use kernels::log_softmax::{log_softmax, log_softmax_slow};
 pub use references::{References, TrainingTargets};
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
 pub use training::{ce_bleu_from_logits, ce_bleu_from_logits_composed};
