@@ -13,8 +13,8 @@
 //! there.
 
 use super::config::{
-    BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, Form, HiddenConfig, LengthModel,
-    TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, CtcConfig, Form, HiddenConfig,
+    LengthModel, TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::host;
@@ -993,10 +993,10 @@ pub(crate) fn ctc_targets(
 }
 
 /// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
-/// checked: the input, the targets and both lengths, each input length `>= 1`, the blank. The
-/// frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
+/// checked: the input, the targets and both lengths, each input length `>= 1`, `cfg.blank`.
+/// The frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
 /// where the path's kernel does not find them in its own pass: on the CPU in place, off it
-/// only with `check_values` (one counted copy).
+/// only with `cfg.check_values` (one counted copy).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ctc_call(
     name: &str,
@@ -1004,10 +1004,11 @@ pub(crate) fn ctc_call(
     targets: &Tensor,
     input_lengths: &Tensor,
     target_lengths: &Tensor,
-    (blank, zero_infinity, check_values): (u32, bool, bool),
+    cfg: &CtcConfig,
     from_logits: bool,
     path: Path,
 ) -> Result<CheckedCtc> {
+    let blank = cfg.blank;
     let (dtype, (batch, frames, vocab)) = ctc_input_shape(name, input)?;
     let described = format!("`{name}` shape {:?}", input.dims());
     let device = input.device();
@@ -1026,7 +1027,7 @@ pub(crate) fn ctc_call(
     )?;
     let input = input.to_dtype(dtype)?.contiguous()?;
     if !path.runs_cpu_kernels(device) {
-        ctc_finite_input(name, &input, &lengths, from_logits, check_values)?;
+        ctc_finite_input(name, &input, &lengths, from_logits, cfg.check_values)?;
     }
     Ok(CheckedCtc {
         input,
@@ -1034,7 +1035,7 @@ pub(crate) fn ctc_call(
             targets,
             input_lengths: lengths,
             blank,
-            zero_infinity,
+            zero_infinity: cfg.zero_infinity,
         },
         target_lengths,
         path,

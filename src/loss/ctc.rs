@@ -213,7 +213,7 @@ fn ctc_on(
         targets,
         input_lengths,
         target_lengths,
-        (cfg.blank, cfg.zero_infinity, cfg.check_values),
+        cfg,
         from_logits,
         path,
     )?;

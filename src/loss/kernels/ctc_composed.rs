@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Result, Tensor, D};
 
 /// `log 0` in the composed recursion: far below any log-likelihood of a possible alignment
 /// (`T'` frames of probability `1e-38` are `-87 T'`), far above f32's lowest value.
-pub(crate) const LOG_ZERO: f64 = -1e30;
+const LOG_ZERO: f64 = -1e30;
 
 /// `log(e^a + e^b + e^c)` elementwise, with the maximum detached (its gradient cancels).
 fn log_add3(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
