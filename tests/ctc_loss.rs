@@ -605,7 +605,8 @@ fn f32_agrees_with_f64_at_many_frames_and_a_large_vocabulary() -> Result<()> {
         }
     };
     let ctc = |f: Loss| move |x: &Tensor| f(x, targets, il, tl, cfg);
-    let cases: [(&str, &Tensor, Box<dyn Fn(&Tensor) -> Result<Tensor>>); 6] = [
+    type Of<'a> = Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>;
+    let cases: [(&str, &Tensor, Of); 6] = [
         ("ctc_loss", &log_probs, Box::new(ctc(ctc_loss))),
         (
             "ctc_loss_composed",
