@@ -6,7 +6,12 @@
 //! cargo bench --bench ctc -- --rows ctc_from_logits         # some rows (comma-separated)
 //! cargo bench --bench ctc -- --runs 9 --shape 32,128,8000,48
 //! RAYON_NUM_THREADS=2 cargo bench --bench ctc               # the issue's 2 threads
+//! cargo bench --bench ctc -- --alternate --runs 15 --rows ctc_from_logits,ctc_on_crate_log_softmax
 //! ```
+//!
+//! With `--alternate` the rows named in `--rows` run in turn, one run of each per round, and
+//! each row's line adds its time over the first row's in every round and their median: on a
+//! shared machine a change of load then falls on every row alike.
 //!
 //! Rows (each a name, the shape it runs at, and one forward + backward):
 //!
@@ -14,7 +19,8 @@
 //! |---|---|
 //! | `ctc_from_logits` | `ctc_loss_from_logits` (the fused CPU kernel), `Mean`, at the shape (default `[B, T', V, L] = [32, 128, 8000, 48]`) |
 //! | `ctc_from_logits_forward` | the same, forward only (no backward) |
-//! | `ctc_on_log_softmax` | `ctc_loss(candle_nn::ops::log_softmax(logits))`: the kernel on log-probabilities |
+//! | `ctc_on_log_softmax` | `ctc_loss(candle_nn::ops::log_softmax(logits))`: the kernel on candle-nn's composed log-softmax |
+//! | `ctc_on_crate_log_softmax` | `ctc_loss(candle_bleu::loss::log_softmax(logits))`: the kernel on the crate's one-pass log-softmax op (PyTorch's idiom) |
 //! | `ctc_composed_small` | `ctc_loss_from_logits_composed` at `[8, 32, 500, 10]` (the reference; slow by design) |
 //! | `ctc_bleu4` | `ctc_bleu_loss_from_logits` (the BLEU loss on CTC outputs), 4-grams, corpus BLEU+1, the targets as references |
 //! | `ctc_bleu_bon2` | the same, bag-of-2-grams (`max_order` 2, weights `[0, 1]`, no smoothing) |
@@ -30,7 +36,7 @@
 
 use candle_bleu::loss::{
     ctc_bleu_loss_from_logits, ctc_loss, ctc_loss_from_logits, ctc_loss_from_logits_composed,
-    BleuLossConfig, CtcConfig, LossSmoothing, References,
+    log_softmax, BleuLossConfig, CtcConfig, LossSmoothing, References,
 };
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::time::Instant;
@@ -161,6 +167,11 @@ const ROWS: &[Row] = &[
         },
     },
     Row {
+        name: "ctc_on_crate_log_softmax",
+        shape: None,
+        step: |inputs| inputs.step(|x, t, il, tl, cfg| ctc_loss(&log_softmax(x)?, t, il, tl, cfg)),
+    },
+    Row {
         name: "ctc_composed_small",
         shape: Some([8, 32, 500, 10]),
         step: |inputs| inputs.step(ctc_loss_from_logits_composed),
@@ -217,6 +228,56 @@ const ROWS: &[Row] = &[
     },
 ];
 
+fn args_have(flag: &str) -> bool {
+    std::env::args().any(|a| a == flag)
+}
+
+/// `--alternate`: the rows run in turn, one run each per round (`A B C A B C …`), so that a
+/// change of load on a shared machine falls on every row alike; each row's line as usual, then
+/// one line per row with its ratio to the first row in each round and their median.
+fn alternate(names: &[String], shape: [usize; 4], runs: usize, threads: usize) -> Result<()> {
+    let rows: Vec<&Row> = names
+        .iter()
+        .map(|n| ROWS.iter().find(|r| r.name == n).expect("a known row"))
+        .collect();
+    let inputs = rows
+        .iter()
+        .map(|row| Inputs::new(row.shape.unwrap_or(shape)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut losses = Vec::new();
+    for (row, inputs) in rows.iter().zip(&inputs) {
+        losses.push((row.step)(inputs)?); // warm-up
+    }
+    let mut times = vec![Vec::with_capacity(runs); rows.len()];
+    for _ in 0..runs {
+        for ((row, inputs), times) in rows.iter().zip(&inputs).zip(&mut times) {
+            let start = Instant::now();
+            (row.step)(inputs)?;
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut sorted = v.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    };
+    for (i, row) in rows.iter().enumerate() {
+        let ratios: Vec<f64> = times[i].iter().zip(&times[0]).map(|(t, b)| t / b).collect();
+        println!(
+            "{{\"row\":\"{}\",\"shape\":{:?},\"threads\":{threads},\"alternated\":true,\"loss\":{},\"median_ms\":{:.3},\"runs_ms\":{:?},\"ratio_to\":\"{}\",\"median_ratio\":{:.3},\"ratios\":{:?}}}",
+            row.name,
+            inputs[i].shape,
+            losses[i],
+            median(&times[i]),
+            times[i].iter().map(|t| (t * 1e3).round() / 1e3).collect::<Vec<_>>(),
+            rows[0].name,
+            median(&ratios),
+            ratios.iter().map(|r| (r * 1e3).round() / 1e3).collect::<Vec<_>>(),
+        );
+    }
+    Ok(())
+}
+
 fn argument(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -248,6 +309,14 @@ fn main() -> Result<()> {
         }
     }
     let threads = rayon::current_num_threads();
+    if args_have("--alternate") {
+        return alternate(
+            &wanted.expect("--alternate needs --rows"),
+            shape,
+            runs,
+            threads,
+        );
+    }
     for row in ROWS {
         if wanted
             .as_ref()

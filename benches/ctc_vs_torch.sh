@@ -8,7 +8,8 @@
 #   benches/ctc_vs_torch.sh [ROUNDS] [OUT_DIR] [ROWS]
 #   (default 3 rounds, benches/results/ctc-vs-torch, rows ctc_from_logits)
 #
-# Needs Python with torch. BENCH=path runs an already built bench executable.
+# PyTorch's rows run when Python has torch (else they are skipped, and the ratios are to the
+# first row). BENCH=path runs an already built bench executable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -22,11 +23,13 @@ python=${PYTHON:-python3}
 log="$out/run.txt"
 {
     echo "# $(date -u +%FT%TZ) $(uname -n) $(nproc) cores, $(lscpu | grep 'Model name' | sed 's/  */ /g'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# $("$python" -c 'import torch; print("torch", torch.__version__)'); shape $shape; 2 threads each"
+    echo "# $("$python" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo 'no torch'); shape $shape; 2 threads each"
 } | tee "$log"
 for round in $(seq "$rounds"); do
     echo "## round $round, $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
-    "$python" benches/torch_ctc.py --threads 2 --runs 5 --shape "$shape" | tee -a "$log"
+    if "$python" -c 'import torch' 2>/dev/null; then
+        "$python" benches/torch_ctc.py --threads 2 --runs 5 --shape "$shape" | tee -a "$log"
+    fi
     RAYON_NUM_THREADS=2 "$bench" --runs 5 --shape "$shape" --rows "$rows" | tee -a "$log"
 done
 echo "# done $(date -u +%FT%TZ); load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
@@ -37,9 +40,10 @@ for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
         rounds.setdefault(r["row"], []).append(r["median_ms"])
-torch = statistics.median(rounds["torch_ctc"])
+base_row = "torch_ctc" if "torch_ctc" in rounds else next(iter(rounds))
+base = statistics.median(rounds[base_row])
 for row, medians in rounds.items():
     m = statistics.median(medians)
     print(f"{row:26s} median of {len(medians)} rounds {m:9.1f} ms  spread {min(medians):.1f}-{max(medians):.1f} ms"
-          f"  per round {medians}  vs torch {m / torch:.2f}x")
+          f"  per round {medians}  vs {base_row} {m / base:.2f}x")
 PY

@@ -957,3 +957,134 @@ fn every_option_at_once_passes_gradcheck() -> Result<()> {
     assert_eq!(checked, 12);
     Ok(())
 }
+
+/// Class weights with a z-loss whose non-pad targets' weights sum to exactly 1 (two targets of
+/// weight 0.5): the loss is still the weighted mean `Σ w_t·ce_t / Σ w_t` plus the z-term's
+/// mean `λ·Σ lse² / n` (a reduction that guessed the mean from a divisor `!= 1` summed the
+/// z-term here: 1.762 instead of 1.134). Value and gradient against an independent f64
+/// computation, from logits and hidden states (an identity output layer), on the kernels and
+/// the composed references, alone and in a training step. A data-parallel group refuses class
+/// weights with a z-loss under `Mean` (named error).
+#[test]
+fn class_weights_summing_to_one_with_z_loss_are_a_weighted_mean() -> Result<()> {
+    if !common::f64_supported("class_weights_summing_to_one_with_z_loss_are_a_weighted_mean") {
+        return Ok(());
+    }
+    let dev = test_device();
+    let rows = [[1.0f64, 2.0, 0.5, 0.0, -1.0], [0.3, -1.0, 2.0, 0.1, 0.2]];
+    let target = [1usize, 2];
+    let weights = [1.0f64, 0.5, 0.5, 1.0, 1.0];
+    let lambda = 0.1;
+    // The expected loss and gradient, in f64 by hand: lse_r, p_r = softmax(z_r).
+    let n = rows.len() as f64;
+    let weight_sum: f64 = target.iter().map(|&t| weights[t]).sum();
+    assert_eq!(weight_sum, 1.0);
+    let mut expected = 0.0;
+    let mut expected_grad = Vec::new();
+    for (z, &t) in rows.iter().zip(&target) {
+        let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + z.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        expected += weights[t] * (lse - z[t]) / weight_sum + lambda * lse * lse / n;
+        for (v, x) in z.iter().enumerate() {
+            let p = (x - lse).exp();
+            let one_hot = if v == t { 1.0 } else { 0.0 };
+            expected_grad
+                .push(weights[t] / weight_sum * (p - one_hot) + lambda / n * 2.0 * lse * p);
+        }
+    }
+    assert!((expected - 1.134).abs() < 1e-3, "{expected}");
+    let cfg = CrossEntropyConfig {
+        pad_id: None,
+        class_weights: Some(weights.to_vec().into()),
+        z_loss: lambda,
+        ..Default::default()
+    };
+    let targets = Tensor::new(&[[1u32, 2]], &dev)?;
+    let logits = Var::from_tensor(&Tensor::new(&[rows], &dev)?)?;
+    let hidden = Var::from_tensor(&Tensor::new(&[rows], &dev)?)?;
+    let identity = Linear::new(Tensor::eye(5, DType::F64, &dev)?, None);
+    let blocks = HiddenConfig {
+        block_elements: 5,
+        ..Default::default()
+    };
+    let refs = candle_bleu::loss::References::from_ids(&targets, 0)?;
+    let training_targets = candle_bleu::loss::TrainingTargets::new(&targets, &refs);
+    let training = candle_bleu::loss::TrainingLossConfig {
+        bleu_weight: 0.0,
+        ce: cfg.clone(),
+        ..Default::default()
+    };
+    let mut checked = 0;
+    for composed in [false, true] {
+        let (x, h) = (logits.as_tensor(), hidden.as_tensor());
+        let outs = [
+            ("logits", x, {
+                if composed {
+                    cross_entropy_from_logits_composed(x, &targets, &cfg)?.loss
+                } else {
+                    cross_entropy_from_logits(x, &targets, &cfg)?.loss
+                }
+            }),
+            ("hidden", h, {
+                if composed {
+                    cross_entropy_from_hidden_composed(h, &identity, &targets, &cfg, &blocks)?.loss
+                } else {
+                    cross_entropy_from_hidden(h, &identity, &targets, &cfg, &blocks)?.loss
+                }
+            }),
+            ("training step, logits", x, {
+                if composed {
+                    candle_bleu::loss::ce_bleu_from_logits_composed(
+                        x,
+                        &training_targets,
+                        &training,
+                    )?
+                    .cross_entropy
+                } else {
+                    candle_bleu::loss::ce_bleu_from_logits(x, &training_targets, &training)?
+                        .cross_entropy
+                }
+            }),
+            ("training step, hidden", h, {
+                if composed {
+                    candle_bleu::loss::ce_bleu_from_hidden_composed(
+                        h,
+                        &identity,
+                        &training_targets,
+                        &training,
+                        &blocks,
+                    )?
+                    .cross_entropy
+                } else {
+                    candle_bleu::loss::ce_bleu_from_hidden(
+                        h,
+                        &identity,
+                        &training_targets,
+                        &training,
+                        &blocks,
+                    )?
+                    .cross_entropy
+                }
+            }),
+        ];
+        for (what, input, loss) in outs {
+            let what = format!("{what}, composed {composed}");
+            compare(&format!("{what} loss"), &flat(&loss)?, &[expected], 1e-12);
+            let grads = loss.backward()?;
+            let grad = grads.get(input).expect("a gradient");
+            compare(&format!("{what} grad"), &flat(grad)?, &expected_grad, 1e-12);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
+    let err = candle_bleu::loss::distributed::cross_entropy_from_logits(
+        logits.as_tensor(),
+        &targets,
+        &cfg,
+        &candle_bleu::loss::distributed::SingleWorker,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("`class_weights` with `z_loss`"), "{err}");
+    Ok(())
+}

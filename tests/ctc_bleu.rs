@@ -431,6 +431,102 @@ fn frames_beyond_the_lengths_change_nothing_and_get_no_gradient() {
     assert_eq!(to_vec2(&out.stats.totals), to_vec2(&short.stats.totals));
 }
 
+/// Padding frames (at and beyond `input_lengths[b]`) may hold anything, as in `ctc_loss`: NaN
+/// or Inf there gives the same loss and gradient, to the bit, as finite garbage, and a zero
+/// gradient there — on the CPU kernel and on the composed path (what runs off the CPU), with
+/// and without `check_values`. NaN within the lengths is still refused.
+#[test]
+fn non_finite_padding_frames_change_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let (batch, frames, vocab, blank) = (2, 9, 6, 5u32);
+    let refs = references(&random_refs(&mut rng, batch, 2, 6, vocab, blank), blank);
+    let (_, logits) = random_logits(&mut rng, (batch, frames, vocab), 2.0);
+    let lengths = lengths_tensor(&[6, 9]);
+    let with_padding = |fill: f32| {
+        logits
+            .to_dtype(DType::F32)
+            .unwrap()
+            .slice_assign(
+                &[0..1, 6..9, 0..vocab],
+                &Tensor::full(fill, (1, 3, vocab), &test_device()).unwrap(),
+            )
+            .unwrap()
+    };
+    for check_values in [false, true] {
+        let cfg = BleuLossConfig {
+            check_values,
+            ..Default::default()
+        };
+        for composed in [false, true] {
+            let run = |x: &Tensor| {
+                let x = Var::from_tensor(x).unwrap();
+                let out = if composed {
+                    ctc_bleu_loss_from_logits_composed(
+                        x.as_tensor(),
+                        Some(&lengths),
+                        &refs,
+                        blank,
+                        &cfg,
+                    )
+                } else {
+                    ctc_bleu_loss_from_logits(x.as_tensor(), Some(&lengths), &refs, blank, &cfg)
+                }
+                .unwrap_or_else(|e| {
+                    panic!("composed {composed}, check_values {check_values}: {e}")
+                });
+                let grads = out.loss.backward().unwrap();
+                let grad = grads.get(x.as_tensor()).unwrap().flatten_all().unwrap();
+                (scalar(&out.loss), to_vec1(&grad))
+            };
+            let (loss, grad) = run(&with_padding(1e3));
+            assert!(loss.is_finite());
+            for fill in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let (bad_loss, bad_grad) = run(&with_padding(fill));
+                let what =
+                    format!("{fill} in padding, composed {composed}, check_values {check_values}");
+                assert_eq!(
+                    bad_loss.to_bits(),
+                    loss.to_bits(),
+                    "{what}: {bad_loss} vs {loss}"
+                );
+                assert_eq!(bad_grad, grad, "{what}");
+                let padding = &bad_grad[6 * vocab..9 * vocab];
+                assert!(padding.iter().all(|&g| g == 0.0), "{what}: {padding:?}");
+            }
+            // NaN within the frames in use is refused.
+            let inside = logits
+                .to_dtype(DType::F32)
+                .unwrap()
+                .slice_assign(
+                    &[0..1, 5..6, 0..1],
+                    &Tensor::new(&[[[f32::NAN]]], &test_device()).unwrap(),
+                )
+                .unwrap();
+            if !check_values && !test_device().is_cpu() {
+                continue; // off the CPU values are checked only with `check_values`
+            }
+            let e = if composed {
+                error_of(ctc_bleu_loss_from_logits_composed(
+                    &inside,
+                    Some(&lengths),
+                    &refs,
+                    blank,
+                    &cfg,
+                ))
+            } else {
+                error_of(ctc_bleu_loss_from_logits(
+                    &inside,
+                    Some(&lengths),
+                    &refs,
+                    blank,
+                    &cfg,
+                ))
+            };
+            assert!(e.contains("`logits`") && e.contains("NaN"), "{e}");
+        }
+    }
+}
+
 #[test]
 fn multi_reference_clips_at_the_largest_count_in_one_reference() {
     if !f64_supported("multi_reference_clips_at_the_largest_count_in_one_reference") {
@@ -714,4 +810,39 @@ fn negative_input_lengths_are_refused() {
         &cfg,
     ));
     assert!(e.contains("`input_lengths[1]` = -1 is negative"), "{e}");
+}
+
+/// The host copies of the module docs' table: without `input_lengths` none; with them one on
+/// the CPU (the lengths, which the kernel reads on the host), none off it (the composed ops
+/// read them on the device); with `check_values` off the CPU one for the lengths and one for
+/// the NaN/Inf check.
+#[test]
+fn host_copies_are_those_documented() {
+    let (logits, refs) = small_case();
+    let (batch, frames, _) = logits.dims3().unwrap();
+    let lengths = lengths_tensor(&vec![frames; batch]);
+    let on_cpu = test_device().is_cpu();
+    for check_values in [false, true] {
+        let cfg = BleuLossConfig {
+            check_values,
+            ..Default::default()
+        };
+        for (given, expected) in [
+            (None, usize::from(!on_cpu && check_values)),
+            (
+                Some(&lengths),
+                usize::from(on_cpu) + 2 * usize::from(!on_cpu && check_values),
+            ),
+        ] {
+            let before = candle_bleu::loss::host_copies();
+            ctc_bleu_loss_from_logits(&logits, given, &refs, 0, &cfg).unwrap();
+            let copies = candle_bleu::loss::host_copies() - before;
+            assert_eq!(
+                copies as usize,
+                expected,
+                "check_values {check_values}, lengths {}",
+                given.is_some()
+            );
+        }
+    }
 }

@@ -644,3 +644,54 @@ fn probabilities_and_ctc_outputs_data_parallel() -> Result<()> {
     }
     Ok(())
 }
+
+/// Under class weights a shard's `(sum, count)` are the weighted mean's parts: the count is
+/// `Σ w_t` over the non-pad targets, so that `Σ_w sum_w / Σ_w count_w` over the shards is the
+/// single-process weighted mean (here two shards of one element each). A z-loss with class
+/// weights, whose weighted mean and z-term's mean take two different denominators, is a named
+/// error.
+#[test]
+fn sum_and_count_under_class_weights_are_the_weighted_means_parts() -> Result<()> {
+    let dev = Device::Cpu;
+    let logits = Tensor::new(
+        &[
+            [[1f64, 2.0, 0.5, 0.0, -1.0], [0.3, -1.0, 2.0, 0.1, 0.2]],
+            [[0.7, -0.4, 1.1, 2.0, 0.0], [-1.0, 0.5, 0.25, 1.5, 3.0]],
+        ],
+        &dev,
+    )?;
+    let targets = Tensor::new(&[[1u32, 2], [3, 0]], &dev)?;
+    let weights = [0.0, 0.5, 2.0, 1.25, 1.0];
+    let cfg = CrossEntropyConfig {
+        pad_id: Some(0),
+        class_weights: Some(weights.to_vec().into()),
+        label_smoothing: 0.1,
+        ..Default::default()
+    };
+    let mean = cross_entropy_from_logits(&logits, &targets, &cfg)?
+        .loss
+        .to_scalar::<f64>()?;
+    let mut sums = 0.0;
+    let mut counts = 0.0;
+    for (shard, expected_count) in [(0, 0.5 + 2.0), (1, 1.25)] {
+        let (sum, count) = distributed::cross_entropy_sum_and_count(
+            &logits.narrow(0, shard, 1)?,
+            &targets.narrow(0, shard, 1)?,
+            &cfg,
+        )?;
+        let count = count.to_scalar::<f64>()?;
+        assert_eq!(count, expected_count, "shard {shard}: Σ w_t");
+        sums += sum.to_scalar::<f64>()?;
+        counts += count;
+    }
+    assert!(
+        (sums / counts - mean).abs() < 1e-12,
+        "{sums} / {counts} vs {mean}"
+    );
+    let with_z = CrossEntropyConfig { z_loss: 0.1, ..cfg };
+    let err = distributed::cross_entropy_sum_and_count(&logits, &targets, &with_z)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`class_weights` with `z_loss`"), "{err}");
+    Ok(())
+}

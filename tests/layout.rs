@@ -372,6 +372,7 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "kernels/ctc_ngrams_composed.rs",
         "kernels/row_op.rs",
         "kernels/softcap.rs",
+        "kernels/log_softmax.rs",
         "kernels/mod.rs",
     ],
     // The statistics.

@@ -13,8 +13,8 @@
 //! there.
 
 use super::config::{
-    BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, Form, HiddenConfig, LengthModel,
-    TrainingLossConfig,
+    BleuLossConfig, CrossEntropyConfig, CrossEntropyReduction, CtcConfig, Form, HiddenConfig,
+    LengthModel, TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::host;
@@ -71,27 +71,48 @@ pub(crate) struct CheckedTargets<'a> {
     /// `Σ w_t` over the non-pad targets with class weights (`n` without them): the weighted
     /// mean's denominator.
     pub weight_sum: f64,
-    /// What each non-pad row's term is divided by, set by the reduction stage: `n` (`Σ w_t`
-    /// with class weights) for the mean over this batch, 1 for a sum, each position's loss, or
-    /// a data-parallel shard's sum. 1 until then.
-    pub divisor: f64,
+    /// Which mean the reduction stage takes, set by it (`reduce::Reducer::divide`): the mean
+    /// over this batch (divided by `n`, or `Σ w_t` with class weights), or none (a sum, each
+    /// position's loss, a data-parallel shard's sum). [`Division::None`] until then.
+    pub division: Division,
     /// How the token losses are reduced.
     pub reduction: CrossEntropyReduction,
 }
 
+/// The mean the reduction stage takes of the cross-entropy's row terms, said explicitly (never
+/// inferred from the divisor's value: a weighted mean whose `Σ w_t` is 1 is still a mean).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Division {
+    /// No division: a sum, each position's loss, or a data-parallel shard's sum.
+    None,
+    /// The mean over this batch's `n` non-pad targets.
+    Mean,
+    /// The mean over this batch weighted by class weights: divided by `Σ w_t`.
+    WeightedMean,
+}
+
 impl CheckedTargets<'_> {
-    /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
-    pub(crate) fn inv_count(&self) -> f64 {
-        1.0 / self.divisor
+    /// What each non-pad row's term is divided by: `n`, `Σ w_t`, or 1, as
+    /// [`Self::division`] says.
+    pub(crate) fn divisor(&self) -> f64 {
+        match self.division {
+            Division::None => 1.0,
+            Division::Mean => self.count as f64,
+            Division::WeightedMean => self.weight_sum,
+        }
     }
 
-    /// The z-term's row weight over the cross-entropy's: `divisor / n` for a local weighted
+    /// `1 / divisor`: each non-pad row's weight (`1/n` in a local mean).
+    pub(crate) fn inv_count(&self) -> f64 {
+        1.0 / self.divisor()
+    }
+
+    /// The z-term's row weight over the cross-entropy's: `Σ w_t / n` for a local weighted
     /// mean (the z-term's mean divides by the count, as Liger's does), 1 otherwise.
     pub(crate) fn z_ratio(&self) -> f64 {
-        if self.terms.class_weights.is_some() && self.count > 0 && self.divisor != 1.0 {
-            self.divisor / self.count as f64
-        } else {
-            1.0
+        match self.division {
+            Division::WeightedMean if self.count > 0 => self.weight_sum / self.count as f64,
+            _ => 1.0,
         }
     }
 }
@@ -750,7 +771,7 @@ fn checked_targets<'a>(
         } else {
             count as f64
         },
-        divisor: 1.0,
+        division: Division::None,
         reduction: cfg.reduction,
     })
 }
@@ -972,10 +993,10 @@ pub(crate) fn ctc_targets(
 }
 
 /// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
-/// checked: the input, the targets and both lengths, each input length `>= 1`, the blank. On
-/// the CPU, where the path's kernel does not check them in its own pass, the frames within the
-/// input lengths are checked for NaN and `+inf` (and `-inf` from logits); off the CPU values are
-/// not checked.
+/// checked: the input, the targets and both lengths, each input length `>= 1`, `cfg.blank`.
+/// The frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
+/// where the path's kernel does not find them in its own pass: on the CPU in place, off it
+/// only with `cfg.check_values` (one counted copy).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ctc_call(
     name: &str,
@@ -983,10 +1004,11 @@ pub(crate) fn ctc_call(
     targets: &Tensor,
     input_lengths: &Tensor,
     target_lengths: &Tensor,
-    (blank, zero_infinity, check_values): (u32, bool, bool),
+    cfg: &CtcConfig,
     from_logits: bool,
     path: Path,
 ) -> Result<CheckedCtc> {
+    let blank = cfg.blank;
     let (dtype, (batch, frames, vocab)) = ctc_input_shape(name, input)?;
     let described = format!("`{name}` shape {:?}", input.dims());
     let device = input.device();
@@ -1004,23 +1026,8 @@ pub(crate) fn ctc_call(
         device,
     )?;
     let input = input.to_dtype(dtype)?.contiguous()?;
-    if device.is_cpu() && !path.runs_cpu_kernels(device) {
-        ctc_finite_frames(name, &input, &lengths, from_logits)?;
-    } else if !device.is_cpu() && check_values {
-        // One counted copy of the input to the host, checked there as on the CPU.
-        let on_host = match input.dtype() {
-            DType::F64 => Tensor::from_vec(
-                host::to_vec1::<f64>(&input.flatten_all()?)?,
-                input.shape(),
-                &Device::Cpu,
-            )?,
-            _ => Tensor::from_vec(
-                host::to_vec1::<f32>(&input.flatten_all()?)?,
-                input.shape(),
-                &Device::Cpu,
-            )?,
-        };
-        ctc_finite_frames(name, &on_host, &lengths, from_logits)?;
+    if !path.runs_cpu_kernels(device) {
+        ctc_finite_input(name, &input, &lengths, from_logits, cfg.check_values)?;
     }
     Ok(CheckedCtc {
         input,
@@ -1028,11 +1035,43 @@ pub(crate) fn ctc_call(
             targets,
             input_lengths: lengths,
             blank,
-            zero_infinity,
+            zero_infinity: cfg.zero_infinity,
         },
         target_lengths,
         path,
     })
+}
+
+/// Errors if a frame within the input lengths of `input` (`[B, T', V]`, f32 or f64) holds NaN
+/// or `+inf`, or from logits `-inf`: read in place on the CPU; off it with `check_off_cpu`
+/// from one counted copy to the host, else not checked. Frames beyond the lengths are never
+/// read.
+fn ctc_finite_input(
+    name: &str,
+    input: &Tensor,
+    lengths: &[usize],
+    from_logits: bool,
+    check_off_cpu: bool,
+) -> Result<()> {
+    if input.device().is_cpu() {
+        return ctc_finite_frames(name, &input.contiguous()?, lengths, from_logits);
+    }
+    if !check_off_cpu {
+        return Ok(());
+    }
+    let on_host = match input.dtype() {
+        DType::F64 => Tensor::from_vec(
+            host::to_vec1::<f64>(&input.flatten_all()?)?,
+            input.shape(),
+            &Device::Cpu,
+        )?,
+        _ => Tensor::from_vec(
+            host::to_vec1::<f32>(&input.flatten_all()?)?,
+            input.shape(),
+            &Device::Cpu,
+        )?,
+    };
+    ctc_finite_frames(name, &on_host, lengths, from_logits)
 }
 
 /// Errors if a frame within the input lengths of the CPU tensor `input` (`[B, T', V]`, f32 or
@@ -1115,7 +1154,7 @@ pub(crate) struct CheckedCtcLogits {
 }
 
 /// The arguments of the BLEU loss on CTC outputs, checked: `logits` `[B, T', V]`,
-/// `input_lengths` (u32 `[B]`, each `<= T'`), id `refs` none of whose tokens is `blank`,
+/// `input_lengths` (u32, i32 or i64 `[B]`, each `<= T'`), id `refs` none of whose tokens is `blank`,
 /// `blank < V`; `cfg` is checked by [`ctc_bleu_config`] (its `max_order` and `check_values`
 /// are read here).
 pub(crate) fn ctc_bleu_call(
@@ -1128,7 +1167,7 @@ pub(crate) fn ctc_bleu_call(
 ) -> Result<CheckedCtcLogits> {
     ctc_bleu_config(cfg)?;
     let check_values = cfg.check_values;
-    let (_, dims) = logits_shape("logits", logits)?;
+    let (compute, dims) = logits_shape("logits", logits)?;
     let (batch, frames, vocab) = dims;
     let shape = HypothesisShape::of("logits", logits, dims);
     ctc_blank(blank, vocab, &shape.described)?;
@@ -1168,7 +1207,18 @@ pub(crate) fn ctc_bleu_call(
             None
         }
     };
-    let logits = hypotheses("logits", logits, path, check_values)?;
+    // Only the frames in use are checked, as `ctc_loss` does: padding frames may hold anything,
+    // NaN included (the composed ops zero them before the softmax). The CPU kernel finds
+    // non-finite logits in its own pass over those frames.
+    let logits = CheckedHypotheses {
+        tensor: logits.to_dtype(compute)?,
+        path,
+    };
+    if !path.checks_finite(logits.tensor.device()) {
+        if let Some(frames) = &frame_counts {
+            ctc_finite_input("logits", &logits.tensor, frames, true, check_values)?;
+        }
+    }
     let (dtype, device) = (logits.tensor.dtype(), logits.tensor.device());
     let frame_mask = match input_lengths {
         None => Tensor::ones((batch, frames), dtype, device)?,

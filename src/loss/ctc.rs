@@ -9,7 +9,7 @@
 //! recursion and candle's autograd gives the gradient. The same numbers to rounding.
 
 use super::checked::{ctc_call, ctc_decode_call, CheckedCtc};
-use super::config::{CtcConfig, CtcReduction};
+use super::config::{constant, CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;
 use super::kernels::ctc_composed::{ctc_losses, without_padding_frames};
@@ -31,11 +31,19 @@ use candle_core::{Result, Tensor, D};
 ///
 /// **Batch-first**: `log_probs` is `[B, T', V]`, where PyTorch takes time-first `[T, B, V]`.
 ///
+/// **From logits**, PyTorch's `F.ctc_loss(F.log_softmax(x, -1), …)` is
+/// `ctc_loss(&log_softmax(&x)?, …)` with the crate's [`log_softmax`](super::log_softmax) (one
+/// pass forward and one backward; about 1.45× the fused op, where candle-nn's composed
+/// `log_softmax` costs about 5×), and [`ctc_loss_from_logits`]`(&x, …)` is the same loss fused into one op, the fastest:
+/// no `[B, T', V]` log-probabilities, and no gradient of them for candle's autograd to
+/// accumulate between two ops (BENCHMARKS.md).
+///
 /// # Arguments
 /// * `log_probs` - float `[B, T', V]`; f32 and f64 are computed in their dtype, f16 and bf16 in
-///   f32. Values may be `-inf` (probability 0), never NaN or `+inf` (checked on the CPU, in the
-///   frames within `input_lengths`; off the CPU not checked). Frames beyond an element's input
-///   length are not read and get a zero gradient.
+///   f32. Values may be `-inf` (probability 0), never NaN or `+inf` (checked in the frames
+///   within `input_lengths`: on the CPU always, off it with [`CtcConfig::check_values`], one
+///   counted copy). Frames beyond an element's input length are not read and get a zero
+///   gradient.
 /// * `targets` - u32, i32 or i64 `[B, L]`, padded: row `b`'s first `target_lengths[b]` ids are
 ///   its target, each `< V` and not the blank; the rest is padding, never read. A label
 ///   repeated in a row needs a blank frame between its two occurrences, so a target with `r`
@@ -53,7 +61,8 @@ use candle_core::{Result, Tensor, D};
 /// Errors (naming the argument and its shape, value, dtype or device) on a wrong rank, dtype or
 /// shape, mismatched batch sizes or devices, `blank >= V`, a target id that is the blank or
 /// `>= V` (or negative), a negative length, `input_lengths[b]` of 0 or above `T'`,
-/// `target_lengths[b] > L`, and NaN or `+inf` in `log_probs` on the CPU.
+/// `target_lengths[b] > L`, and NaN or `+inf` in `log_probs` (on the CPU, or with
+/// `check_values`).
 ///
 /// Reads `targets` and both lengths to the host (three counted copies, [`host_copies`](super::host_copies)).
 ///
@@ -98,8 +107,9 @@ pub fn ctc_loss(
 /// backward: `scale · (softmax(logits[b, t]) − posterior[b, t])`, where the posterior sums
 /// the occupancies of the states of each label; no `[B, T', V]` log-probabilities are stored.
 ///
-/// `logits` is float `[B, T', V]`, finite within the input lengths (checked on the CPU); the
-/// other arguments, the result and the errors are those of [`ctc_loss`].
+/// `logits` is float `[B, T', V]`, finite within the input lengths (checked on the CPU, and off
+/// it with `check_values`); the other arguments, the result and the errors are those of
+/// [`ctc_loss`].
 ///
 /// ```
 /// use candle_bleu::loss::{ctc_loss_from_logits, CtcConfig, CtcReduction};
@@ -203,7 +213,7 @@ fn ctc_on(
         targets,
         input_lengths,
         target_lengths,
-        (cfg.blank, cfg.zero_infinity, cfg.check_values),
+        cfg,
         from_logits,
         path,
     )?;
@@ -234,8 +244,12 @@ fn reduce(losses: &Tensor, target_lengths: &[usize], reduction: CtcReduction) ->
                 .iter()
                 .map(|&l| 1.0 / (l.max(1) as f64 * batch))
                 .collect();
-            let weights = Tensor::from_vec(weights, target_lengths.len(), losses.device())?
-                .to_dtype(losses.dtype())?;
+            let weights = constant(
+                weights,
+                target_lengths.len(),
+                losses.dtype(),
+                losses.device(),
+            )?;
             (losses * weights)?.sum(0)
         }
     }

@@ -28,9 +28,12 @@ use candle_core::{Result, Tensor};
 /// # Arguments
 /// * `logits` - float `[B, T', V]`, batch-first (PyTorch's CTC is time-first `[T, B, V]`), one
 ///   row of logits per frame over the vocabulary with the blank. f32 and f64 are computed in
-///   their dtype, f16 and bf16 in f32. NaN or Inf is an error.
-/// * `input_lengths` - u32 `[B]`: the frames of each element, each `<= T'` (frames beyond get
-///   zero gradient); `None` = `T'`.
+///   their dtype, f16 and bf16 in f32. NaN or Inf within the input lengths is an error (on the
+///   CPU always, off it with `cfg.check_values`); frames beyond them may hold anything, NaN
+///   included, as in [`ctc_loss`](super::ctc_loss).
+/// * `input_lengths` - u32, i32 or i64 `[B]`: the frames of each element, each `<= T'`
+///   (frames beyond are not read and get zero gradient); `None` = `T'`. Read to the host once
+///   on the CPU (one counted copy), where the kernel needs them.
 /// * `refs` - id [`References`] (`References::from_ids`) of the same batch, on the same
 ///   device, none of whose tokens is `blank`.
 /// * `blank` - the blank's id, `< V`.

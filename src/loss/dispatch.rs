@@ -47,7 +47,7 @@ impl Path {
     }
 
     /// The path for a cross-entropy with options the CUDA kernels do not compute (the z-loss,
-    /// the token accuracy):
+    /// the token accuracy, class weights):
     /// composed ops instead of the CUDA kernels off the CPU — the CPU kernels' numbers, never a
     /// silent change of them. The CPU kernels compute every option.
     pub(crate) fn for_options(self, device: &Device, cpu_kernels_only: bool) -> Self {

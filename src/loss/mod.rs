@@ -57,7 +57,7 @@
 //! | [`cross_entropy_from_logits`], [`ce_bleu_from_logits`], [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`] | 0 on the CPU; off it 1 (the targets' largest id and count, checked; with class weights the targets themselves, for `Σ w_t`) |
 //! | [`loss_from_stats`] | 0 |
 //! | [`ctc_loss`], [`ctc_loss_from_logits`] and their composed references | 3 (`targets`, `input_lengths`, `target_lengths`: the alignments are built on the host); off the CPU + 1 with [`CtcConfig::check_values`] (the input) |
-//! | [`ctc_bleu_loss_from_logits`], [`ctc_expected_counts`] | 0 (the input lengths read in place on the CPU; off it only with `check_values`: 1 for them, 1 for the NaN/Inf check) |
+//! | [`ctc_bleu_loss_from_logits`], [`ctc_expected_counts`] | without `input_lengths` 0; with them 1 on the CPU (the lengths, which the kernel reads on the host), 0 off it (the composed ops read them on the device); off the CPU with `check_values` 1 for the lengths + 1 for the NaN/Inf check |
 //! | [`ctc_greedy_decode`] | 1 (the argmax ids), + 1 with `input_lengths` |
 //! | backward passes | 0 |
 //!
@@ -104,12 +104,16 @@
 //! - [`cross_entropy_from_logits`]: fused token cross-entropy (PyTorch's `F.cross_entropy`);
 //! - [`ctc_loss`], [`ctc_loss_from_logits`]: the CTC loss (PyTorch's `F.ctc_loss`, batch-first,
 //!   with the true gradient of its input) and [`ctc_greedy_decode`];
+//! - [`log_softmax`]: the last dimension's log-softmax as one op with a one-pass backward
+//!   (PyTorch's `F.log_softmax(x, -1)`; [`log_softmax_slow`] its composed reference), for
+//!   PyTorch's idiom `ctc_loss(&log_softmax(&x)?, …)`;
 //! - [`ce_bleu_from_logits`]: cross-entropy + BLEU of a training step in one pass over the logits;
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
 //!   `[B, S, V]` logits (their `blocks` argument, [`HiddenConfig`]);
 //! - `score`: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
 //! - [`distributed`]: data-parallel training — every entry point's loss of the global batch
+//!   (but [`ctc_loss`]'s, whose mean divides each element by its own target length)
 //!   from each worker's shard over a sum all-reduce (MPI, NCCL, threads), from logits or
 //!   hidden states, and the gradient and broadcast helpers.
 
@@ -159,6 +163,7 @@ pub use hidden::{
     ce_bleu_from_hidden_composed, cross_entropy_from_hidden, cross_entropy_from_hidden_composed,
 };
 pub use host::host_copies;
+pub use kernels::log_softmax::{log_softmax, log_softmax_slow};
 pub use references::{References, TrainingTargets};
 pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
 pub use training::{ce_bleu_from_logits, ce_bleu_from_logits_composed};

@@ -12,14 +12,14 @@
 //!
 //! | quantity | `Local` | `Group` |
 //! |---|---|---|
-//! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels), summed: the mean | the row terms summed (weight 1), all-reduced with the count, divided by the global count |
+//! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels; with class weights `Σ w_t`, the z-term's part still by `n`), summed: the mean | the row terms summed (weight 1), all-reduced with the count (and `Σ w_t` with class weights), divided by the global count (`Σ w_t`); class weights with a z-loss are refused |
 //! | corpus BLEU | `score::score` of the elements' statistics (summed there) | the statistics summed over the shard, all-reduced, scored |
 //! | `SentenceMean` BLEU | `score::score` (the mean of the sentence losses) | the shard's sum of sentence losses and its size, all-reduced, divided |
 //!
 //! `Local` is the single-process loss, bit for bit what it was before the stage existed.
 
 use super::all_reduce::AllReduce;
-use super::checked::CheckedTargets;
+use super::checked::{CheckedTargets, Division};
 use super::config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyOutput, CrossEntropyReduction,
     Reduction, TrainingLoss,
@@ -39,8 +39,9 @@ pub(crate) enum Reducer<'a> {
 }
 
 impl Reducer<'_> {
-    /// The targets with the divisor of their row terms set: the batch's count `n` for a local
-    /// mean, which must be `>= 1` (the rule that some target counts), or 1 for a shard's sum,
+    /// The targets with the mean of their row terms set ([`Division`]): over the batch's count
+    /// `n` (or `Σ w_t` with class weights) for a local mean, whose `n` must be `>= 1` (the rule
+    /// that some target counts), or none for a shard's sum,
     /// which may hold only padding (the rule is checked on the global count).
     pub(crate) fn divide<'t>(self, targets: CheckedTargets<'t>) -> Result<CheckedTargets<'t>> {
         match (self, targets.reduction) {
@@ -56,7 +57,7 @@ impl Reducer<'_> {
             }
             // A sum, or each position's loss: no division, and no target needs to count.
             (_, CrossEntropyReduction::Sum | CrossEntropyReduction::None) => Ok(CheckedTargets {
-                divisor: 1.0,
+                division: Division::None,
                 ..targets
             }),
             (Reducer::Local, CrossEntropyReduction::Mean) => {
@@ -74,15 +75,18 @@ impl Reducer<'_> {
                         targets.weight_sum,
                     );
                 }
-                let divisor = if targets.terms.class_weights.is_some() {
-                    targets.weight_sum
+                let division = if targets.terms.class_weights.is_some() {
+                    Division::WeightedMean
                 } else {
-                    targets.count as f64
+                    Division::Mean
                 };
-                Ok(CheckedTargets { divisor, ..targets })
+                Ok(CheckedTargets {
+                    division,
+                    ..targets
+                })
             }
             (Reducer::Group(_), CrossEntropyReduction::Mean) => Ok(CheckedTargets {
-                divisor: 1.0,
+                division: Division::None,
                 ..targets
             }),
         }
@@ -111,7 +115,7 @@ impl Reducer<'_> {
                 token_accuracy: local_accuracy(metrics, targets)?,
             });
         }
-        let share = losses.sum(targets.divisor)?;
+        let share = losses.sum(targets.divisor())?;
         match self {
             Reducer::Local => {
                 let (z_loss, token_accuracy) = local_metrics(losses.metrics.as_ref(), targets)?;
@@ -159,7 +163,7 @@ impl Reducer<'_> {
         cfg: &BleuLossConfig,
         bleu_weight: f64,
     ) -> Result<TrainingLoss> {
-        let share = losses.sum(targets.divisor)?;
+        let share = losses.sum(targets.divisor())?;
         let metrics = losses.metrics.as_ref();
         let (cross_entropy, bleu, (z_loss, token_accuracy)) = match self {
             Reducer::Local => (
@@ -292,7 +296,7 @@ fn weighted_mean(targets: &CheckedTargets) -> bool {
 }
 
 /// The z-loss's part and the token accuracy of one process's batch (a mean or a sum, as
-/// `targets.divisor` says), from the pass's metrics; each `None` unless asked for.
+/// `targets.division` says), from the pass's metrics; each `None` unless asked for.
 fn local_metrics(
     metrics: Option<&TokenMetrics>,
     targets: &CheckedTargets,

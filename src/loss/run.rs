@@ -76,17 +76,25 @@ pub(crate) fn training(
     reducer.training(token_losses, &tokens, stats, bleu, bleu_weight)
 }
 
-/// This batch's (or shard's) cross-entropy **sum** over its non-pad targets and their count,
-/// without the rule that some target counts: a shard of only padding gives `(0, 0)`.
+/// This batch's (or shard's) cross-entropy **sum** over its non-pad targets and their count —
+/// `Σ w_t` under class weights, the weighted mean's denominator — without the rule that some
+/// target counts: a shard of only padding gives `(0, 0)`. Class weights with a z-loss are
+/// refused: the weighted mean and the z-term's mean divide by different counts.
 pub(crate) fn cross_entropy_sum_and_count(
     input: Hypotheses<'_>,
     targets: &Tensor,
     cfg: &CrossEntropyConfig,
     path: Path,
-) -> Result<(Tensor, usize)> {
+) -> Result<(Tensor, f64)> {
+    if cfg.class_weights.is_some() && cfg.z_loss != 0.0 {
+        bail!(
+            "`class_weights` with `z_loss` in `cross_entropy_sum_and_count`: the weighted mean divides by Σ w_t and the z-term by the count of targets, so no one count makes sum / count the loss; use one of them"
+        );
+    }
     let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
-    // A divisor of 1: the pass sums the row terms (what a group's shard does).
-    let count = targets.count;
+    // A divisor of 1: the pass sums the row terms (what a group's shard does). `weight_sum`
+    // is the count without class weights.
+    let count = targets.weight_sum;
     Ok((cross_entropy_pass(&input, &targets)?.sum(1.0)?, count))
 }
 

@@ -19,8 +19,9 @@
 //! - corpus BLEU: `g_w` = the shard's statistics summed over its elements, and the loss is
 //!   [`loss_from_stats`](crate::loss::loss_from_stats) of the global sums ([`global_stats`], [`bleu_loss_from_stats`]);
 //! - `SentenceMean`: `Σ_w (sum of the shard's sentence losses) / Σ_w (shard size)`;
-//! - cross-entropy: `Σ_w (sum of the shard's token losses) / Σ_w (shard's non-pad tokens)`; a
-//!   shard may hold only padding ([`cross_entropy_sum_and_count`]).
+//! - cross-entropy: `Σ_w (sum of the shard's token losses) / Σ_w (shard's non-pad tokens)`
+//!   (with class weights, `/ Σ_w (shard's Σ w_t)`, PyTorch's weighted mean; with a z-loss too,
+//!   refused under `Mean`); a shard may hold only padding ([`cross_entropy_sum_and_count`]).
 //!
 //! Every worker gets the loss of the global batch, and the gradient of its own shard's share.
 //! Summing the parameter gradients over workers ([`sum_gradients`]: a **sum**, not a mean) then
@@ -216,7 +217,11 @@ pub fn bleu_loss_from_stats(
 /// Returns `(sum, count)`: scalars, `sum` in the compute dtype of the logits (f32 for
 /// f16/bf16) with the gradient of the sum, `count` in f64 (f32 on Metal), a constant. The
 /// count is the one the validation makes (in place on the CPU, one small counted copy off it,
-/// as every cross-entropy entry point).
+/// as every cross-entropy entry point): the number of non-pad targets, or with
+/// `cfg.class_weights` their weights' sum `Σ w_t`, so that `Σ_w sum_w / Σ_w count_w` over the
+/// workers is the mean (weighted, as PyTorch's `weight=`) of the global batch. Class weights
+/// with a z-loss are an error: the weighted mean divides by `Σ w_t` and the z-term's mean by
+/// the number of targets, which no one count serves.
 pub fn cross_entropy_sum_and_count(
     logits: &Tensor,
     targets: &Tensor,
@@ -225,8 +230,8 @@ pub fn cross_entropy_sum_and_count(
     let path = Path::for_device(logits.device());
     let input = Hypotheses::Logits(logits);
     let (sum, count) = run::cross_entropy_sum_and_count(input, targets, cfg, path)?;
-    let count =
-        Tensor::full(count as f64, (), logits.device())?.to_dtype(reduce_dtype(logits.device()))?;
+    let device = logits.device();
+    let count = crate::loss::config::constant(vec![count], (), reduce_dtype(device), device)?;
     Ok((sum, count))
 }
 

@@ -10,11 +10,11 @@
 //! 0 under `zero_infinity`) with a zero gradient, as in the kernel.
 
 use super::ctc_cpu::{can_skip, CtcAlignments};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Shape, Tensor, D};
 
 /// `log 0` in the composed recursion: far below any log-likelihood of a possible alignment
 /// (`T'` frames of probability `1e-38` are `-87 T'`), far above f32's lowest value.
-pub(crate) const LOG_ZERO: f64 = -1e30;
+const LOG_ZERO: f64 = -1e30;
 
 /// `log(e^a + e^b + e^c)` elementwise, with the maximum detached (its gradient cancels).
 fn log_add3(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
@@ -32,17 +32,37 @@ fn log_add3(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
 /// `alpha` shifted right by `k` states along dimension 1, filled with [`LOG_ZERO`].
 fn shifted(alpha: &Tensor, k: usize) -> Result<Tensor> {
     let (batch, states) = alpha.dims2()?;
-    let fill =
-        Tensor::full(LOG_ZERO, (batch, k.min(states)), alpha.device())?.to_dtype(alpha.dtype())?;
+    let width = k.min(states);
+    let fill = table(
+        vec![LOG_ZERO; batch * width],
+        (batch, width),
+        alpha.dtype(),
+        alpha.device(),
+    )?;
     if k >= states {
         return Ok(fill);
     }
     Tensor::cat(&[&fill, &alpha.narrow(1, 0, states - k)?], 1)
 }
 
-/// A host `[B, S]` table as a tensor of `dtype` on `device`.
-fn table(values: Vec<f64>, shape: (usize, usize), dtype: DType, device: &Device) -> Result<Tensor> {
-    Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
+/// Host values as a tensor of `dtype` on `device`, converted on the host: no f64 tensor is
+/// made on the device unless `dtype` is f64 (Metal has none; the rule of `config::constant`,
+/// which the kernels do not import).
+fn table(
+    values: Vec<f64>,
+    shape: impl Into<Shape>,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_vec(values, shape, device),
+        _ => Tensor::from_vec(
+            values.into_iter().map(|v| v as f32).collect::<Vec<f32>>(),
+            shape,
+            device,
+        )?
+        .to_dtype(dtype),
+    }
 }
 
 /// `x` (`[B, T', V]`) with the frames at and beyond each element's input length replaced by 0:
@@ -125,6 +145,6 @@ pub(crate) fn ctc_losses(log_probs: &Tensor, alignments: &CtcAlignments) -> Resu
     } else {
         f64::INFINITY
     };
-    let fill = Tensor::full(fill, batch, device)?.to_dtype(dtype)?;
+    let fill = table(vec![fill; batch], batch, dtype, device)?;
     impossible.where_cond(&fill, &log_likelihood.neg()?)
 }

@@ -431,7 +431,7 @@ impl CustomOp1 for CtcOp {
 }
 
 /// The backward of a [`CtcOp`]: `(x, out, grad_out)` to the gradient with respect to `x`.
-pub(crate) struct CtcOpBackward(CtcOp);
+struct CtcOpBackward(CtcOp);
 
 impl CustomOp3 for CtcOpBackward {
     fn name(&self) -> &'static str {

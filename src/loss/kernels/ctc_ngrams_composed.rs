@@ -16,7 +16,14 @@ pub(crate) fn ctc_ngram_expectations_composed(
     let (batch, frames, vocab) = logits.dims3()?;
     let (dtype, device) = (logits.dtype(), logits.device());
     let blank = plan.blank;
-    let probs = candle_nn::ops::softmax(logits, D::Minus1)?;
+    // Padding frames may hold anything (NaN too): zeroed before the softmax, whose backward
+    // would otherwise spread NaN into their gradient (a `where` passes none back to them).
+    let in_use = frame_mask
+        .to_dtype(DType::U8)?
+        .unsqueeze(2)?
+        .broadcast_as((batch, frames, vocab))?;
+    let logits = in_use.where_cond(logits, &logits.zeros_like()?)?;
+    let probs = candle_nn::ops::softmax(&logits, D::Minus1)?;
     // A frame beyond the length becomes a certain blank, which changes no statistic.
     let blank_row = one_hot(vocab, blank, dtype, device)?.reshape((1, 1, vocab))?;
     let mask = frame_mask.unsqueeze(2)?;

@@ -3,8 +3,8 @@
 //! dispatch), the one owner of its per-row output layout ([`layout::RowLayout`]), its CPU
 //! slice kernels ([`cpu`]) and CUDA kernels (`cuda`, `kernels.cu`, behind the `cuda`
 //! feature), the same rows as composed candle ops ([`composed`]), the hidden-state op
-//! ([`hidden`]) with its CPU and composed blocks, logit soft-capping ([`softcap`]), and the CTC
-//! n-gram op. This file only
+//! ([`hidden`]) with its CPU and composed blocks, logit soft-capping ([`softcap`]), the CTC
+//! n-gram op, and `log_softmax` with its backward ([`log_softmax`]). This file only
 //! declares the modules.
 
 pub(crate) mod composed;
@@ -29,5 +29,6 @@ pub(crate) mod hidden_cpu;
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 pub(crate) mod launch;
 pub(crate) mod layout;
+pub(crate) mod log_softmax;
 pub(crate) mod row_op;
 pub(crate) mod softcap;
