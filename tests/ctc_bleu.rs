@@ -16,27 +16,6 @@ use candle_core::{DType, Tensor, Var};
 use common::*;
 use rand::{Rng, SeedableRng};
 
-/// Collapses an alignment: repeats merged, then blanks removed.
-fn collapse(alignment: &[u32], blank: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut previous = None;
-    for &symbol in alignment {
-        if Some(symbol) != previous && symbol != blank {
-            out.push(symbol);
-        }
-        previous = Some(symbol);
-    }
-    out
-}
-
-/// Softmax of one row of logits, in f64.
-fn softmax(row: &[f64]) -> Vec<f64> {
-    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = row.iter().map(|z| (z - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
 /// One element's expectations by enumeration of all `V^frames` alignments: for each n-gram
 /// `ngrams[i]`, `E[count in B(a)]`; `E[|B(a)|]`; `E[max(|B(a)| − n + 1, 0)]` per order.
 fn enumerate(
@@ -56,7 +35,7 @@ fn enumerate(
             rest /= vocab;
             p *= row[alignment[t] as usize];
         }
-        let y = collapse(&alignment, blank);
+        let y = ctc_collapse(&alignment, blank);
         length += p * y.len() as f64;
         for (n, total) in totals.iter_mut().enumerate() {
             *total += p * y.len().saturating_sub(n) as f64;
@@ -159,7 +138,7 @@ fn expected_counts_equal_enumeration_over_every_alignment() {
                 for b in 0..batch {
                     let q: Vec<Vec<f64>> = values[b * frames * vocab..][..lengths[b] * vocab]
                         .chunks(vocab)
-                        .map(softmax)
+                        .map(softmax_row)
                         .collect();
                     // Every slot (order, position) of the references laid end to end.
                     let (mut ngrams, mut slots) = (vec![], vec![]);
@@ -238,7 +217,7 @@ fn one_hot_frames_give_the_exact_bleu_of_the_collapsed_sequences() {
         let hyps: Vec<Vec<u32>> = alignments
             .iter()
             .zip(&lengths)
-            .map(|(a, &len)| collapse(&a[..len], blank))
+            .map(|(a, &len)| ctc_collapse(&a[..len], blank))
             .collect();
         let cfg = BleuLossConfig {
             max_order,

@@ -15,26 +15,6 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
-/// Collapses an alignment: repeats merged, then blanks removed.
-fn collapse(alignment: &[u32], blank: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut previous = None;
-    for &symbol in alignment {
-        if Some(symbol) != previous && symbol != blank {
-            out.push(symbol);
-        }
-        previous = Some(symbol);
-    }
-    out
-}
-
-fn softmax(row: &[f64]) -> Vec<f64> {
-    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = row.iter().map(|z| (z - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
 /// The n-grams of order `n` of `y` with their counts.
 fn ngram_counts(y: &[u32], n: usize) -> HashMap<Vec<u32>, f64> {
     let mut counts = HashMap::new();
@@ -59,7 +39,7 @@ fn enumerate(q: &[Vec<f64>], blank: u32, reference: &[u32], n: usize) -> (f64, f
             rest /= vocab;
             p *= row[alignment[t] as usize];
         }
-        let y = collapse(&alignment, blank);
+        let y = ctc_collapse(&alignment, blank);
         hyp_ngrams += p * (y.len() + 1).saturating_sub(n) as f64;
         for (g, c) in ngram_counts(&y, n) {
             *expected.entry(g).or_insert(0.0) += p * c;
@@ -127,7 +107,7 @@ fn the_f_measure_equals_enumeration_over_every_alignment() {
             let per_element: Vec<(f64, f64, f64)> = (0..batch)
                 .map(|b| {
                     let q: Vec<Vec<f64>> = (0..input_lengths[b])
-                        .map(|t| softmax(&values[(b * frames + t) * vocab..][..vocab]))
+                        .map(|t| softmax_row(&values[(b * frames + t) * vocab..][..vocab]))
                         .collect();
                     enumerate(&q, blank, &refs[b], order)
                 })
@@ -212,7 +192,7 @@ fn one_hot_frames_give_the_discrete_f_measure_penalising_length_both_ways() {
             .unwrap();
         let out =
             ctc_ngram_f_loss(&logits, None, &refs, blank, &CtcNgramFConfig::default()).unwrap();
-        let y = collapse(&frames, blank);
+        let y = ctc_collapse(&frames, blank);
         let hyp = ngram_counts(&y, 2);
         let matches: f64 = ngram_counts(&reference, 2)
             .iter()

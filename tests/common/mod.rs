@@ -121,3 +121,24 @@ pub fn stats_of(
         ref_len: ref_len.clone(),
     }
 }
+
+/// Collapses a CTC alignment: repeats merged, then blanks removed.
+pub fn ctc_collapse(alignment: &[u32], blank: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut previous = None;
+    for &symbol in alignment {
+        if Some(symbol) != previous && symbol != blank {
+            out.push(symbol);
+        }
+        previous = Some(symbol);
+    }
+    out
+}
+
+/// Softmax of one row of logits, in f64.
+pub fn softmax_row(row: &[f64]) -> Vec<f64> {
+    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = row.iter().map(|z| (z - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
