@@ -21,7 +21,7 @@
 use super::all_reduce::AllReduce;
 use super::checked::{CheckedTargets, Division};
 use super::config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyOutput, CrossEntropyReduction,
+    constant, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyOutput, CrossEntropyReduction,
     Reduction, TrainingLoss,
 };
 use super::host;
@@ -282,10 +282,16 @@ pub(crate) fn global_sums(
 /// mean's denominator; the metrics keep the count), `[1]` each in the reduce dtype.
 fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<Tensor>> {
     let dtype = reduce_dtype(share.device());
-    let count = Tensor::full(targets.count as f64, 1, share.device())?.to_dtype(dtype)?;
+    // Made in `dtype` on the host: no f64 tensor on a device without f64 (Metal).
+    let count = constant(vec![targets.count as f64], 1, dtype, share.device())?;
     let mut parts = vec![share.to_dtype(dtype)?.reshape(1)?, count];
     if weighted_mean(targets) {
-        parts.push(Tensor::full(targets.weight_sum, 1, share.device())?.to_dtype(dtype)?);
+        parts.push(constant(
+            vec![targets.weight_sum],
+            1,
+            dtype,
+            share.device(),
+        )?);
     }
     Ok(parts)
 }
@@ -466,7 +472,7 @@ fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
         Reduction::SentenceMean => {
             let batch = local.matches.dim(0)?;
             let mean = loss_from_stats(&local, cfg)?;
-            let count = Tensor::full(batch as f64, 1, local.matches.device())?.to_dtype(dtype)?;
+            let count = constant(vec![batch as f64], 1, dtype, local.matches.device())?;
             Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
         }
     }
