@@ -15,11 +15,18 @@
 //! Dtypes: f32 and f64 (the loss converts f16/bf16 logits to f32 first). A row holding a NaN or
 //! infinite logit gives NaN outputs (the CPU op errors; an error here would need a copy to the
 //! host).
+//!
+//! The cross-entropy's options (class weights, z-loss, token accuracy, a soft cap in the row
+//! pass) run `ce_options.cu`'s kernels ([`OPTIONS_MODULE`]), which have passed the emulator but
+//! not a GPU: only with the `cuda-unverified` feature; without it the loss sends them to the
+//! composed ops (`dispatch::Path::for_options`).
 
 use super::launch::{
     self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, Param, RowArgs, RowArgsIn,
     RowPassFwdBuffers, KERNEL_FAMILIES,
 };
+#[cfg(feature = "cuda-unverified")]
+use super::launch::{OPTIONS_FAMILIES, OPTIONS_SOURCE};
 use super::layout::Pass;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -48,6 +55,47 @@ pub(crate) const ROW_MODULE: KernelModule = KernelModule {
     source: include_str!("kernels.cu"),
     families: &KERNEL_FAMILIES,
 };
+
+/// The row op's passes with the cross-entropy's options, `ce_options.cu` after `kernels.cu`
+/// (tested on the emulator, not yet on a GPU: feature `cuda-unverified`).
+#[cfg(feature = "cuda-unverified")]
+pub(crate) const OPTIONS_MODULE: KernelModule = KernelModule {
+    name: "candle_bleu_ce_options_kernels",
+    file: "ce_options.cu",
+    source: OPTIONS_SOURCE,
+    families: &OPTIONS_FAMILIES,
+};
+
+/// The module of `op`'s row-pass and backward launches: `ce_options.cu`'s with the options
+/// (`cuda-unverified`), `kernels.cu`'s otherwise.
+fn row_pass_module(op: &RowArgsIn<'_>) -> Result<&'static KernelModule> {
+    if !op.has_options() {
+        return Ok(&ROW_MODULE);
+    }
+    #[cfg(feature = "cuda-unverified")]
+    return Ok(&OPTIONS_MODULE);
+    #[cfg(not(feature = "cuda-unverified"))]
+    bail!("internal: the cross-entropy's options on CUDA need the `cuda-unverified` kernels; `Path::for_options` sends them to composed ops")
+}
+
+/// The class weights of `op` on the device in the launch's float type, or a one-element
+/// placeholder (read by no thread) when it has options but no weights; `None` without options.
+/// One host-to-device copy of `V` values per launch.
+fn class_weights_buffer<T: DeviceRepr + WithDType>(
+    device: &CudaDevice,
+    op: &RowArgsIn<'_>,
+) -> Result<Option<CudaSlice<T>>> {
+    if !op.has_options() {
+        return Ok(None);
+    }
+    Ok(Some(match op.class_weights() {
+        Some(weights) => {
+            let weights: Vec<T> = weights.iter().map(|&w| T::from_f64(w)).collect();
+            device.clone_htod(&weights)?
+        }
+        None => device.alloc_zeros::<T>(1)?,
+    }))
+}
 
 /// Compiles `module`'s source to PTX with NVRTC for `compute_{major}{minor}`. Needs `libnvrtc`,
 /// not a GPU.
@@ -351,6 +399,7 @@ pub(crate) fn forward(
         }
         let mut out = alloc::<T>(&device, out_len)?;
         if args.rows > 0 {
+            let weights = class_weights_buffer::<T>(&device, op)?;
             ids.with(&device, |ids| {
                 targets.with(&device, |targets| {
                     let buffers = RowPassFwdBuffers {
@@ -358,9 +407,10 @@ pub(crate) fn forward(
                         ids: Buf::Ids(ids),
                         targets: Buf::Ids(targets),
                         out: Buf::Out(&mut out),
+                        class_weights: weights.as_ref().map(Buf::Slice),
                     };
                     run(
-                        &ROW_MODULE,
+                        row_pass_module(op)?,
                         &device,
                         launch::row_pass_fwd(float, op, &args, buffers)?,
                     )
@@ -422,6 +472,7 @@ pub(crate) fn backward(
         let grad_view = contiguous_view(grad_out.as_cuda_slice::<T>()?, grad_layout, "gradient")?;
         let mut grad = alloc::<T>(&device, args.rows * args.vocab as usize)?;
         if args.rows > 0 {
+            let weights = class_weights_buffer::<T>(&device, op)?;
             ids.with(&device, |ids| {
                 links.with(&device, |links| {
                     targets.with(&device, |targets| {
@@ -446,9 +497,10 @@ pub(crate) fn backward(
                             out: Buf::Floats(&out_view),
                             grad_out: Buf::Floats(&grad_view),
                             grad: Buf::Out(&mut grad),
+                            class_weights: weights.as_ref().map(Buf::Slice),
                         };
                         run(
-                            &ROW_MODULE,
+                            row_pass_module(op)?,
                             &device,
                             launch::backward(float, op, &args, buffers)?,
                         )
@@ -521,12 +573,15 @@ mod tests {
             .collect()
     }
 
-    /// The modules the build loads: the row op's, and with `cuda-unverified` the CTC loss's.
+    /// The modules the build loads: the row op's, and with `cuda-unverified` the CTC loss's and
+    /// the options'.
     fn modules() -> Vec<&'static super::KernelModule> {
         #[allow(unused_mut)]
         let mut modules = vec![&ROW_MODULE];
         #[cfg(feature = "cuda-unverified")]
         modules.push(&crate::loss::kernels::ctc_cuda::CTC_MODULE);
+        #[cfg(feature = "cuda-unverified")]
+        modules.push(&super::OPTIONS_MODULE);
         modules
     }
 

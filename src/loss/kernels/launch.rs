@@ -24,6 +24,18 @@ pub(crate) const KERNEL_FAMILIES: [&str; 5] = [
     "jacobian_bwd",
 ];
 
+/// The kernel families of `ce_options.cu` (the row op's passes with the cross-entropy's options,
+/// `cuda-unverified` on a GPU), each instantiated as `<family>_f32` and `_f64`.
+pub(crate) const OPTIONS_FAMILIES: [&str; 3] =
+    ["row_options_fwd", "row_options_bwd", "jacobian_options_bwd"];
+
+/// `kernels.cu` then `ce_options.cu`, which uses its helpers: the options kernels' module.
+pub(crate) const OPTIONS_SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    "\n",
+    include_str!("ce_options.cu")
+);
+
 /// The float type a launch computes in: the suffix of its kernel and the width of its float
 /// parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +121,45 @@ pub(crate) struct RowArgsIn<'a> {
     pub ce: CrossEntropyTerms,
     /// `1 / n` for the `n` non-pad targets (0 without targets).
     pub inv_count: f64,
+    /// The z-term's row weight over the cross-entropy's (`TargetRows::z_ratio`).
+    pub z_ratio: f64,
+    /// Logit soft-capping `c`, applied by the row pass as it reads the logits (`None`: off, or
+    /// applied before the op).
+    pub softcap: Option<f64>,
+}
+
+impl RowArgsIn<'_> {
+    /// Whether the launches take `ce_options.cu`'s kernels: with class weights, a z-loss, the
+    /// token accuracy or a soft cap; `kernels.cu`'s plain ones otherwise.
+    pub(crate) fn has_options(&self) -> bool {
+        self.ce.class_weights.is_some() || self.ce.metrics() || self.softcap.is_some()
+    }
+
+    /// The class weights the options kernels read, in f64 (`None`: every class 1).
+    pub(crate) fn class_weights(&self) -> Option<&[f64]> {
+        self.ce.class_weights.as_deref()
+    }
+}
+
+/// The options parameters `ce_options.cu`'s kernels take after the plain kernels' ones:
+/// `weights` (the class weights in the launch's float type, or a one-element placeholder),
+/// `has_weights`, `W = Σ_v w_v`, `λ`, `z_ratio`, `metrics`, `c` and `1/c` (both 0 without a cap).
+fn options_params<B>(op: &RowArgsIn<'_>, weights: Option<B>) -> Result<Vec<Param<B>>> {
+    let Some(weights) = weights else {
+        bail!("internal: a launch with the cross-entropy's options needs a class-weights buffer");
+    };
+    let weight_total: f64 = op.class_weights().map_or(0.0, |w| w.iter().sum());
+    let (cap, inv_cap) = op.softcap.map_or((0.0, 0.0), |c| (c, 1.0 / c));
+    Ok(vec![
+        Param::Buffer(weights),
+        Param::U32(u32::from(op.class_weights().is_some())),
+        Param::Float(weight_total),
+        Param::Float(op.ce.z_loss),
+        Param::Float(op.z_ratio),
+        Param::U32(u32::from(op.ce.metrics())),
+        Param::Float(cap),
+        Param::Float(inv_cap),
+    ])
 }
 
 /// The scalar arguments every row kernel shares, for logits of one shape.
@@ -162,16 +213,19 @@ pub(crate) fn softmax_fwd<B>(
 }
 
 /// The buffers of a `row_pass_fwd` launch: the logits, the ids and targets (a one-element
-/// placeholder where the op holds none) and the output rows.
+/// placeholder where the op holds none) and the output rows; with the options, the class
+/// weights (see [`RowArgsIn::has_options`]).
 pub(crate) struct RowPassFwdBuffers<B> {
     pub logits: B,
     pub ids: B,
     pub targets: B,
     pub out: B,
+    pub class_weights: Option<B>,
 }
 
-/// `row_pass_fwd`: the gathered probabilities and cross-entropy columns of `op`'s rows, written
-/// at the columns after the self-match `Z` of each output row.
+/// `row_pass_fwd` (`row_options_fwd` with the options): the gathered probabilities and
+/// cross-entropy columns of `op`'s rows, written at the columns after the self-match `Z` of each
+/// output row.
 pub(crate) fn row_pass_fwd<B>(
     float: FloatKind,
     op: &RowArgsIn<'_>,
@@ -180,26 +234,39 @@ pub(crate) fn row_pass_fwd<B>(
 ) -> Result<Launch<B>> {
     let stride = dim_u32(op.layout.stride(), "row")?;
     let offset = dim_u32(op.layout.self_match_columns(), "row")?;
+    if op.softcap.is_some() && op.pass != Pass::Rows {
+        bail!(
+            "internal: the {:?} pass takes logits capped before the op",
+            op.pass
+        );
+    }
+    let mut params = vec![
+        Param::Buffer(buffers.logits),
+        Param::Buffer(buffers.ids),
+        Param::Buffer(buffers.targets),
+        Param::Buffer(buffers.out),
+        Param::U32(args.rows_per_batch),
+        Param::U32(args.vocab),
+        Param::U32(args.width),
+        Param::U32(stride),
+        Param::U32(offset),
+        Param::U32(args.has_targets),
+        Param::U32(args.has_pad),
+        Param::U32(args.pad_id),
+        Param::Float(op.ce.label_smoothing),
+        Param::Float(op.inv_count),
+    ];
+    let family = if op.has_options() {
+        params.extend(options_params(op, buffers.class_weights)?);
+        "row_options_fwd"
+    } else {
+        "row_pass_fwd"
+    };
     Ok(Launch {
-        family: "row_pass_fwd",
+        family,
         float,
         dims: rows_dims(args.rows)?,
-        params: vec![
-            Param::Buffer(buffers.logits),
-            Param::Buffer(buffers.ids),
-            Param::Buffer(buffers.targets),
-            Param::Buffer(buffers.out),
-            Param::U32(args.rows_per_batch),
-            Param::U32(args.vocab),
-            Param::U32(args.width),
-            Param::U32(stride),
-            Param::U32(offset),
-            Param::U32(args.has_targets),
-            Param::U32(args.has_pad),
-            Param::U32(args.pad_id),
-            Param::Float(op.ce.label_smoothing),
-            Param::Float(op.inv_count),
-        ],
+        params,
     })
 }
 
@@ -245,10 +312,13 @@ pub(crate) struct BackwardBuffers<B> {
     pub out: B,
     pub grad_out: B,
     pub grad: B,
+    /// With the options, the class weights (see [`RowArgsIn::has_options`]).
+    pub class_weights: Option<B>,
 }
 
 /// The logits gradient of `op`'s pass: `row_pass_bwd` for the row pass, `jacobian_bwd` for the
-/// softmax and self-match passes (after [`symmetrize`] and the product for the latter).
+/// softmax and self-match passes (after [`symmetrize`] and the product for the latter); with the
+/// options, `row_options_bwd` and `jacobian_options_bwd`.
 pub(crate) fn backward<B>(
     float: FloatKind,
     op: &RowArgsIn<'_>,
@@ -257,12 +327,28 @@ pub(crate) fn backward<B>(
 ) -> Result<Launch<B>> {
     let stride = dim_u32(op.layout.stride(), "row")?;
     let offset = dim_u32(op.layout.gathered_start(), "row")?;
+    let options = op.has_options();
+    if op.softcap.is_some() && op.pass != Pass::Rows {
+        bail!(
+            "internal: the {:?} pass takes logits capped before the op",
+            op.pass
+        );
+    }
     let (family, mut params) = match (op.pass, buffers.input) {
-        (Pass::Rows, BackwardInput::Logits(logits)) => {
-            ("row_pass_bwd", vec![Param::Buffer(logits)])
-        }
+        (Pass::Rows, BackwardInput::Logits(logits)) => (
+            if options {
+                "row_options_bwd"
+            } else {
+                "row_pass_bwd"
+            },
+            vec![Param::Buffer(logits)],
+        ),
         (Pass::Softmax | Pass::SelfMatch, BackwardInput::Jacobian { probs, dense }) => (
-            "jacobian_bwd",
+            if options {
+                "jacobian_options_bwd"
+            } else {
+                "jacobian_bwd"
+            },
             vec![Param::Buffer(probs), Param::Buffer(dense)],
         ),
         (pass, _) => bail!("internal: the wrong backward input for the {pass:?} pass"),
@@ -288,6 +374,9 @@ pub(crate) fn backward<B>(
         Param::U32(args.pad_id),
         Param::Float(op.ce.label_smoothing),
     ]);
+    if options {
+        params.extend(options_params(op, buffers.class_weights)?);
+    }
     Ok(Launch {
         family,
         float,

@@ -211,10 +211,6 @@ impl RowOp {
     /// the output layout.
     #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
     pub(crate) fn cuda_args(&self, logits: &Shape) -> Result<launch::RowArgsIn<'_>> {
-        if self.ce.metrics() {
-            // `Path::for_options` sends these to composed ops: never a silent change of numbers.
-            bail!("internal: the CUDA kernels compute no z-loss or token accuracy");
-        }
         let seq = match self.pass {
             Pass::Softmax => 1,
             _ => logits.dims3()?.1.max(1),
@@ -227,6 +223,8 @@ impl RowOp {
             targets: self.targets.as_ref(),
             ce: self.ce.clone(),
             inv_count: self.inv_count,
+            z_ratio: self.z_ratio,
+            softcap: None,
         })
     }
 

@@ -1,5 +1,5 @@
-//! The row op's CUDA kernels (`kernels.cu`) on the emulator against its CPU kernels: every pass
-//! forward and backward, f32 and f64, in several thread and block orders, each launch from the
+//! The row op's CUDA kernels (`kernels.cu`, and `ce_options.cu` with the cross-entropy's
+//! options) on the emulator against its CPU kernels: every pass forward and backward, f32 and f64, in several thread and block orders, each launch from the
 //! CUDA side's own plans (`launch.rs`), with host buffers that carry guard zones (a write outside
 //! a buffer shows) and outputs filled with NaN first (an element no thread wrote shows). Then
 //! deliberately broken copies of the source, each of which must be caught.
@@ -11,17 +11,25 @@ use crate::loss::kernels::cpu::CrossEntropyTerms;
 use crate::loss::kernels::ctc_launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
 use crate::loss::kernels::launch::{
     self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, RowArgsIn,
-    RowPassFwdBuffers, KERNEL_FAMILIES,
+    RowPassFwdBuffers, KERNEL_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
 };
 use crate::loss::kernels::layout::Pass;
 use crate::loss::kernels::row_op::{GatherIds, RowOp};
+use crate::loss::kernels::softcap;
 use candle_core::{Device, Tensor, Var, WithDType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// The CUDA source the CUDA build compiles with NVRTC: the row kernels, then the CTC kernels
-/// (`ctc_launch::CTC_SOURCE`, a superset of the row op's module).
-pub(super) const SOURCE: &str = CTC_SOURCE;
+/// Every CUDA source of the crate as one module: the row kernels, then the CTC kernels and the
+/// options kernels, which NVRTC compiles as two modules, each after `kernels.cu`
+/// (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`).
+pub(super) const SOURCE: &str = concat!(
+    include_str!("../kernels.cu"),
+    "\n",
+    include_str!("../ctc.cu"),
+    "\n",
+    include_str!("../ce_options.cu")
+);
 
 /// The source compiled once for the emulator, for every test of this process.
 pub(super) fn module() -> &'static EmuModule {
@@ -33,6 +41,7 @@ pub(super) fn compile(source: &str) -> EmuModule {
     let families: Vec<&str> = KERNEL_FAMILIES
         .iter()
         .chain(&CTC_FAMILIES)
+        .chain(&OPTIONS_FAMILIES)
         .copied()
         .collect();
     EmuModule::compile(source, &families, &["BLOCK", "CTC_BLOCK"]).unwrap_or_else(|e| panic!("{e}"))
@@ -159,6 +168,11 @@ struct Case {
     targets: bool,
     pad: Option<u32>,
     smoothing: f64,
+    /// The cross-entropy's options, which send the launches to `ce_options.cu`.
+    class_weights: bool,
+    z_loss: f64,
+    accuracy: bool,
+    softcap: Option<f64>,
 }
 
 impl Case {
@@ -172,8 +186,29 @@ impl Case {
             targets: true,
             pad: Some(0),
             smoothing: 0.1,
+            class_weights: false,
+            z_loss: 0.0,
+            accuracy: false,
+            softcap: None,
         }
     }
+
+    /// The same case with every option: class weights, a z-loss, the token accuracy, and a soft
+    /// cap in the row pass (the self-match pass takes logits capped before the op).
+    fn with_options(self) -> Self {
+        Self {
+            class_weights: true,
+            z_loss: 0.01,
+            accuracy: true,
+            softcap: (self.pass == Pass::Rows).then_some(5.0),
+            ..self
+        }
+    }
+}
+
+/// Deterministic class weights in [0, 2.1] (some 0) for `vocab` classes.
+fn class_weights(vocab: usize) -> std::sync::Arc<[f64]> {
+    (0..vocab).map(|v| (v % 8) as f64 * 0.3).collect()
 }
 
 /// Deterministic values in about ±`scale`.
@@ -213,7 +248,7 @@ fn inputs(case: &Case, seed: u64) -> Inputs {
             row[width - 1] = row[0];
         }
     }
-    let targets = spread(batch * seq, seed ^ 2, 1.0)
+    let targets: Vec<u32> = spread(batch * seq, seed ^ 2, 1.0)
         .iter()
         .enumerate()
         .map(|(i, x)| match case.pad {
@@ -221,6 +256,22 @@ fn inputs(case: &Case, seed: u64) -> Inputs {
             _ => ((x.abs() * vocab as f64) as usize).min(vocab - 1) as u32,
         })
         .collect();
+    let mut logits = logits;
+    if case.accuracy {
+        // Rows whose target is the maximum, alone (every third row) or tied with an earlier
+        // column (the next row: `argmax` picks that one); elsewhere the spread decides.
+        for (r, &t) in targets.iter().enumerate() {
+            let row = &mut logits[r * vocab..][..vocab];
+            match r % 3 {
+                0 => row[t as usize] = 7.0,
+                1 => {
+                    row[t as usize] = 7.0;
+                    row[0] = 7.0;
+                }
+                _ => {}
+            }
+        }
+    }
     Inputs {
         logits,
         ids,
@@ -232,6 +283,27 @@ fn inputs(case: &Case, seed: u64) -> Inputs {
 struct CpuCase {
     op: RowOp,
     logits: Tensor,
+    /// The soft cap, which the CPU applies before the op (`softcap::softcap`) and the CUDA
+    /// kernels as they read the logits.
+    softcap: Option<f64>,
+}
+
+impl CpuCase {
+    /// The CPU op's output on (capped) logits.
+    fn apply(&self, logits: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = match self.softcap {
+            Some(cap) => softcap::softcap(logits, cap, true)?,
+            None => logits.clone(),
+        };
+        self.op.clone().apply(&logits)
+    }
+
+    /// What the CUDA side launches for the case.
+    fn cuda_args(&self) -> candle_core::Result<RowArgsIn<'_>> {
+        let mut args = self.op.cuda_args(self.logits.shape())?;
+        args.softcap = self.softcap;
+        Ok(args)
+    }
 }
 
 fn cpu_case<T: Float>(case: &Case, inputs: &Inputs) -> candle_core::Result<CpuCase> {
@@ -246,23 +318,53 @@ fn cpu_case<T: Float>(case: &Case, inputs: &Inputs) -> candle_core::Result<CpuCa
                 .transpose()?;
             let targets =
                 Tensor::from_vec(inputs.targets.clone(), (case.batch, case.seq), &device)?;
-            let counted = inputs
+            let counted: Vec<u32> = inputs
                 .targets
                 .iter()
-                .filter(|&&t| Some(t) != case.pad)
-                .count();
+                .copied()
+                .filter(|&t| Some(t) != case.pad)
+                .collect();
+            let weights = case.class_weights.then(|| class_weights(case.vocab));
+            // The mean's divisor: the count, or Σ w_t over the counted targets with weights,
+            // whose z-term still divides by the count (`z_ratio`).
+            let n = counted.len().max(1) as f64;
+            let divisor = match &weights {
+                Some(w) => counted.iter().map(|&t| w[t as usize]).sum::<f64>().max(0.5),
+                None => n,
+            };
             let terms = CrossEntropyTerms {
                 pad_id: case.pad,
                 label_smoothing: case.smoothing,
-                ..Default::default()
+                class_weights: weights,
+                z_loss: case.z_loss,
+                token_accuracy: case.accuracy,
             };
             let ce = case
                 .targets
-                .then(|| (&targets, terms, 1.0 / counted.max(1) as f64, 1.0));
+                .then(|| (&targets, terms, 1.0 / divisor, divisor / n));
             RowOp::rows(case.pass == Pass::SelfMatch, gather.as_ref(), ce)?
         }
     };
-    Ok(CpuCase { op, logits })
+    Ok(CpuCase {
+        op,
+        logits,
+        softcap: case.softcap,
+    })
+}
+
+/// The class weights in the launch's float type, or a one-element placeholder, when the launches
+/// take the options (the CUDA side's `class_weights_buffer`).
+fn class_weights_buffer<T: Float>(args_in: &RowArgsIn<'_>) -> Option<Guarded<T>> {
+    if !args_in.has_options() {
+        return None;
+    }
+    Some(match args_in.class_weights() {
+        Some(w) => Guarded::new(
+            "class_weights",
+            &w.iter().map(|&w| T::from_f64(w)).collect::<Vec<_>>(),
+        ),
+        None => Guarded::new("class_weights", &[T::from_f64(0.0)]),
+    })
 }
 
 /// The u32 data of an optional tensor of the op, or one zero (the CUDA side's placeholder).
@@ -334,6 +436,7 @@ fn emulated<T: Float>(
     let mut ids = held_u32("ids", args_in.ids);
     let mut links = held_u32("links", args_in.links);
     let mut targets = held_u32("targets", args_in.targets);
+    let mut weights = class_weights_buffer::<T>(args_in);
     let stride = args_in.layout.stride();
     let seq = args.rows_per_batch as usize;
     let batch = rows / seq.max(1);
@@ -354,6 +457,7 @@ fn emulated<T: Float>(
                 ids: ids.ptr(),
                 targets: targets.ptr(),
                 out: out.ptr(),
+                class_weights: weights.as_mut().map(Guarded::ptr),
             };
             let plan = launch::row_pass_fwd(float, args_in, &args, buffers).map_err(e)?;
             run(module, &plan, order)?;
@@ -414,11 +518,15 @@ fn emulated<T: Float>(
         out: out.ptr(),
         grad_out: grad_out_buf.ptr(),
         grad: grad.ptr(),
+        class_weights: weights.as_mut().map(Guarded::ptr),
     };
     let plan = launch::backward(float, args_in, &args, buffers).map_err(e)?;
     run(module, &plan, order)?;
     for buffer in [&grad, &out, &grad_out_buf, &logits_buf] {
         buffer.check_guards()?;
+    }
+    if let Some(weights) = &weights {
+        weights.check_guards()?;
     }
     for buffer in [&ids, &links, &targets] {
         buffer.check_guards()?;
@@ -438,7 +546,7 @@ fn check_case<T: Float>(
     // The CPU kernels: forward, then the gradient of Σ out ⊙ grad_out through the op's backward.
     let logits = Var::from_tensor(&cpu.logits).map_err(|e| e.to_string())?;
     let cpu_side = || -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        let out = cpu.op.clone().apply(logits.as_tensor())?;
+        let out = cpu.apply(logits.as_tensor())?;
         let grad_out: Vec<T> = spread(out.elem_count(), seed ^ 3, 1.0)
             .into_iter()
             .map(T::from_f64)
@@ -454,7 +562,7 @@ fn check_case<T: Float>(
     };
     let (want_out, grad_out, want_grad) = cpu_side().map_err(|e| e.to_string())?;
     let shape = cpu.logits.shape();
-    let args_in = cpu.op.cuda_args(shape).map_err(|e| e.to_string())?;
+    let args_in = cpu.cuda_args().map_err(|e| e.to_string())?;
     let logits_host: Vec<T> = cpu
         .logits
         .flatten_all()
@@ -499,6 +607,7 @@ fn cases() -> Vec<Case> {
             ..Case::rows(2, seq, vocab, width)
         });
     }
+    cases.extend(options_cases());
     for &vocab in &[1, 31, 256, 777] {
         cases.push(Case {
             pass: Pass::Softmax,
@@ -508,6 +617,51 @@ fn cases() -> Vec<Case> {
             smoothing: 0.0,
             ..Case::rows(2, 3, vocab, 0)
         });
+    }
+    cases
+}
+
+/// The cross-entropy's options (`ce_options.cu`), alone and together, in the row and the
+/// self-match passes: with and without smoothing and padding, vocabularies around the block
+/// size, and rows whose maximum repeats (the argmax is its first column).
+fn options_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &(vocab, width) in &[(7, 3), (257, 17), (1000, 9)] {
+        let base = Case::rows(2, 3, vocab, width);
+        cases.push(base.with_options());
+        cases.push(Case {
+            class_weights: true,
+            ..base
+        });
+        cases.push(Case {
+            z_loss: 1e-3,
+            smoothing: 0.0,
+            ..base
+        });
+        cases.push(Case {
+            accuracy: true,
+            pad: None,
+            ..base
+        });
+        cases.push(Case {
+            softcap: Some(2.5),
+            ..base
+        });
+        cases.push(Case {
+            class_weights: true,
+            smoothing: 0.0,
+            z_loss: 0.1,
+            ..base
+        });
+    }
+    for &(seq, vocab, width) in &[(3, 300, 7), (2, 5, 0)] {
+        cases.push(
+            Case {
+                pass: Pass::SelfMatch,
+                ..Case::rows(2, seq, vocab, width)
+            }
+            .with_options(),
+        );
     }
     cases
 }
@@ -565,6 +719,7 @@ fn check_non_finite_rows<T: Float>(
             ids: ids.ptr(),
             targets: targets.ptr(),
             out: out.ptr(),
+            class_weights: None,
         };
         let plan =
             launch::row_pass_fwd(T::KIND, &args_in, &args, buffers).map_err(|e| e.to_string())?;
@@ -607,14 +762,24 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
     let module = module();
     assert_eq!(module.define("BLOCK"), Some(launch::BLOCK as i64));
     assert_eq!(module.define("CTC_BLOCK"), Some(CTC_BLOCK as i64));
+    // The emulator's one module holds the text of each module NVRTC compiles, unchanged.
+    let options = OPTIONS_SOURCE.split_at(CTC_SOURCE.find("\n#line 2 \"ctc.cu\"").unwrap());
+    assert!(SOURCE.starts_with(CTC_SOURCE) && SOURCE.starts_with(options.0));
+    assert!(SOURCE.ends_with(options.1));
     // One plan of every kernel, in each float type, over dangling buffers (none runs).
     let p = std::ptr::null_mut::<c_void>();
     for case in [
         Case::rows(1, 2, 5, 2),
+        Case::rows(1, 2, 5, 2).with_options(),
         Case {
             pass: Pass::SelfMatch,
             ..Case::rows(1, 2, 5, 2)
         },
+        Case {
+            pass: Pass::SelfMatch,
+            ..Case::rows(1, 2, 5, 2)
+        }
+        .with_options(),
         Case {
             pass: Pass::Softmax,
             width: 0,
@@ -625,7 +790,7 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
         let inputs = inputs(&case, 0);
         let cpu = cpu_case::<f64>(&case, &inputs).unwrap();
         let shape = cpu.logits.shape();
-        let args_in = cpu.op.cuda_args(shape).unwrap();
+        let args_in = cpu.cuda_args().unwrap();
         let args = row_args(&args_in, shape).unwrap();
         for float in FloatKind::ALL {
             let input = match case.pass {
@@ -640,6 +805,7 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
                 out: p,
                 grad_out: p,
                 grad: p,
+                class_weights: args_in.has_options().then_some(p),
             };
             let plans = [
                 launch::softmax_fwd(float, &args, p, p).unwrap(),
@@ -652,6 +818,7 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
                         ids: p,
                         targets: p,
                         out: p,
+                        class_weights: args_in.has_options().then_some(p),
                     },
                 )
                 .unwrap(),
@@ -686,7 +853,7 @@ struct Mutant {
     to: &'static str,
 }
 
-const MUTANTS: [Mutant; 5] = [
+const MUTANTS: [Mutant; 10] = [
     Mutant {
         name: "a barrier removed before a shared-memory read (block_sum)",
         from: "    if (lane == 0) shared[warp] = v;\n    __syncthreads();\n",
@@ -712,6 +879,31 @@ const MUTANTS: [Mutant; 5] = [
         from: "    if (threadIdx.x == 0 && t >= 0) g[t] -= ce_grad * (T(1) - eps);\n}",
         to: "    if (threadIdx.x == 0 && t >= 0) g[t] += ce_grad * (T(1) - eps);\n}",
     },
+    Mutant {
+        name: "a barrier removed before a shared-memory read (block_min_u32)",
+        from: "    if (lane == 0) shared_min[warp] = v;\n    __syncthreads();\n",
+        to: "    if (lane == 0) shared_min[warp] = v;\n",
+    },
+    Mutant {
+        name: "the class weight left out of the smoothing offset (row_options_bwd)",
+        from: "+ offset * opt.class_weight(v)) * opt.cap_grad(y);",
+        to: "+ offset) * opt.cap_grad(y);",
+    },
+    Mutant {
+        name: "the soft cap's derivative left out at a gathered id (row_options_bwd)",
+        from: "g[id] += sparse * opt.cap_grad(opt.capped(row[id]));",
+        to: "g[id] += sparse;",
+    },
+    Mutant {
+        name: "the z-loss's dense coefficient without its factor 2 (CeOptions)",
+        from: "ce_grad * (T(1) + T(2) * z_loss * lse)",
+        to: "ce_grad * (T(1) + z_loss * lse)",
+    },
+    Mutant {
+        name: "the argmax from thread 0's columns only (row_options_fwd)",
+        from: "        first_max = block_min_u32(first_max);\n",
+        to: "",
+    },
 ];
 
 #[test]
@@ -721,6 +913,11 @@ fn broken_copies_of_the_kernels_are_caught() {
         Case {
             pass: Pass::SelfMatch,
             ..Case::rows(1, 2, 40, 3)
+        },
+        Case::rows(2, 3, 300, 5).with_options(),
+        Case {
+            z_loss: 0.05,
+            ..Case::rows(2, 2, 300, 5)
         },
     ];
     let orders = [ThreadOrder::Forward, ThreadOrder::Random(3)];
