@@ -58,6 +58,10 @@ impl<'a> HypothesisShape<'a> {
 pub(crate) struct CheckedHypotheses {
     pub tensor: Tensor,
     pub path: Path,
+    /// A soft cap `c` left to the row pass, which reads each logit through `c·tanh(z/c)` (the
+    /// CUDA options kernels: `Path::fuses_softcap`); `None` when `tensor` is capped already or
+    /// there is no cap.
+    pub softcap: Option<f64>,
 }
 
 /// Checked cross-entropy targets: u32 `[B, S]` on the hypotheses' device, each `< V` or the
@@ -171,10 +175,10 @@ impl Hypotheses<'_> {
     }
 }
 
-/// Whether `cfg` asks for an option only the CPU kernels (and the composed ops) compute: the
-/// z-loss, the token accuracy or class weights (the CUDA kernels take padding and label
-/// smoothing only).
-fn needs_cpu_kernels(cfg: &CrossEntropyConfig) -> bool {
+/// Whether `cfg` asks for an option beyond the plain CUDA kernels' padding and label smoothing:
+/// the z-loss, the token accuracy or class weights, which the CPU kernels, the composed ops and
+/// the CUDA options kernels (`cuda-unverified`) compute (`Path::for_options`).
+fn beyond_plain_kernels(cfg: &CrossEntropyConfig) -> bool {
     cfg.z_loss != 0.0 || cfg.token_accuracy || cfg.class_weights.is_some()
 }
 
@@ -258,9 +262,14 @@ impl ShapedInput<'_> {
                 let name = input_name(probs);
                 let mut checked = hypotheses(name, tensor, path, check_off_cpu)?;
                 if let Some(cap) = softcap.filter(|_| !probs) {
-                    // The CPU op refuses NaN and Inf itself; elsewhere `hypotheses` checked.
-                    let cpu_kernels = path.runs_cpu_kernels(checked.tensor.device());
-                    checked.tensor = softcap::softcap(&checked.tensor, cap, cpu_kernels)?;
+                    if path.fuses_softcap(checked.tensor.device()) {
+                        // The CUDA options kernels cap each logit as the row pass reads it.
+                        checked.softcap = Some(cap);
+                    } else {
+                        // The CPU op refuses NaN and Inf itself; elsewhere `hypotheses` checked.
+                        let cpu_kernels = path.runs_cpu_kernels(checked.tensor.device());
+                        checked.tensor = softcap::softcap(&checked.tensor, cap, cpu_kernels)?;
+                    }
                 }
                 CheckedInput::Tensor { checked, probs }
             }
@@ -353,7 +362,11 @@ fn hypotheses(
     if !path.checks_finite(tensor.device()) {
         finite(name, &tensor, check_off_cpu)?;
     }
-    Ok(CheckedHypotheses { tensor, path })
+    Ok(CheckedHypotheses {
+        tensor,
+        path,
+        softcap: None,
+    })
 }
 
 /// The arguments of a BLEU loss on any kind of hypotheses, checked: [`bleu_loss`](super::bleu_loss),
@@ -381,7 +394,7 @@ pub(crate) fn cross_entropy_call<'a>(
     cfg: &CrossEntropyConfig,
     path: Path,
 ) -> Result<(CheckedInput, CheckedTargets<'a>)> {
-    let path = path.for_options(input.device(), needs_cpu_kernels(cfg));
+    let path = path.for_options(input.device(), beyond_plain_kernels(cfg));
     softcap_with_blocks(cfg, &input)?;
     let shaped = shaped(input, path, false)?;
     let targets = input_targets(&shaped.shape(), targets, cfg)?;
@@ -427,7 +440,7 @@ pub(crate) fn training_call<'a>(
             "`ce.reduction` None: a training step's loss `cross_entropy + bleu_weight · bleu` is a scalar; take per-position losses from `cross_entropy_from_logits` or `cross_entropy_from_hidden`"
         );
     }
-    let path = path.for_options(input.device(), needs_cpu_kernels(&cfg.ce));
+    let path = path.for_options(input.device(), beyond_plain_kernels(&cfg.ce));
     softcap_with_blocks(&cfg.ce, &input)?;
     let shaped = shaped(input, path, cfg.bleu.check_values)?;
     let targets = {
@@ -571,6 +584,7 @@ pub(crate) fn materialised_logits(
     Ok(CheckedHypotheses {
         tensor,
         path: inputs.path,
+        softcap: None,
     })
 }
 
@@ -1213,6 +1227,7 @@ pub(crate) fn ctc_bleu_call(
     let logits = CheckedHypotheses {
         tensor: logits.to_dtype(compute)?,
         path,
+        softcap: None,
     };
     if !path.checks_finite(logits.tensor.device()) {
         if let Some(frames) = &frame_counts {

@@ -3,7 +3,7 @@
 
 #[cfg(feature = "cuda-unverified")]
 use super::kernels::ctc_cuda::ctc_kernels_loaded;
-use super::kernels::row_op::cuda_kernels_loaded;
+use super::kernels::row_op::{cuda_kernels_loaded, options_kernels_loaded};
 use candle_core::Device;
 
 /// Which implementation of the passes over the logits runs.
@@ -46,16 +46,23 @@ impl Path {
         self.runs_cpu_kernels(device)
     }
 
-    /// The path for a cross-entropy with options the CUDA kernels do not compute (the z-loss,
-    /// the token accuracy, class weights):
-    /// composed ops instead of the CUDA kernels off the CPU — the CPU kernels' numbers, never a
-    /// silent change of them. The CPU kernels compute every option.
-    pub(crate) fn for_options(self, device: &Device, cpu_kernels_only: bool) -> Self {
-        if self == Path::Kernels && cpu_kernels_only && !device.is_cpu() {
+    /// The path for a cross-entropy with `options` beyond padding and label smoothing (the
+    /// z-loss, the token accuracy, class weights): the kernels where they compute them — the CPU
+    /// kernels, and on CUDA the options kernels (`ce_options.cu`, feature `cuda-unverified`) —
+    /// else composed ops: the CPU kernels' numbers, never a silent change of them.
+    pub(crate) fn for_options(self, device: &Device, options: bool) -> Self {
+        if self == Path::Kernels && options && !device.is_cpu() && !options_kernels_loaded(device) {
             Path::Composed
         } else {
             self
         }
+    }
+
+    /// Whether the row pass reads the logits through the soft cap itself (`c·tanh(z/c)` as it
+    /// reads each logit, no pass of its own): the CUDA options kernels, feature
+    /// `cuda-unverified`. Elsewhere the logits are capped by one op before the pass.
+    pub(crate) fn fuses_softcap(self, device: &Device) -> bool {
+        self == Path::Kernels && !device.is_cpu() && options_kernels_loaded(device)
     }
 
     /// Whether the kernels that run find non-finite logits in their own pass, so that the

@@ -20,6 +20,7 @@ use super::hidden_pass::hidden_rows;
 use super::kernels::composed::{self, gather_columns};
 use super::kernels::layout::RowLayout;
 use super::kernels::row_op::{GatherIds, RowOp};
+use super::kernels::softcap;
 use super::references::{ReferenceSide, ReferenceTokens};
 use super::{forms, length, score};
 use candle_core::{bail, Module, Result, Tensor, D};
@@ -105,24 +106,39 @@ pub(crate) struct LogitsPass {
 
 /// One pass over checked `[B, S, V]` logits in their compute dtype: what `gather` asks for
 /// and, with `targets`, the cross-entropy. The kernels ([`RowOp`]: one op whose backward
-/// writes one logits gradient for everything it computed) or composed candle ops, as `path`
-/// says.
+/// writes one logits gradient for everything it computed) or composed candle ops, as the checked
+/// value's path says. A soft cap left to the pass (`CheckedHypotheses::softcap`) is read by the
+/// row pass as it reads the logits; the self-match and softmax passes take capped logits.
 pub(crate) fn logits_pass(
-    logits: &Tensor,
+    checked: &CheckedHypotheses,
     gather: Gather,
     targets: Option<&CheckedTargets>,
-    path: Path,
 ) -> Result<LogitsPass> {
-    if path == Path::Composed {
-        return composed_logits_pass(logits, gather, targets);
+    let capped;
+    let (logits, softcap) = match (checked.softcap, gather) {
+        (Some(cap), Gather::SelfMatch(_) | Gather::Probs) => {
+            capped = CheckedHypotheses {
+                tensor: softcap::softcap(&checked.tensor, cap, false)?,
+                path: checked.path,
+                softcap: None,
+            };
+            (&capped, None)
+        }
+        (softcap, _) => (checked, softcap),
+    };
+    if logits.path == Path::Composed {
+        if softcap.is_some() {
+            bail!("internal: a soft cap left to the composed ops' pass");
+        }
+        return composed_logits_pass(&logits.tensor, gather, targets);
     }
     let (ids, self_match) = match gather {
         Gather::Nothing => (None, false),
         Gather::Ids(ids) => (Some(ids), false),
         Gather::SelfMatch(ids) => (Some(ids), true),
         Gather::Probs => {
-            let probs = RowOp::softmax().apply(logits)?;
-            let ce = logits_pass(logits, Gather::Nothing, targets, path)?.cross_entropy;
+            let probs = RowOp::softmax().apply(&logits.tensor)?;
+            let ce = logits_pass(logits, Gather::Nothing, targets)?.cross_entropy;
             return Ok(LogitsPass {
                 probs: Some(probs),
                 cross_entropy: ce,
@@ -130,11 +146,11 @@ pub(crate) fn logits_pass(
             });
         }
     };
-    let (_, seq, _) = logits.dims3()?;
+    let (_, seq, _) = logits.tensor.dims3()?;
     let terms = targets.map(|t| (t.targets, t.terms.clone(), t.inv_count(), t.z_ratio()));
-    let op = RowOp::rows(self_match, ids, terms)?;
+    let op = RowOp::rows(self_match, ids, terms)?.with_softcap(softcap)?;
     let layout = op.layout(seq)?;
-    let out = op.apply(logits)?;
+    let out = op.apply(&logits.tensor)?;
     Ok(LogitsPass {
         gathered: ids.map(|_| layout.gathered_part(&out)).transpose()?,
         self_match: layout.self_match_part(&out)?,
@@ -197,7 +213,6 @@ fn logits_hypothesis_pass(
     cfg: &BleuLossConfig,
     targets: Option<&CheckedTargets>,
 ) -> Result<(HypothesisInputs, Option<TokenLosses>)> {
-    let (path, logits) = (logits.path, &logits.tensor);
     match &side.tokens {
         ReferenceTokens::Ids(ids) => {
             let width = ids.dim(1)?;
@@ -206,7 +221,7 @@ fn logits_hypothesis_pass(
                 Form::Paired => Gather::SelfMatch(gather_ids),
                 Form::Expected | Form::LowerBound => Gather::Ids(gather_ids),
             };
-            let pass = logits_pass(logits, gather, targets, path)?;
+            let pass = logits_pass(logits, gather, targets)?;
             let Some(gathered) = pass.gathered else {
                 bail!("internal: the logits pass gathered nothing")
             };
@@ -214,7 +229,7 @@ fn logits_hypothesis_pass(
             Ok((inputs, pass.cross_entropy))
         }
         ReferenceTokens::Matrices(_) => {
-            let pass = logits_pass(logits, Gather::Probs, targets, path)?;
+            let pass = logits_pass(logits, Gather::Probs, targets)?;
             let Some(probs) = pass.probs else {
                 bail!("internal: the logits pass gave no probabilities")
             };
@@ -341,12 +356,7 @@ pub(crate) fn cross_entropy_pass(
 ) -> Result<TokenLosses> {
     match input {
         CheckedInput::Tensor { checked, .. } => {
-            let pass = logits_pass(
-                &checked.tensor,
-                Gather::Nothing,
-                Some(targets),
-                checked.path,
-            )?;
+            let pass = logits_pass(checked, Gather::Nothing, Some(targets))?;
             match pass.cross_entropy {
                 Some(losses) => Ok(losses),
                 None => bail!("internal: the logits pass computed no cross-entropy"),

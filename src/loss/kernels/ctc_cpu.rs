@@ -20,8 +20,7 @@
 //! infinity).
 
 use super::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
-use super::float::KernelFloat;
-use super::row_op::{contiguous_slice, dispatch_float};
+use super::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;

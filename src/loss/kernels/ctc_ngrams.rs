@@ -37,8 +37,7 @@
 //! (the adjoint of each recursion above), and applies the softmax's Jacobian.
 
 use super::cpu::{self, wide_vectors, LANES};
-use super::float::KernelFloat;
-use super::row_op::{contiguous_slice, dispatch_float, unsupported_dtype};
+use super::float::{contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor,
 };

@@ -88,13 +88,11 @@ fn class_weights_buffer<T: DeviceRepr + WithDType>(
     if !op.has_options() {
         return Ok(None);
     }
-    Ok(Some(match op.class_weights() {
-        Some(weights) => {
-            let weights: Vec<T> = weights.iter().map(|&w| T::from_f64(w)).collect();
-            device.clone_htod(&weights)?
-        }
-        None => device.alloc_zeros::<T>(1)?,
-    }))
+    let weights: Vec<T> = match op.class_weights() {
+        Some(weights) => weights.iter().map(|&w| T::from_f64(w)).collect(),
+        None => vec![T::from_f64(0.0)],
+    };
+    Ok(Some(device.clone_htod(&weights)?))
 }
 
 /// Compiles `module`'s source to PTX with NVRTC for `compute_{major}{minor}`. Needs `libnvrtc`,

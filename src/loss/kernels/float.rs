@@ -1,7 +1,48 @@
 //! The float types of the CPU kernels and their matrix products: f32 and f64, candle's element
-//! type plus the constants and the `exp` the loops need.
+//! type plus the constants and the `exp` the loops need; and what every CPU op of the kernels
+//! shares to reach its data: the f32/f64 dispatch `dispatch_float!` and [`contiguous_slice`].
 
-use candle_core::WithDType;
+use candle_core::{bail, CpuStorage, DType, Layout, Result, WithDType};
+
+/// The one f32/f64 dispatch of the CPU kernels: `<T> => body` evaluates the body with `T` the
+/// kernel's float type for `$dtype`; another dtype is an error naming the operation.
+macro_rules! dispatch_float {
+    ($dtype:expr, $what:expr, <$float:ident> => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $float = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $float = f64;
+                $body
+            }
+            other => Err($crate::loss::kernels::float::unsupported_dtype(
+                $what, other,
+            )),
+        }
+    };
+}
+pub(crate) use dispatch_float;
+
+pub(crate) fn unsupported_dtype(what: &str, dtype: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{what}: the CPU kernel takes f32 or f64 `logits`, got {dtype:?}"
+    ))
+}
+
+/// The contiguous data of a CPU storage under `layout`.
+pub(crate) fn contiguous_slice<'a, T: candle_core::WithDType>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    let data = storage.as_slice::<T>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => bail!("`{what}`: the kernel needs a contiguous tensor"),
+    }
+}
 
 /// The float types of the CPU kernels, f32 and f64: candle's element type plus what the loops
 /// need.

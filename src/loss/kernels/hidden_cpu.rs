@@ -14,10 +14,9 @@ use super::cpu::{
     row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
     CrossEntropyTerms, Gathered, TargetRows,
 };
-use super::float::KernelFloat;
+use super::float::{contiguous_slice, dispatch_float, KernelFloat};
 use super::gemm::{matmul, MatMut, MatRef};
 use super::layout::RowLayout;
-use super::row_op::{contiguous_slice, dispatch_float};
 use super::softcap::{softcap_backward_in_place, softcap_in_place};
 use crate::loss::host::CpuView;
 use candle_core::backend::BackendStorage;

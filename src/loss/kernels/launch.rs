@@ -26,10 +26,12 @@ pub(crate) const KERNEL_FAMILIES: [&str; 5] = [
 
 /// The kernel families of `ce_options.cu` (the row op's passes with the cross-entropy's options,
 /// `cuda-unverified` on a GPU), each instantiated as `<family>_f32` and `_f64`.
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
 pub(crate) const OPTIONS_FAMILIES: [&str; 3] =
     ["row_options_fwd", "row_options_bwd", "jacobian_options_bwd"];
 
 /// `kernels.cu` then `ce_options.cu`, which uses its helpers: the options kernels' module.
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
 pub(crate) const OPTIONS_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     "\n",

@@ -11,8 +11,7 @@
 //! and so is its gradient.
 
 use super::cpu::{row_softmax_stats, vocab_sized_buffer, wide_vectors, LANES};
-use super::float::KernelFloat;
-use super::row_op::{contiguous_slice, dispatch_float, unsupported_dtype};
+use super::float::{contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat};
 use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, DType, InplaceOp2, Layout, Result, Shape,
     Tensor, D,

@@ -10,20 +10,19 @@
 //! composed candle ops run is decided in one place, the loss's `dispatch::Path`. The kernels
 //! take plain parameters (ids, targets, `1/n`) that the loss's validation has checked: they
 //! check nothing themselves, except that the CPU kernels report a non-finite logit they meet in
-//! their pass. Also here: [`GatherIds`], the f32/f64 dispatch `dispatch_float!` and
-//! [`contiguous_slice`] that every CPU op of the kernels uses, and [`cuda_kernels_loaded`].
+//! their pass. Also here: [`GatherIds`] and [`cuda_kernels_loaded`].
 
 use super::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
 #[cfg(feature = "cuda")]
 use super::cuda;
-use super::float::KernelFloat;
+use super::float::{contiguous_slice, dispatch_float, KernelFloat};
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 use super::launch;
 use super::layout::{Pass, RowLayout};
+use super::softcap;
 use crate::loss::host::CpuView;
 use candle_core::{
-    backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape,
-    Tensor,
+    backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor,
 };
 
 /// Whether the CUDA kernels run on `device`: built with the `cuda` feature, a CUDA
@@ -43,44 +42,22 @@ pub(crate) fn cuda_kernels_loaded(_device: &candle_core::Device) -> bool {
     false
 }
 
-/// The one f32/f64 dispatch of the CPU kernels: `<T> => body` evaluates the body with `T` the
-/// kernel's float type for `$dtype`; another dtype is an error naming the operation.
-macro_rules! dispatch_float {
-    ($dtype:expr, $what:expr, <$float:ident> => $body:expr) => {
-        match $dtype {
-            candle_core::DType::F32 => {
-                type $float = f32;
-                $body
-            }
-            candle_core::DType::F64 => {
-                type $float = f64;
-                $body
-            }
-            other => Err($crate::loss::kernels::row_op::unsupported_dtype(
-                $what, other,
-            )),
-        }
+/// Whether the CUDA kernels with the cross-entropy's options (`ce_options.cu`: class weights,
+/// z-loss, token accuracy, a soft cap read in the row pass) run on `device`: built with
+/// `cuda-unverified` (they have passed the emulator, not a GPU), a CUDA device, and the module
+/// compiled and loaded.
+#[cfg(feature = "cuda-unverified")]
+pub(crate) fn options_kernels_loaded(device: &candle_core::Device) -> bool {
+    let candle_core::Device::Cuda(cuda_device) = device else {
+        return false;
     };
-}
-pub(crate) use dispatch_float;
-
-pub(crate) fn unsupported_dtype(what: &str, dtype: DType) -> candle_core::Error {
-    candle_core::Error::Msg(format!(
-        "{what}: the CPU kernel takes f32 or f64 `logits`, got {dtype:?}"
-    ))
+    cuda::load(&cuda::OPTIONS_MODULE, cuda_device)
 }
 
-/// The contiguous data of a CPU storage under `layout`.
-pub(crate) fn contiguous_slice<'a, T: candle_core::WithDType>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-    what: &str,
-) -> Result<&'a [T]> {
-    let data = storage.as_slice::<T>()?;
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => bail!("`{what}`: the kernel needs a contiguous tensor"),
-    }
+/// Without `cuda-unverified`, the options run composed ops off the CPU.
+#[cfg(not(feature = "cuda-unverified"))]
+pub(crate) fn options_kernels_loaded(_device: &candle_core::Device) -> bool {
+    false
 }
 
 /// Bit 31 of a first-occurrence link: the position is its id's first in the row.
@@ -148,6 +125,10 @@ pub(crate) struct RowOp {
     /// The z-term's row weight over the cross-entropy's (`TargetRows::z_ratio`; 1 without
     /// targets).
     z_ratio: f64,
+    /// Logit soft-capping `c` applied as the pass reads the logits (the row pass only): the
+    /// CUDA options kernels read each logit through `c·tanh(z/c)`; the CPU caps a copy first,
+    /// as `SoftcapOp` would. `None`: the logits come capped, or uncapped.
+    softcap: Option<f64>,
 }
 
 impl RowOp {
@@ -160,6 +141,7 @@ impl RowOp {
         targets: Option<(&Tensor, CrossEntropyTerms, f64, f64)>,
     ) -> Result<Self> {
         Ok(Self {
+            softcap: None,
             pass: if self_match {
                 Pass::SelfMatch
             } else {
@@ -179,9 +161,19 @@ impl RowOp {
         })
     }
 
+    /// The same row pass reading its logits through the soft cap `c·tanh(z/c)` (see the
+    /// field); the self-match and softmax passes take capped logits instead.
+    pub(crate) fn with_softcap(self, softcap: Option<f64>) -> Result<Self> {
+        if softcap.is_some() && self.pass != Pass::Rows {
+            bail!("internal: only the row pass reads its logits through the soft cap");
+        }
+        Ok(Self { softcap, ..self })
+    }
+
     /// A softmax over the last dimension.
     pub(crate) fn softmax() -> Self {
         Self {
+            softcap: None,
             pass: Pass::Softmax,
             ids: None,
             links: None,
@@ -224,7 +216,7 @@ impl RowOp {
             ce: self.ce.clone(),
             inv_count: self.inv_count,
             z_ratio: self.z_ratio,
-            softcap: None,
+            softcap: self.softcap,
         })
     }
 
@@ -294,7 +286,21 @@ impl RowOp {
         f(vocab, gathered, &rows)
     }
 
+    /// The logits the CPU kernels read: a capped copy with the soft cap (`None` on NaN or Inf,
+    /// which `tanh` would hide), else the logits themselves.
+    fn cpu_capped<'a, T: KernelFloat>(&self, logits: &'a [T]) -> Result<std::borrow::Cow<'a, [T]>> {
+        let Some(cap) = self.softcap else {
+            return Ok(std::borrow::Cow::Borrowed(logits));
+        };
+        let mut capped = vec![T::ZERO; logits.len()];
+        if !softcap::softcap_into(logits, cap, &mut capped) {
+            return Err(cpu::non_finite_error("logits"));
+        }
+        Ok(std::borrow::Cow::Owned(capped))
+    }
+
     fn cpu_forward<T: KernelFloat>(&self, logits: &[T], shape: &Shape) -> Result<Vec<T>> {
+        let logits = &*self.cpu_capped(logits)?;
         let out_len = self.out_shape(shape)?.elem_count();
         self.with_rows(shape, |vocab, gathered, rows| match self.pass {
             Pass::Softmax => cpu::softmax_forward(logits, vocab),
@@ -312,6 +318,22 @@ impl RowOp {
     }
 
     fn cpu_backward<T: KernelFloat>(
+        &self,
+        logits: &[T],
+        shape: &Shape,
+        out: &[T],
+        grad_out: &[T],
+    ) -> Result<Vec<T>> {
+        let logits = &*self.cpu_capped(logits)?;
+        let mut grad = self.cpu_backward_capped(logits, shape, out, grad_out)?;
+        if let Some(cap) = self.softcap {
+            softcap::softcap_backward_in_place(&mut grad, logits, cap);
+        }
+        Ok(grad)
+    }
+
+    /// [`Self::cpu_backward`] with respect to the (capped) logits the kernels read.
+    fn cpu_backward_capped<T: KernelFloat>(
         &self,
         logits: &[T],
         shape: &Shape,
@@ -425,5 +447,69 @@ impl CustomOp3 for RowOpBackward {
             (grad_out, grad_layout),
         )?;
         Ok((grad, logits_layout.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::kernels::cpu::CrossEntropyTerms;
+    use candle_core::{Device, Var};
+
+    /// The row pass reading its logits through the soft cap (what the CUDA options kernels do)
+    /// equals the cap applied by its own op first, bit for bit on the CPU: forward and gradient,
+    /// with the cross-entropy's options; NaN logits are refused.
+    #[test]
+    fn the_row_pass_with_a_soft_cap_equals_the_cap_first() -> Result<()> {
+        let device = Device::Cpu;
+        let (batch, seq, vocab) = (2, 3, 11);
+        let values: Vec<f64> = (0..batch * seq * vocab)
+            .map(|i| 30.0 * ((i as f64 * 0.618_033_988_75) % 1.0) - 15.0)
+            .collect();
+        let logits = Var::from_tensor(&Tensor::from_vec(values, (batch, seq, vocab), &device)?)?;
+        let gather = GatherIds::from_host(&[1, 4, 1, 0, 7, 3], (batch, 3), &device)?;
+        let targets = Tensor::new(&[[2u32, 0, 5], [10, 3, 0]], &device)?;
+        let terms = CrossEntropyTerms {
+            pad_id: Some(0),
+            label_smoothing: 0.1,
+            class_weights: Some((0..vocab).map(|v| 0.5 + v as f64 / 4.0).collect()),
+            z_loss: 1e-3,
+            token_accuracy: true,
+        };
+        let op = || {
+            RowOp::rows(
+                false,
+                Some(&gather),
+                Some((&targets, terms.clone(), 0.2, 1.3)),
+            )
+        };
+        let cap = 6.0;
+        let capped_first = op()?.apply(&softcap::softcap(logits.as_tensor(), cap, true)?)?;
+        let fused = op()?.with_softcap(Some(cap))?.apply(logits.as_tensor())?;
+        let weights = Tensor::rand(0.0, 1.0, capped_first.shape(), &device)?;
+        let gradient = |out: &Tensor| -> Result<Vec<f64>> {
+            let grads = (out * &weights)?.sum_all()?.backward()?;
+            grads
+                .get(logits.as_tensor())
+                .expect("a logits gradient")
+                .flatten_all()?
+                .to_vec1()
+        };
+        let flat = |t: &Tensor| t.flatten_all()?.to_vec1::<f64>();
+        assert_eq!(flat(&fused)?, flat(&capped_first)?);
+        assert_eq!(gradient(&fused)?, gradient(&capped_first)?);
+        // A cap would hide an infinity from the pass's own check: refused before it.
+        let bad = logits
+            .as_tensor()
+            .broadcast_mul(&Tensor::new(f64::INFINITY, &device)?)?;
+        let error = op()?.with_softcap(Some(cap))?.apply(&bad).unwrap_err();
+        assert!(error.to_string().contains("NaN or infinite"), "{error}");
+        // Only the row pass caps as it reads.
+        let error = RowOp::rows(true, Some(&gather), None)?
+            .with_softcap(Some(cap))
+            .err()
+            .expect("the self-match pass refused the cap");
+        assert!(error.to_string().contains("only the row pass"), "{error}");
+        Ok(())
     }
 }

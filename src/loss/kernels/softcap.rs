@@ -5,8 +5,7 @@
 //! ([`SoftcapBackward`]) one pass over the output and its gradient. Its composed reference
 //! (and what other devices run) is `composed::softcap`.
 
-use super::float::KernelFloat;
-use super::row_op::{contiguous_slice, dispatch_float};
+use super::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
