@@ -4,7 +4,9 @@
 //! and `bpe.rs`).
 
 use candle_bleu_research::data::tokens::{read_tsv, tokenize, write_lines, Tokens, Vocab};
-use candle_bleu_research::data::{make_batch, source_tensor, Batches, Encoded, BOS, EOS, PAD, UNK};
+use candle_bleu_research::data::{
+    make_batch, reference_tensor, source_tensor, Batches, Encoded, BOS, EOS, PAD, UNK,
+};
 use candle_bleu_research::eval::{
     bleu_100, compare, mean_sd, measure_controls, paired_bootstrap, repeated_token_rate,
     segment_stats,
@@ -325,5 +327,26 @@ fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
         let err = output_distribution(&model, &pairs, ids, 2, (tau, block, tile)).unwrap_err();
         assert!(err.to_string().contains("output_distribution"), "{err}");
     }
+    Ok(())
+}
+
+/// References of uneven count and length become one `[B, R, T]` tensor padded with `PAD`,
+/// which `References::from_ids` reads back as the same references.
+#[test]
+fn reference_tensor_pads_counts_and_lengths() -> anyhow::Result<()> {
+    let refs = vec![vec![vec![4, 5, 6]], vec![vec![7], vec![8, 9]]];
+    let ids = reference_tensor(&refs, PAD, &Device::Cpu)?;
+    assert_eq!(
+        ids.to_vec3::<u32>()?,
+        vec![
+            vec![vec![4, 5, 6], vec![PAD; 3]],
+            vec![vec![7, PAD, PAD], vec![8, 9, PAD]],
+        ]
+    );
+    let references = candle_bleu::loss::References::from_ids(&ids, PAD)?;
+    assert_eq!(
+        references.ids(),
+        Some(&[vec![vec![4, 5, 6]], vec![vec![7], vec![8, 9]]][..])
+    );
     Ok(())
 }
