@@ -10,10 +10,10 @@
 //!
 //! Every rank builds the same model (rank 0's initial parameters are broadcast), generates the
 //! same global batch each step and takes its shard (`shard_range`), computes the loss of the
-//! **global** batch from its shard (`distributed::ce_bleu_from_logits`, or with `--from-hidden`
-//! `distributed::ce_bleu_from_hidden` from the states before the output layer: one small
+//! **global** batch from its shard (`DataParallel::ce_bleu_from_logits`, or with `--from-hidden`
+//! `DataParallel::ce_bleu_from_hidden` from the states before the output layer: one small
 //! all-reduce of the BLEU statistics and the cross-entropy's sum and token count), backpropagates, sums the
-//! parameter gradients over the ranks (`distributed::sum_gradients`: one all-reduce) and steps
+//! parameter gradients over the ranks (`DataParallel::sum_gradients`: one all-reduce) and steps
 //! AdamW. After every step the ranks compare a hash of their parameters: they must be
 //! bit-identical. Rank 0 evaluates (greedy decode, exact corpus BLEU) and prints.
 //!
@@ -28,7 +28,7 @@
 
 use anyhow::{bail, Context, Result};
 use candle_bleu::exact::{corpus_bleu, BleuConfig};
-use candle_bleu::loss::distributed::{self, mpi, AllReduce, MpiAllReduce};
+use candle_bleu::loss::distributed::{self, mpi, AllReduce, DataParallel, MpiAllReduce};
 use candle_bleu::loss::{
     ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, HiddenConfig, References,
     TrainingLossConfig, TrainingTargets,
@@ -107,8 +107,8 @@ struct Args {
     #[arg(long)]
     nccl: bool,
     /// Each rank's loss from the hidden states and the output layer
-    /// (`distributed::ce_bleu_from_hidden`, the `[B, S, V]` logits never stored) instead of
-    /// from the logits (`distributed::ce_bleu_from_logits`).
+    /// (`DataParallel::ce_bleu_from_hidden`, the `[B, S, V]` logits never stored) instead of
+    /// from the logits (`DataParallel::ce_bleu_from_logits`).
     #[arg(long)]
     from_hidden: bool,
 }
@@ -359,6 +359,8 @@ fn run<R: AllReduce>(
         spent: Cell::new(Duration::ZERO),
     };
     let (rank, size) = (reduce.rank(), reduce.world_size());
+    // The data-parallel losses and helpers over the ranks: the single-process calls' arguments.
+    let group = DataParallel::new(&reduce);
     let leader = rank == 0;
     if args.vocab < 4 || args.seq < 2 || args.batch < size {
         bail!("need --vocab >= 4, --seq >= 2 and --batch >= the number of ranks ({size})");
@@ -370,7 +372,7 @@ fn run<R: AllReduce>(
 
     // Rank 0's random initialisation on every rank; the single-process twin starts from it too.
     let mut dp = Trainer::new(args, dtype, &device)?;
-    distributed::broadcast_parameters(&dp.vars, &reduce)?;
+    group.broadcast_parameters(&dp.vars)?;
     let twin = if leader && args.check {
         let twin = Trainer::new(args, dtype, &device)?;
         for (t, v) in twin.vars.iter().zip(&dp.vars) {
@@ -410,13 +412,13 @@ fn run<R: AllReduce>(
             let states = dp.model.states(&shard)?;
             let blocks = HiddenConfig::default();
             let proj = &dp.model.output;
-            distributed::ce_bleu_from_hidden(&states, proj, &targets, &cfg, &blocks, &reduce)?
+            group.ce_bleu_from_hidden(&states, proj, &targets, &cfg, &blocks)?
         } else {
             let logits = dp.model.forward(&shard)?;
-            distributed::ce_bleu_from_logits(&logits, &targets, &cfg, &reduce)?
+            group.ce_bleu_from_logits(&logits, &targets, &cfg)?
         };
         let mut grads = out.loss.backward()?;
-        distributed::sum_gradients(&mut grads, &dp.vars, &reduce)?;
+        group.sum_gradients(&mut grads, &dp.vars)?;
         let before_check = started.elapsed();
         // --check: the single-process loss and gradients at the parameters the step starts from.
         let checked = match &twin {

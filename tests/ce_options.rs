@@ -306,7 +306,7 @@ fn golden_pytorch_f32() -> Result<()> {
 /// step's loss refuses `None`, and so do the data-parallel functions.
 #[test]
 fn reductions_at_their_edges() -> Result<()> {
-    use candle_bleu::loss::distributed::{self, ThreadAllReduce};
+    use candle_bleu::loss::distributed::{DataParallel, ThreadAllReduce};
     use candle_bleu::loss::{ce_bleu_from_logits, References, TrainingLossConfig, TrainingTargets};
     let dev = test_device();
     let logits = Tensor::new(&[[[1f64, 2.0, 0.5], [0.0, -1.0, 3.0]]], &dev)?;
@@ -370,22 +370,15 @@ fn reductions_at_their_edges() -> Result<()> {
                 let (logits, targets) = (&logits2, &targets2);
                 s.spawn(move || -> Result<(f64, String)> {
                     let (l, t) = (logits.narrow(0, w, 1)?, targets.narrow(0, w, 1)?);
-                    let sum = distributed::cross_entropy_from_logits(
-                        &l,
-                        &t,
-                        &with(CrossEntropyReduction::Sum),
-                        &reduce,
-                    )?
-                    .loss
-                    .to_scalar::<f64>()?;
-                    let none = distributed::cross_entropy_from_logits(
-                        &l,
-                        &t,
-                        &with(CrossEntropyReduction::None),
-                        &reduce,
-                    )
-                    .unwrap_err()
-                    .to_string();
+                    let dp = DataParallel::new(&reduce);
+                    let sum = dp
+                        .cross_entropy_from_logits(&l, &t, &with(CrossEntropyReduction::Sum))?
+                        .loss
+                        .to_scalar::<f64>()?;
+                    let none = dp
+                        .cross_entropy_from_logits(&l, &t, &with(CrossEntropyReduction::None))
+                        .unwrap_err()
+                        .to_string();
                     Ok((sum, none))
                 })
             })
@@ -552,7 +545,7 @@ fn z_loss_in_a_training_step_kernels_equal_composed() -> Result<()> {
 /// z-loss under `Mean` are refused in a group, by name.
 #[test]
 fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
-    use candle_bleu::loss::distributed::{self, ThreadAllReduce};
+    use candle_bleu::loss::distributed::{DataParallel, ThreadAllReduce};
     let dev = test_device();
     let (batch, seq, dim, vocab) = (3, 3, 4, 7);
     let hidden = Tensor::from_vec(values(batch * seq * dim, 2.0, 0.2), (batch, seq, dim), &dev)?;
@@ -603,15 +596,14 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
                         let (hidden, logits, tokens, proj, blocks) =
                             (&hidden, &logits, &tokens, &proj, &blocks);
                         s.spawn(move || -> Result<Vec<f64>> {
+                            let dp = DataParallel::new(&reduce);
                             let t = tokens.narrow(0, start, len)?;
                             let out = if from_hidden {
                                 let h = hidden.narrow(0, start, len)?;
-                                distributed::cross_entropy_from_hidden(
-                                    &h, proj, &t, cfg, blocks, &reduce,
-                                )?
+                                dp.cross_entropy_from_hidden(&h, proj, &t, cfg, blocks)?
                             } else {
                                 let l = logits.narrow(0, start, len)?;
-                                distributed::cross_entropy_from_logits(&l, &t, cfg, &reduce)?
+                                dp.cross_entropy_from_logits(&l, &t, cfg)?
                             };
                             scalars(out)
                         })
@@ -643,7 +635,8 @@ fn metrics_of_a_group_equal_the_single_process() -> Result<()> {
     let err = std::thread::scope(|s| {
         s.spawn(|| {
             let group = ThreadAllReduce::group(1);
-            distributed::cross_entropy_from_logits(&logits, &tokens, &cfg, &group[0])
+            DataParallel::new(&group[0])
+                .cross_entropy_from_logits(&logits, &tokens, &cfg)
                 .unwrap_err()
                 .to_string()
         })
@@ -1077,14 +1070,11 @@ fn class_weights_summing_to_one_with_z_loss_are_a_weighted_mean() -> Result<()> 
         }
     }
     assert_eq!(checked, 8);
-    let err = candle_bleu::loss::distributed::cross_entropy_from_logits(
-        logits.as_tensor(),
-        &targets,
-        &cfg,
-        &candle_bleu::loss::distributed::SingleWorker,
-    )
-    .unwrap_err()
-    .to_string();
+    use candle_bleu::loss::distributed::{DataParallel, SingleWorker};
+    let err = DataParallel::new(&SingleWorker)
+        .cross_entropy_from_logits(logits.as_tensor(), &targets, &cfg)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("`class_weights` with `z_loss`"), "{err}");
     Ok(())
 }

@@ -5,7 +5,9 @@
 
 mod distributed_fixture;
 
-use candle_bleu::loss::distributed::{self, shard_range, AllReduce, SingleWorker, ThreadAllReduce};
+use candle_bleu::loss::distributed::{
+    self, shard_range, AllReduce, DataParallel, SingleWorker, ThreadAllReduce,
+};
 use candle_bleu::loss::{
     bleu_loss_from_logits, cross_entropy_from_logits, loss_from_stats, BleuLossConfig,
     CrossEntropyConfig, Reduction, References, TrainingLossConfig, TrainingTargets,
@@ -134,7 +136,7 @@ fn no_target_in_the_global_batch_is_an_error_on_every_worker() -> Result<()> {
         (0.0, 0.0)
     );
     let results = in_threads(2, |r| {
-        distributed::cross_entropy_from_logits(&logits, &targets, &cfg.ce, r)
+        DataParallel::new(r).cross_entropy_from_logits(&logits, &targets, &cfg.ce)
     });
     for result in results {
         let err = result.unwrap_err().to_string();
@@ -167,19 +169,20 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
             bleu_loss_from_logits(&full_logits, Some(&fixture.lengths), &full_refs, &bleu_cfg)?;
         let results = in_threads(3, |r| -> Result<(f64, f64, Vec<f64>)> {
             let (start, len) = shard_range(BATCH, r.rank(), r.world_size())?;
+            let dp = DataParallel::new(r);
             let logits = fixture.logits(&vars, start, len)?;
-            let ce = distributed::cross_entropy_from_logits(
-                &logits,
-                &fixture.targets.narrow(0, start, len)?,
-                &ce_cfg,
-                r,
-            )?
-            .loss;
+            let ce = dp
+                .cross_entropy_from_logits(
+                    &logits,
+                    &fixture.targets.narrow(0, start, len)?,
+                    &ce_cfg,
+                )?
+                .loss;
             let refs = References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
             let lengths = fixture.lengths.narrow(0, start, len)?;
             let out = bleu_loss_from_logits(&logits, Some(&lengths), &refs, &bleu_cfg)?;
-            let bleu = distributed::bleu_loss_from_stats(&out.stats, &bleu_cfg, r)?;
-            let stats = distributed::global_stats(&out.stats, r)?;
+            let bleu = dp.bleu_loss_from_stats(&out.stats, &bleu_cfg)?;
+            let stats = dp.global_stats(&out.stats)?;
             let sums = Tensor::cat(
                 &[
                     stats.matches.squeeze(0)?,
@@ -219,7 +222,7 @@ fn the_parts_alone_equal_their_single_process_values() -> Result<()> {
         }
         // The corpus loss of the global statistics is the corpus loss of the batch.
         if reduction == Reduction::Corpus {
-            let stats = distributed::global_stats(&single.stats, &SingleWorker)?;
+            let stats = DataParallel::new(&SingleWorker).global_stats(&single.stats)?;
             let loss = loss_from_stats(&stats, &bleu_cfg)?.to_scalar::<f64>()?;
             assert!((loss - single.loss.to_scalar::<f64>()?).abs() < TOLERANCE);
         }
@@ -267,6 +270,7 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
             let targets = fixture.targets.narrow(0, start, len)?;
             let refs = References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
             let lengths = fixture.lengths.narrow(0, start, len)?;
+            let dp = DataParallel::new(r);
             let mut out = Vec::new();
             for input in [Input::Hidden, Input::Logits] {
                 let vars = fixture.vars()?;
@@ -277,38 +281,31 @@ fn the_parts_from_hidden_states_equal_their_single_process_values() -> Result<()
                             vars[0].as_tensor().t()?,
                             Some(vars[1].as_tensor().clone()),
                         );
-                        let ce = distributed::cross_entropy_from_hidden(
-                            &hidden, &proj, &targets, &ce_cfg, &blocks, r,
-                        )?
-                        .loss;
-                        let bleu = distributed::bleu_loss_from_hidden(
+                        let ce = dp
+                            .cross_entropy_from_hidden(&hidden, &proj, &targets, &ce_cfg, &blocks)?
+                            .loss;
+                        let bleu = dp.bleu_loss_from_hidden(
                             &hidden,
                             &proj,
                             Some(&lengths),
                             &refs,
                             &bleu_cfg,
                             &blocks,
-                            r,
                         )?;
                         (ce, bleu.loss)
                     }
                     Input::Logits => {
                         let logits = fixture.logits(&vars, start, len)?;
-                        let ce =
-                            distributed::cross_entropy_from_logits(&logits, &targets, &ce_cfg, r)?
-                                .loss;
-                        let bleu = distributed::bleu_loss_from_logits(
-                            &logits,
-                            Some(&lengths),
-                            &refs,
-                            &bleu_cfg,
-                            r,
-                        )?;
+                        let ce = dp
+                            .cross_entropy_from_logits(&logits, &targets, &ce_cfg)?
+                            .loss;
+                        let bleu =
+                            dp.bleu_loss_from_logits(&logits, Some(&lengths), &refs, &bleu_cfg)?;
                         (ce, bleu.loss)
                     }
                 };
                 let mut grads = (&ce + &bleu)?.backward()?;
-                distributed::sum_gradients(&mut grads, &vars, r)?;
+                dp.sum_gradients(&mut grads, &vars)?;
                 let grad = |v: &Var| grads.get(v.as_tensor()).expect("a gradient").flatten_all();
                 let mut grad_values = grad(&vars[0])?.to_vec1::<f64>()?;
                 grad_values.extend(grad(&vars[1])?.to_vec1::<f64>()?);
@@ -393,7 +390,7 @@ fn sum_gradients_sums_and_fills_missing_gradients() -> Result<()> {
             loss = (loss + only_first.as_tensor().sqr()?.sum_all()?)?;
         }
         let mut grads = loss.backward()?;
-        distributed::sum_gradients(&mut grads, &[shared.clone(), only_first.clone()], r)?;
+        DataParallel::new(r).sum_gradients(&mut grads, &[shared.clone(), only_first.clone()])?;
         let get = |v: &Var| grads.get(v.as_tensor()).unwrap().to_vec1::<f64>();
         Ok((get(&shared)?, get(&only_first)?))
     });
@@ -409,7 +406,9 @@ fn sum_gradients_sums_and_fills_missing_gradients() -> Result<()> {
 fn global_sum_has_the_local_gradient() -> Result<()> {
     let results = in_threads(2, |r| -> Result<(f64, f64)> {
         let x = Var::new(&[1f64 + r.rank() as f64], &Device::Cpu)?;
-        let total = distributed::global_sum(&x.as_tensor().sqr()?, r)?.sum_all()?;
+        let total = DataParallel::new(r)
+            .global_sum(&x.as_tensor().sqr()?)?
+            .sum_all()?;
         let grad = total.backward()?.get(x.as_tensor()).unwrap().sum_all()?;
         Ok((total.to_scalar()?, grad.to_scalar()?))
     });
@@ -461,7 +460,8 @@ fn negative_local_statistics_are_an_error() -> Result<()> {
         hyp_len: length.affine(4.0, 0.0)?,
         ref_len: length.affine(4.0, 0.0)?,
     };
-    let err = distributed::bleu_loss_from_stats(&local, &cfg, &SingleWorker)
+    let err = DataParallel::new(&SingleWorker)
+        .bleu_loss_from_stats(&local, &cfg)
         .unwrap_err()
         .to_string();
     assert!(
@@ -488,7 +488,7 @@ fn broadcast_parameters_gives_every_worker_the_first_workers_values() -> Result<
         let _ = vb.get_with_hints(4, "a", candle_nn::Init::Const(r.rank() as f64))?;
         let vars = distributed::vars_by_name(&varmap);
         assert_eq!(vars[0].dims(), &[4]); // "a" before "b"
-        distributed::broadcast_parameters(&vars, r)?;
+        DataParallel::new(r).broadcast_parameters(&vars)?;
         vars.iter()
             .map(|v| v.as_tensor().flatten_all()?.to_vec1::<f64>())
             .collect()
@@ -552,18 +552,17 @@ fn the_loss_reads_one_number_to_the_host() -> Result<()> {
     )?;
     assert_eq!(candle_bleu::loss::host_copies() - before, 0);
     let before = candle_bleu::loss::host_copies();
-    let _ = distributed::ce_bleu_from_logits(
+    let _ = DataParallel::new(&SingleWorker).ce_bleu_from_logits(
         &logits,
         &TrainingTargets::new(&fixture.targets, &refs).with_hyp_lengths(&fixture.lengths),
         cfg,
-        &SingleWorker,
     )?;
     assert_eq!(candle_bleu::loss::host_copies() - before, 1);
     Ok(())
 }
 
 /// The remaining entry points' data-parallel forms: the BLEU loss on probabilities
-/// (`distributed::bleu_loss`) and on CTC outputs (`distributed::ctc_bleu_loss_from_logits`),
+/// (`DataParallel::bleu_loss`) and on CTC outputs (`DataParallel::ctc_bleu_loss_from_logits`),
 /// 2 workers of 3 + 2 elements against one process, both reductions: the loss of the global
 /// batch on every worker, and each worker's gradient of its own inputs the single-process one.
 #[test]
@@ -602,22 +601,20 @@ fn probabilities_and_ctc_outputs_data_parallel() -> Result<()> {
                 let shard_refs =
                     References::from_ids(&fixture.ref_ids.narrow(0, start, len)?, PAD)?;
                 let out = if ctc {
-                    distributed::ctc_bleu_loss_from_logits(
+                    DataParallel::new(r).ctc_bleu_loss_from_logits(
                         x.as_tensor(),
                         None,
                         &shard_refs,
                         PAD,
                         &cfg,
-                        r,
                     )?
                 } else {
                     let lengths = fixture.lengths.narrow(0, start, len)?;
-                    distributed::bleu_loss(
+                    DataParallel::new(r).bleu_loss(
                         &input(x.as_tensor())?,
                         Some(&lengths),
                         &shard_refs,
                         &cfg,
-                        r,
                     )?
                 };
                 let grad = out

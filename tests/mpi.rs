@@ -1,7 +1,7 @@
 //! Data parallelism over a real MPI job (feature `mpi`): `mpirun -np 2` runs this test binary's
 //! ignored entry point [`mpi_rank`] as two ranks, each computing its shard of the f64 fixture of
 //! `tests/distributed.rs` through `MpiAllReduce`, from the logits and from the hidden states
-//! (`distributed::ce_bleu_from_logits`, `distributed::ce_bleu_from_hidden`), against the
+//! (`DataParallel::ce_bleu_from_logits`, `DataParallel::ce_bleu_from_hidden`), against the
 //! single-process loss and gradients of the whole batch; and runs `examples/data_parallel` on two ranks (f64 and f32), checking
 //! what it reports. Skipped, with a note, when `mpirun` is not on the PATH
 //! (`scripts/install-mpi.sh` installs Open MPI).

@@ -30,6 +30,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use candle_bleu_research::data::reference_tensor;
 use candle_bleu_research::device;
 
 #[derive(Parser, Debug)]
@@ -102,25 +103,6 @@ fn data(seed: u64) -> Result<Data> {
         refs,
         logits,
     })
-}
-
-/// References `[b][r]` as a padded u32 `[B, R, T]` tensor (a missing reference is a row of
-/// padding).
-fn reference_ids(refs: &[Vec<Vec<u32>>]) -> Result<Tensor> {
-    let max_refs = refs.iter().map(Vec::len).max().unwrap_or(1);
-    let max_len = refs.iter().flatten().map(Vec::len).max().unwrap_or(1);
-    let mut ids = vec![PAD; refs.len() * max_refs * max_len];
-    for (b, element) in refs.iter().enumerate() {
-        for (r, reference) in element.iter().enumerate() {
-            let offset = (b * max_refs + r) * max_len;
-            ids[offset..offset + reference.len()].copy_from_slice(reference);
-        }
-    }
-    Ok(Tensor::from_vec(
-        ids,
-        (refs.len(), max_refs, max_len),
-        &Device::Cpu,
-    )?)
 }
 
 /// `temperature.png`: soft BLEU (0–100) of each form against τ on a log axis, and the exact
@@ -212,7 +194,7 @@ fn main() -> Result<()> {
         logits,
     } = data(0)?;
     let logits = logits.to_device(&device)?;
-    let references = References::from_ids(&reference_ids(&refs)?.to_device(&device)?, PAD)?;
+    let references = References::from_ids(&reference_tensor(&refs, PAD, &device)?, PAD)?;
 
     // Exact corpus BLEU of the argmax decode, with the loss's smoothing: BLEU+1 (add-k, k = 1,
     // for orders >= 2) is sacrebleu's add-k; corpus statistics are summed segment statistics.

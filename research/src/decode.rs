@@ -288,17 +288,41 @@ pub fn beam_search(
         .collect())
 }
 
-/// `copies` samples per source from the model's distribution (ancestral sampling at
-/// temperature 1), drawn from `seed`. Returns `B · copies` outputs, those of one source
-/// adjacent, without BOS/EOS.
+/// Ancestral sampling settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleConfig {
+    /// Samples drawn per source.
+    pub copies: usize,
+    /// The longest output.
+    pub max_length: MaxLength,
+    /// The seed of the sampler's random numbers.
+    pub seed: u64,
+}
+
+impl Default for SampleConfig {
+    fn default() -> Self {
+        Self {
+            copies: 1,
+            max_length: MaxLength::default(),
+            seed: 0,
+        }
+    }
+}
+
+/// `cfg.copies` samples per source of u32 `[B, Ts]` sources from the model's distribution
+/// (ancestral sampling at temperature 1), drawn from `cfg.seed`. Returns `B · copies` outputs,
+/// those of one source adjacent, without BOS/EOS.
 pub fn sample(
     model: &Transformer,
     src: &Tensor,
     specials: Specials,
-    copies: usize,
-    max_length: MaxLength,
-    seed: u64,
+    cfg: SampleConfig,
 ) -> Result<Vec<Vec<u32>>> {
+    let SampleConfig {
+        copies,
+        max_length,
+        seed,
+    } = cfg;
     let device = src.device().clone();
     let memory: Memory = model.encode(src, specials.pad, None)?;
     let lengths = source_lengths(src, specials.pad)?;

@@ -147,6 +147,18 @@ pub fn write_partial_results(dir: &Path, runs: &[serde_json::Value]) -> Result<(
     Ok(())
 }
 
+/// What every run of a synthetic study (the `seq2seq` and `study` examples) trains with: the
+/// study's settings `C` (its `TrainConfig`), its encoded corpus and the device — the same for
+/// each objective and seed.
+pub struct TrainingContext<'a, C> {
+    /// The study's training settings.
+    pub cfg: &'a C,
+    /// The encoded train, dev and test splits.
+    pub data: &'a crate::data::EncodedCorpus,
+    /// Where the models train.
+    pub device: &'a candle_core::Device,
+}
+
 /// One teacher-forced step's inputs on a synthetic task (the `seq2seq` and `study` examples):
 /// the next batch of `batches` from `data.train`, encoded and decoded with `dropout`. Returns
 /// the batch's examples, the batch and the decoder's logits `[B, S, V]`.

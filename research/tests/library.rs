@@ -4,7 +4,9 @@
 //! and `bpe.rs`).
 
 use candle_bleu_research::data::tokens::{read_tsv, tokenize, write_lines, Tokens, Vocab};
-use candle_bleu_research::data::{make_batch, source_tensor, Batches, Encoded, BOS, EOS, PAD, UNK};
+use candle_bleu_research::data::{
+    make_batch, reference_tensor, source_tensor, Batches, Encoded, BOS, EOS, PAD, UNK,
+};
 use candle_bleu_research::eval::{
     bleu_100, compare, mean_sd, measure_controls, paired_bootstrap, repeated_token_rate,
     segment_stats,
@@ -279,7 +281,12 @@ fn plot_panels_draw() {
 fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
     use candle_bleu_research::model::transformer::{PositionAdd, Transformer, TransformerConfig};
     use candle_bleu_research::translate::batches::{BatchIds, IdPairs};
-    use candle_bleu_research::translate::evaluate::output_distribution;
+    use candle_bleu_research::translate::evaluate::{output_distribution, TileFilter};
+    let filter = |tau, block_rows, vocab_tile| TileFilter {
+        tau,
+        block_rows,
+        vocab_tile,
+    };
     let vocab = 40;
     let config = TransformerConfig {
         src_vocab: vocab,
@@ -305,7 +312,7 @@ fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
         eos: EOS,
     };
     // Every target token and its EOS, no padding: 3 + 5 + 2 positions.
-    let measured = output_distribution(&model, &pairs, ids, 2, (1e-30, 3, 8))?;
+    let measured = output_distribution(&model, &pairs, ids, 2, filter(1e-30, 3, 8))?;
     assert_eq!(measured.positions, 10);
     assert!(measured.mean_entropy_nats > 0.0);
     assert!(measured.mean_entropy_nats <= (vocab as f64).ln() + 1e-6);
@@ -314,16 +321,38 @@ fn output_distribution_of_a_small_model() -> anyhow::Result<()> {
     assert_eq!(measured.share_below_tau, 0.0);
     assert_eq!(measured.skipped_tile_share, 0.0);
     // Batch size does not change the per-position numbers (batching changes only padding).
-    let one_by_one = output_distribution(&model, &pairs, ids, 1, (1e-30, 3, 8))?;
+    let one_by_one = output_distribution(&model, &pairs, ids, 1, filter(1e-30, 3, 8))?;
     assert_eq!(one_by_one.positions, 10);
     assert!((one_by_one.mean_entropy_nats - measured.mean_entropy_nats).abs() < 1e-4);
     // Every probability of this untrained model is below 0.999: every tile is skippable.
-    let all = output_distribution(&model, &pairs, ids, 2, (0.999, 3, 8))?;
+    let all = output_distribution(&model, &pairs, ids, 2, filter(0.999, 3, 8))?;
     assert_eq!((all.share_below_tau, all.skipped_tile_share), (1.0, 1.0));
     // Bad arguments are named errors.
     for (tau, block, tile) in [(0.0, 3, 8), (1.0, 3, 8), (1e-5, 0, 8), (1e-5, 3, 0)] {
-        let err = output_distribution(&model, &pairs, ids, 2, (tau, block, tile)).unwrap_err();
+        let err =
+            output_distribution(&model, &pairs, ids, 2, filter(tau, block, tile)).unwrap_err();
         assert!(err.to_string().contains("output_distribution"), "{err}");
     }
+    Ok(())
+}
+
+/// References of uneven count and length become one `[B, R, T]` tensor padded with `PAD`,
+/// which `References::from_ids` reads back as the same references.
+#[test]
+fn reference_tensor_pads_counts_and_lengths() -> anyhow::Result<()> {
+    let refs = vec![vec![vec![4, 5, 6]], vec![vec![7], vec![8, 9]]];
+    let ids = reference_tensor(&refs, PAD, &Device::Cpu)?;
+    assert_eq!(
+        ids.to_vec3::<u32>()?,
+        vec![
+            vec![vec![4, 5, 6], vec![PAD; 3]],
+            vec![vec![7, PAD, PAD], vec![8, 9, PAD]],
+        ]
+    );
+    let references = candle_bleu::loss::References::from_ids(&ids, PAD)?;
+    assert_eq!(
+        references.ids(),
+        Some(&[vec![vec![4, 5, 6]], vec![vec![7], vec![8, 9]]][..])
+    );
     Ok(())
 }

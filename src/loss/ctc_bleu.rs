@@ -106,7 +106,7 @@ pub fn ctc_bleu_loss_from_logits_composed(
 }
 
 /// The BLEU loss on CTC outputs with `reducer`'s sums: this process's, or a data-parallel
-/// group's (`distributed::ctc_bleu_loss_from_logits`).
+/// group's (`distributed::DataParallel::ctc_bleu_loss_from_logits`).
 pub(crate) fn ctc_bleu_on(
     logits: &Tensor,
     input_lengths: Option<&Tensor>,

@@ -207,33 +207,11 @@ pub(crate) fn reduce_dtype(device: &Device) -> DType {
 }
 
 /// The sum of `local` over every worker, differentiable in this worker's term:
-/// `allreduce_sum(local) + (local − local.detach())`.
-///
-/// Its value is `Σ_w local_w` as the all-reduce returns it (the same bits on every worker);
-/// its gradient with respect to anything `local` depends on is that of `local` itself — the
-/// other workers' terms are constants. Any shape and float dtype the [`AllReduce`] supports.
-///
-/// ```
-/// use candle_bleu::loss::distributed::{global_sum, ThreadAllReduce};
-/// use candle_core::{Device, Tensor, Var};
-///
-/// let results = std::thread::scope(|s| {
-///     let handles: Vec<_> = ThreadAllReduce::group(2)
-///         .into_iter()
-///         .enumerate()
-///         .map(|(w, reduce)| s.spawn(move || -> candle_core::Result<(f64, f64)> {
-///             let x = Var::new(&[1f64 + w as f64], &Device::Cpu)?; // worker 0: 1, worker 1: 2
-///             let total = global_sum(&x.sqr()?, &reduce)?.sum_all()?; // 1² + 2² = 5
-///             let grad = total.backward()?.get(&x).unwrap().sum_all()?.to_scalar::<f64>()?;
-///             Ok((total.to_scalar::<f64>()?, grad)) // d/dx of this worker's x² only
-///         }))
-///         .collect();
-///     handles.into_iter().map(|h| h.join().unwrap()).collect::<candle_core::Result<Vec<_>>>()
-/// })?;
-/// assert_eq!(results, vec![(5.0, 2.0), (5.0, 4.0)]);
-/// # Ok::<(), candle_core::Error>(())
-/// ```
-pub fn global_sum(local: &Tensor, reduce: &(impl AllReduce + ?Sized)) -> Result<Tensor> {
+/// `allreduce_sum(local) + (local − local.detach())`: the value `Σ_w local_w` as the
+/// all-reduce returns it (the same bits on every worker), the gradient of `local` alone. Public
+/// as [`DataParallel::global_sum`](crate::loss::distributed::DataParallel::global_sum), whose
+/// docs show it on two workers.
+pub(crate) fn global_sum(local: &Tensor, reduce: &(impl AllReduce + ?Sized)) -> Result<Tensor> {
     let detached = local.detach();
     let total = reduce.sum(&detached)?;
     if total.dims() != local.dims() || total.dtype() != local.dtype() {

@@ -4,7 +4,7 @@
 //! shard — in f64, so that the two agree to round-off.
 #![allow(dead_code)]
 
-use candle_bleu::loss::distributed::{self, shard_range, AllReduce};
+use candle_bleu::loss::distributed::{shard_range, AllReduce, DataParallel};
 use candle_bleu::loss::{
     ce_bleu_from_hidden, ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, Form,
     HiddenConfig, LengthModel, LossSmoothing, Reduction, References, TrainingLossConfig,
@@ -165,26 +165,20 @@ impl Fixture {
             refs: &refs,
             hyp_lengths: lengths,
         };
-        let step = match (reduce, input) {
+        let group = reduce.map(DataParallel::new);
+        let step = match (group, input) {
             (None, Input::Logits) => ce_bleu_from_logits(&logits, &step_targets, cfg)?,
             (None, Input::Hidden) => {
                 ce_bleu_from_hidden(&hidden, &proj, &step_targets, cfg, &blocks)?
             }
-            (Some(reduce), Input::Logits) => {
-                distributed::ce_bleu_from_logits(&logits, &step_targets, cfg, reduce)?
+            (Some(dp), Input::Logits) => dp.ce_bleu_from_logits(&logits, &step_targets, cfg)?,
+            (Some(dp), Input::Hidden) => {
+                dp.ce_bleu_from_hidden(&hidden, &proj, &step_targets, cfg, &blocks)?
             }
-            (Some(reduce), Input::Hidden) => distributed::ce_bleu_from_hidden(
-                &hidden,
-                &proj,
-                &step_targets,
-                cfg,
-                &blocks,
-                reduce,
-            )?,
         };
         let mut grads = step.loss.backward()?;
-        if let Some(reduce) = reduce {
-            distributed::sum_gradients(&mut grads, &vars, reduce)?;
+        if let Some(dp) = group {
+            dp.sum_gradients(&mut grads, &vars)?;
         }
         let grad = |v: &Var| -> Result<Vec<f64>> {
             grads

@@ -5,22 +5,21 @@
 
 use anyhow::{bail, Result};
 use candle_bleu::loss::ctc_greedy_decode;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use crate::model::ctc_nat::{CtcNat, BLANK};
 use crate::nat::batches::pad_rows;
 
-/// The greedy CTC outputs of `sources` (ids without padding, each non-empty), in batches of
-/// `batch` sources of similar length; sources longer than the model's positions are cut to
-/// them.
+/// The greedy CTC outputs of `sources` (ids without padding, each non-empty), on the model's
+/// device in batches of `batch` sources of similar length; sources longer than the model's
+/// positions are cut to them.
 pub fn decode_ctc(
     model: &CtcNat,
     sources: &[Vec<u32>],
     batch: usize,
     pad: u32,
-    device: &Device,
 ) -> Result<Vec<Vec<u32>>> {
-    decode_ctc_penalised(model, sources, batch, pad, 0.0, device)
+    decode_ctc_penalised(model, sources, batch, pad, 0.0)
 }
 
 /// [`decode_ctc`] with the blank's logit lowered by `blank_penalty` (`δ`, finite) at every
@@ -31,8 +30,8 @@ pub fn decode_ctc_penalised(
     batch: usize,
     pad: u32,
     blank_penalty: f64,
-    device: &Device,
 ) -> Result<Vec<Vec<u32>>> {
+    let device = model.base().device();
     if batch == 0 {
         bail!("decode_ctc: batch must be >= 1");
     }
@@ -73,6 +72,7 @@ pub fn decode_ctc_penalised(
 mod tests {
     use super::*;
     use crate::model::transformer::{PositionAdd, TransformerConfig};
+    use candle_core::Device;
     use candle_nn::VarMap;
 
     /// An untrained CTC NAT of 12 frames at r = 3 over 10 ids.
@@ -99,15 +99,15 @@ mod tests {
         let device = Device::Cpu;
         let model = tiny_model(&device)?;
         let sources = vec![vec![4, 5, 6, 7], vec![8], vec![9, 4], vec![5, 5, 6, 6, 7]];
-        let one = decode_ctc(&model, &sources, 1, 0, &device)?;
-        let all = decode_ctc(&model, &sources, 4, 0, &device)?;
+        let one = decode_ctc(&model, &sources, 1, 0)?;
+        let all = decode_ctc(&model, &sources, 4, 0)?;
         assert_eq!(one, all);
         for (out, source) in all.iter().zip(&sources) {
             assert!(!out.contains(&BLANK));
             // At most one token per frame; the 5-token source is cut to 12 frames.
             assert!(out.len() <= (3 * source.len()).min(12));
         }
-        assert!(decode_ctc(&model, &sources, 0, 0, &device).is_err());
+        assert!(decode_ctc(&model, &sources, 0, 0).is_err());
         Ok(())
     }
 
@@ -120,10 +120,10 @@ mod tests {
         let model = tiny_model(&device)?;
         let sources = vec![vec![4, 5, 6, 7], vec![8], vec![9, 4]];
         assert_eq!(
-            decode_ctc_penalised(&model, &sources, 2, 0, 0.0, &device)?,
-            decode_ctc(&model, &sources, 2, 0, &device)?
+            decode_ctc_penalised(&model, &sources, 2, 0, 0.0)?,
+            decode_ctc(&model, &sources, 2, 0)?
         );
-        let never_blank = decode_ctc_penalised(&model, &sources, 2, 0, 1e6, &device)?;
+        let never_blank = decode_ctc_penalised(&model, &sources, 2, 0, 1e6)?;
         for (out, source) in never_blank.iter().zip(&sources) {
             let rows: Vec<&[u32]> = vec![&source[..]];
             let inputs = model.upsampled_inputs(&rows, 0, &device)?;
@@ -144,7 +144,7 @@ mod tests {
             }
             assert_eq!(out, &want, "source {source:?}");
         }
-        assert!(decode_ctc_penalised(&model, &sources, 2, 0, f64::NAN, &device).is_err());
+        assert!(decode_ctc_penalised(&model, &sources, 2, 0, f64::NAN).is_err());
         Ok(())
     }
 }

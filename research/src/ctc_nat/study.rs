@@ -25,7 +25,8 @@ use crate::nat::decode::{repetition_share, timed};
 use crate::nat::files::{file_sha256, read_lines_gz, write_lines_gz};
 use crate::nat::objective::Mixing;
 use crate::nat::report::{
-    bootstraps_vs, delta_text, find, mean_sd_text, seed_level_tests_vs, summary, NatRecord,
+    bootstraps_vs, delta_text, find, mean_sd_text, seed_level_tests_vs, summary, Comparison,
+    NatRecord,
 };
 use crate::nat::teacher::{
     parse_ids, teacher_and_distilled, DistillRecord, Teacher, TeacherSetup, TeacherStamp,
@@ -38,7 +39,7 @@ use crate::translate::evaluate::{
     bleu, decode_ids, score, segment_stats, Search, SegmentStats, TextScores,
 };
 use crate::translate::run::{
-    best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
+    best_weights, load_model, mix, train_run, RunFunctions, RunSpec, RunState, Schedule,
 };
 use crate::translate::track::Tracker;
 
@@ -175,7 +176,7 @@ impl Study {
 
     /// Dev BLEU of `model`, greedy CTC decoding (the selection criterion).
     fn dev_bleu(&self, model: &CtcNat) -> Result<f64> {
-        let ids = decode_ctc(model, &self.data.dev.ids.src, 64, PAD, &self.device)?;
+        let ids = decode_ctc(model, &self.data.dev.ids.src, 64, PAD)?;
         let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
         bleu(&hyps, &self.data.dev.references)
     }
@@ -203,7 +204,11 @@ impl Study {
             step_loss(&model, &batch, spec.objective, PAD, &mut dropout)
         };
         tracker.train(label, kind, spec, |on_step| {
-            train_run(spec, &mut varmap, &batches, &dev, &mut step, on_step)
+            let functions = RunFunctions {
+                step_loss: &mut step,
+                dev_bleu: &dev,
+            };
+            train_run(spec, &mut varmap, &batches, functions, on_step)
         })
     }
 
@@ -361,7 +366,7 @@ impl Study {
         let dev = &self.data.dev;
         let mut tried = Vec::new();
         for &delta in &self.cfg.blank_penalties {
-            let ids = decode_ctc_penalised(model, &dev.ids.src, 64, PAD, delta, &self.device)?;
+            let ids = decode_ctc_penalised(model, &dev.ids.src, 64, PAD, delta)?;
             let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
             tried.push((delta, bleu(&hyps, &dev.references)?));
         }
@@ -383,7 +388,7 @@ impl Study {
         let test = &self.data.test;
         let mut out = Vec::new();
         for (variant, delta, tried) in variants {
-            let ids = decode_ctc_penalised(&model, &test.ids.src, 64, PAD, delta, &self.device)?;
+            let ids = decode_ctc_penalised(&model, &test.ids.src, 64, PAD, delta)?;
             let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
             let file = format!(
                 "test.distilled.{name}.seed{}.{variant}.hyp.gz",
@@ -434,7 +439,7 @@ impl Study {
             (Search::Greedy, "greedy".to_string()),
             (Search::Beam(self.beam), format!("beam{}", self.beam.beam)),
         ] {
-            let ids = decode_ids(&model, &test.ids.src, specials(), search, 100, &self.device)?;
+            let ids = decode_ids(&model, &test.ids.src, specials(), search, 100)?;
             let hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
             let file = format!("test.teacher.{variant}.hyp.gz");
             write_lines_gz(&self.out.join(&file), &hyps)?;
@@ -463,12 +468,12 @@ impl Study {
         let few = self.cfg.speed_sentences.min(sources.len());
         // One untimed batch of each first (allocations, caches).
         let warm = &sources[..sources.len().min(8)];
-        decode_ctc(&ctc, warm, 8, PAD, &self.device)?;
-        decode_ids(&ar, warm, specials(), Search::Greedy, 8, &self.device)?;
+        decode_ctc(&ctc, warm, 8, PAD)?;
+        decode_ids(&ar, warm, specials(), Search::Greedy, 8)?;
         let mut speed = Vec::new();
         for (batch, sources) in [(64usize, &sources[..]), (1, &sources[..few])] {
             let (seconds, per_second) = timed(sources.len(), || {
-                decode_ctc(&ctc, sources, batch, PAD, &self.device).map(|_| ())
+                decode_ctc(&ctc, sources, batch, PAD).map(|_| ())
             })?;
             speed.push(json!({"model": "ctc nat", "search": "greedy", "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
             for (search, label) in [
@@ -476,7 +481,7 @@ impl Study {
                 (Search::Beam(self.beam), format!("beam {}", self.beam.beam)),
             ] {
                 let (seconds, per_second) = timed(sources.len(), || {
-                    decode_ids(&ar, sources, specials(), search, batch, &self.device).map(|_| ())
+                    decode_ids(&ar, sources, specials(), search, batch).map(|_| ())
                 })?;
                 speed.push(json!({"model": "ar", "search": label, "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
             }
@@ -689,27 +694,19 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     // The seed-level tests and the bootstraps, for each decoding variant.
     let mut tests = BTreeMap::new();
     let mut boot = BTreeMap::new();
+    let comparison = Comparison {
+        control: CONTROL,
+        objectives: &compared,
+        seeds: &study.seeds,
+    };
     for (variant, segments) in &segments {
         tests.insert(
             variant.clone(),
-            seed_level_tests_vs(
-                &records,
-                CONTROL,
-                "distilled",
-                variant,
-                &compared,
-                &study.seeds,
-            )?,
+            seed_level_tests_vs(&records, "distilled", variant, &comparison)?,
         );
         boot.insert(
             variant.clone(),
-            bootstraps_vs(
-                segments,
-                CONTROL,
-                &compared,
-                &study.seeds,
-                cfg.common.bootstrap,
-            )?,
+            bootstraps_vs(segments, &comparison, cfg.common.bootstrap)?,
         );
     }
     let summary = summary(&records);

@@ -103,6 +103,27 @@ pub fn source_tensor(examples: &[&Encoded], device: &Device) -> Result<Tensor> {
     )?)
 }
 
+/// Several references per element, `refs[b][r]` (ids, unpadded, any number per element), as
+/// a u32 `[B, R, T]` tensor padded with `pad` for `candle_bleu::loss::References::from_ids`:
+/// `R` the most references of an element, `T` the longest reference; an element with fewer
+/// references gets rows of padding.
+pub fn reference_tensor(refs: &[Vec<Vec<u32>>], pad: u32, device: &Device) -> Result<Tensor> {
+    let max_refs = refs.iter().map(Vec::len).max().unwrap_or(1);
+    let max_len = refs.iter().flatten().map(Vec::len).max().unwrap_or(1);
+    let mut ids = vec![pad; refs.len() * max_refs * max_len];
+    for (b, element) in refs.iter().enumerate() {
+        for (r, reference) in element.iter().enumerate() {
+            let offset = (b * max_refs + r) * max_len;
+            ids[offset..offset + reference.len()].copy_from_slice(reference);
+        }
+    }
+    Ok(Tensor::from_vec(
+        ids,
+        (refs.len(), max_refs, max_len),
+        device,
+    )?)
+}
+
 /// The tensors of one batch.
 pub fn make_batch(examples: &[&Encoded], device: &Device) -> Result<Batch> {
     let b = examples.len();

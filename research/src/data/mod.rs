@@ -30,7 +30,10 @@ pub mod mo;
 pub mod special;
 pub mod tokens;
 
-pub use batch::{encode_pairs, make_batch, source_tensor, Batch, Batches, Encoded, EncodedCorpus};
+pub use batch::{
+    encode_pairs, make_batch, reference_tensor, source_tensor, Batch, Batches, Encoded,
+    EncodedCorpus,
+};
 pub use bpe::{Bpe, BpeConfig};
 pub use corpus::{
     build_corpus, corpus_from_files, Corpus, CorpusConfig, CorpusSummary, Pair, Split,

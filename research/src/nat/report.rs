@@ -64,6 +64,18 @@ pub struct NatRecord {
     pub eval_seconds: f64,
 }
 
+/// What a study's tests compare: each of `objectives` against `control`, seed by seed over
+/// `seeds` (a system's run of seed `s` against the control's run of the same seed).
+#[derive(Debug, Clone, Copy)]
+pub struct Comparison<'a> {
+    /// The objective every other is compared with (`ce`, the CTC NAT's `ctc`).
+    pub control: &'a str,
+    /// The objectives compared with it.
+    pub objectives: &'a [&'a str],
+    /// The seeds whose runs are paired.
+    pub seeds: &'a [u64],
+}
+
 /// The seed-level tests of every objective against `ce` in one condition and variant, for
 /// `test_bleu` and `test_chrf`: `{metric: [{objective, test, p_holm}]}`.
 pub fn seed_level_tests(
@@ -73,18 +85,26 @@ pub fn seed_level_tests(
     objectives: &[&str],
     seeds: &[u64],
 ) -> Result<Value> {
-    seed_level_tests_vs(records, "ce", condition, variant, objectives, seeds)
+    let comparison = Comparison {
+        control: "ce",
+        objectives,
+        seeds,
+    };
+    seed_level_tests_vs(records, condition, variant, &comparison)
 }
 
-/// [`seed_level_tests`] against the objective `control` (the CTC NAT's `ctc`).
+/// [`seed_level_tests`] against the objective `comparison.control` (the CTC NAT's `ctc`).
 pub fn seed_level_tests_vs(
     records: &[NatRecord],
-    control: &str,
     condition: &str,
     variant: &str,
-    objectives: &[&str],
-    seeds: &[u64],
+    comparison: &Comparison,
 ) -> Result<Value> {
+    let Comparison {
+        control,
+        objectives,
+        seeds,
+    } = *comparison;
     let value = |objective: &str, seed: u64, metric: &str| -> f64 {
         records
             .iter()
@@ -127,17 +147,25 @@ pub fn bootstraps(
     seeds: &[u64],
     resamples: usize,
 ) -> Result<Vec<Value>> {
-    bootstraps_vs(segments, "ce", objectives, seeds, resamples)
+    let comparison = Comparison {
+        control: "ce",
+        objectives,
+        seeds,
+    };
+    bootstraps_vs(segments, &comparison, resamples)
 }
 
-/// [`bootstraps`] against the objective `control` (the CTC NAT's `ctc`).
+/// [`bootstraps`] against the objective `comparison.control` (the CTC NAT's `ctc`).
 pub fn bootstraps_vs(
     segments: &BTreeMap<(String, u64), SegmentStats>,
-    control: &str,
-    objectives: &[&str],
-    seeds: &[u64],
+    comparison: &Comparison,
     resamples: usize,
 ) -> Result<Vec<Value>> {
+    let Comparison {
+        control,
+        objectives,
+        seeds,
+    } = *comparison;
     let mut out = Vec::new();
     for &seed in seeds {
         let Some(control) = segments.get(&(control.to_string(), seed)) else {

@@ -34,7 +34,7 @@ use crate::translate::evaluate::{
     CHRF_SIGNATURE,
 };
 use crate::translate::run::{
-    best_weights, load_model, mix, train_run, RunSpec, RunState, Schedule,
+    best_weights, load_model, mix, train_run, RunFunctions, RunSpec, RunState, Schedule,
 };
 use crate::translate::track::Tracker;
 
@@ -122,7 +122,11 @@ impl Study {
             step_loss(&model, &batch, spec.objective, &self.settings, &mut dropout)
         };
         tracker.train(label, kind, spec, |on_step| {
-            train_run(spec, &mut varmap, &batches, &dev, &mut step, on_step)
+            let functions = RunFunctions {
+                step_loss: &mut step,
+                dev_bleu: &dev,
+            };
+            train_run(spec, &mut varmap, &batches, functions, on_step)
         })
     }
 
@@ -553,7 +557,6 @@ impl Study {
             specials(),
             Search::Beam(self.beam),
             100,
-            &self.device,
         )?;
         let teacher_hyps: Vec<String> = ids.iter().map(|i| self.detok(i)).collect();
         write_lines_gz(&self.out.join("test.teacher.hyp.gz"), &teacher_hyps)?;
@@ -617,15 +620,7 @@ impl Study {
                 (Search::Beam(self.beam), format!("beam {}", cfg.common.beam)),
             ] {
                 let (seconds, per_second) = timed(sources.len(), || {
-                    decode_ids(
-                        &teacher_model,
-                        sources,
-                        specials(),
-                        search,
-                        batch,
-                        &self.device,
-                    )
-                    .map(|_| ())
+                    decode_ids(&teacher_model, sources, specials(), search, batch).map(|_| ())
                 })?;
                 speed.push(json!({"model": "ar", "search": label, "batch": batch, "sentences": sources.len(), "seconds": seconds, "sentences_per_second": per_second}));
             }

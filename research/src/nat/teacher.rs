@@ -17,7 +17,7 @@ use crate::translate::batches::IdPairs;
 use crate::translate::data::StudyData;
 use crate::translate::evaluate::{bleu, decode_ids, decode_texts, Search};
 use crate::translate::run::{
-    best_weights, load_model, run, Objective, RunSpec, RunState, Schedule, Setup,
+    best_weights, load_model, run, Objective, RecipeConfig, RunSpec, RunState, Schedule, Setup,
 };
 use crate::translate::track::Tracker;
 
@@ -197,19 +197,16 @@ pub fn teacher(setup: &TeacherSetup, tracker: &mut Tracker) -> Result<Teacher> {
         }
     }
     let dev_bleu = |model: &Transformer| -> Result<f64> {
-        let hyps = decode_texts(model, &data.dev.ids.src, Search::Greedy, &data.bpe, device)?;
+        let hyps = decode_texts(model, &data.dev.ids.src, Search::Greedy, &data.bpe)?;
         bleu(&hyps, &data.dev.references)
     };
     let detok = |ids: &[u32]| data.bpe.decode(ids).unwrap_or_default();
-    let setup = Setup::recipe(
-        config,
-        &data.train,
-        recipe.batch_size,
-        recipe.label_smoothing,
-        &detok,
-        &dev_bleu,
-        device.clone(),
-    );
+    let chosen = RecipeConfig {
+        model: config,
+        batch_size: recipe.batch_size,
+        label_smoothing: recipe.label_smoothing,
+    };
+    let setup = Setup::recipe(chosen, &data.train, &detok, &dev_bleu, device.clone());
     let dir = work.join("teacher");
     let stamp = TeacherStamp {
         corpus_sha256: data.summary.sha256.clone(),
@@ -341,14 +338,7 @@ pub fn distill(teacher: &Teacher, setup: &TeacherSetup, tracker: &mut Tracker) -
     for (done, chunk) in order.chunks(DISTILL_CHUNK).enumerate() {
         let started = std::time::Instant::now();
         let chunk_sources: Vec<Vec<u32>> = chunk.iter().map(|&i| sources[i].clone()).collect();
-        let decoded = decode_ids(
-            &model,
-            &chunk_sources,
-            specials,
-            Search::Beam(beam),
-            100,
-            device,
-        )?;
+        let decoded = decode_ids(&model, &chunk_sources, specials, Search::Beam(beam), 100)?;
         for (&i, ids) in chunk.iter().zip(decoded) {
             targets[i] = ids;
         }

@@ -8,7 +8,7 @@ use crate::device::device;
 use crate::model::transformer::{PositionAdd, TransformerConfig};
 use crate::progress;
 use crate::task::reordering;
-use crate::train::write_partial_results;
+use crate::train::{write_partial_results, TrainingContext};
 use anyhow::{bail, Context, Result};
 use candle_bleu::loss::BleuLossConfig;
 use indicatif::MultiProgress;
@@ -141,11 +141,16 @@ pub fn run_study(mut args: Config) -> Result<()> {
     let mut json_runs = Vec::new();
     let bars = MultiProgress::new();
     let mut runs: Vec<RunOutput> = Vec::new();
+    let context = TrainingContext {
+        cfg: &cfg,
+        data: &data,
+        device: &device,
+    };
     for seed in 1..=args.seeds {
         for objective in Objective::ALL {
             let prefix = format!("{} seed {seed}", objective.name());
             let bar = progress::bar(&bars, prefix, 16, cfg.steps)?;
-            let output = train::run(objective, seed, &cfg, &data, &bar, &device)?;
+            let output = train::run(objective, seed, &context, &bar)?;
             bar.finish();
             progress::say(&bars, report::run_line(&output))?;
             json_runs.push(report::run_json(&output, &args.out)?);

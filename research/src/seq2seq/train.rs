@@ -2,17 +2,19 @@
 //! and label-smoothed cross-entropy; the checkpoint with the best dev BLEU (greedy) among the
 //! evaluations after the warm-up is the one scored on test.
 
-use crate::data::{Batch, Batches, EncodedCorpus, PAD};
+use crate::data::{Batch, Batches, PAD};
 use crate::eval::bleu_100;
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
 use crate::model::translate;
-use crate::train::{adamw, learning_rate, restore, snapshot, teacher_forced_logits, LogRow};
+use crate::train::{
+    adamw, learning_rate, restore, snapshot, teacher_forced_logits, LogRow, TrainingContext,
+};
 use anyhow::Result;
 use candle_bleu::loss::{
     bleu_loss_from_logits, ce_bleu_from_logits, cross_entropy_from_logits, BleuLossConfig,
     CrossEntropyConfig, LengthModel, References, TrainingLossConfig, TrainingTargets,
 };
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use candle_nn::{Optimizer, VarMap};
 use indicatif::ProgressBar;
 use std::time::Instant;
@@ -129,16 +131,15 @@ fn bleu_inputs(batch: &Batch, cfg: &BleuLossConfig) -> Result<(References, Optio
     Ok((refs, lengths))
 }
 
-/// Trains one model and decodes dev and test with it; `progress` (from
-/// `crate::progress::bar`) counts the steps.
+/// Trains one model of `objective` from `seed` and decodes dev and test with it; `progress`
+/// (from `crate::progress::bar`) counts the steps.
 pub fn run(
     objective: Objective,
     seed: u64,
-    cfg: &TrainConfig,
-    data: &EncodedCorpus,
+    context: &TrainingContext<TrainConfig>,
     progress: &ProgressBar,
-    device: &Device,
 ) -> Result<RunOutput> {
+    let TrainingContext { cfg, data, device } = *context;
     let started = Instant::now();
     let varmap = VarMap::new();
     let model = Transformer::new(cfg.model, &varmap, seed, device)?;

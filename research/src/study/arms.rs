@@ -3,13 +3,13 @@
 //! label-smoothed cross-entropy; each arm keeps the weights of its best dev evaluation.
 
 use crate::data::tokens::Vocab;
-use crate::data::{source_tensor, Batch, Batches, Encoded, EncodedCorpus, EOS, PAD};
+use crate::data::{source_tensor, Batch, Batches, Encoded, EOS, PAD};
 use crate::eval;
 use crate::model::soft_decode::{weights_of, Feedback, SoftDecoder};
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
 use crate::train::{
     adamw, learning_rate, process_cpu_s, snapshot, teacher_forced_logits, LogRow, Snapshot,
-    StepTime,
+    StepTime, TrainingContext,
 };
 use anyhow::{bail, Result};
 use candle_bleu::loss::{
@@ -300,11 +300,10 @@ pub fn train(
     varmap: &VarMap,
     model: &Transformer,
     stretch: &Stretch,
-    cfg: &TrainConfig,
-    data: &EncodedCorpus,
+    context: &TrainingContext<TrainConfig>,
     progress: &ProgressBar,
-    device: &Device,
 ) -> Result<(Vec<LogRow>, StepTime, Best)> {
+    let TrainingContext { cfg, data, device } = *context;
     let mut optimizer = adamw(varmap, cfg.lr)?;
     let mut best: Option<Best> = None;
     let name = stretch.arm.map_or("ce warm-up", |a| a.name);

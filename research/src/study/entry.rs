@@ -9,7 +9,7 @@ use crate::eval;
 use crate::model::transformer::{PositionAdd, TransformerConfig};
 use crate::progress::say;
 use crate::task::agreement;
-use crate::train::write_partial_results;
+use crate::train::{write_partial_results, TrainingContext};
 use anyhow::{Context, Result};
 use indicatif::MultiProgress;
 use std::path::PathBuf;
@@ -147,14 +147,19 @@ pub fn run_study(mut args: Config) -> Result<()> {
     let bars = MultiProgress::new();
     let mut runs: Vec<RunOutput> = Vec::new();
     let mut warmup_s = Vec::new();
+    let context = TrainingContext {
+        cfg: &cfg,
+        data: &data,
+        device: &device,
+    };
     for seed in 1..=args.seeds {
         let warm_started = Instant::now();
-        let warm = run::warm_up(&arms, seed, &cfg, &data, &bars, &device)?;
+        let warm = run::warm_up(&arms, seed, &context, &bars)?;
         if warm.is_some() && cfg.warmup_steps > 0 {
             warmup_s.push(warm_started.elapsed().as_secs_f64());
         }
         for arm in &arms {
-            let output = run::run_arm(arm, seed, warm.as_ref(), &cfg, &data, &bars, &device)?;
+            let output = run::run_arm(arm, seed, warm.as_ref(), &context, &bars)?;
             say(
                 &bars,
                 format!(

@@ -6,6 +6,7 @@ use crate::eval;
 use crate::progress;
 use crate::train::{
     process_cpu_s, restore, selected_run_json, snapshot, LogRow, SelectedRun, StepTime,
+    TrainingContext,
 };
 use anyhow::{bail, Result};
 use candle_core::Device;
@@ -46,11 +47,10 @@ pub struct RunOutput {
 pub fn warm_up(
     arms: &[Arm],
     seed: u64,
-    cfg: &TrainConfig,
-    data: &EncodedCorpus,
+    context: &TrainingContext<TrainConfig>,
     bars: &MultiProgress,
-    device: &Device,
 ) -> Result<Option<WarmStart>> {
+    let TrainingContext { cfg, device, .. } = *context;
     if !arms.iter().any(|a| a.init == Init::Warm) {
         return Ok(None);
     }
@@ -68,7 +68,7 @@ pub fn warm_up(
             36,
             cfg.warmup_steps,
         )?;
-        let (log, _, _) = arms::train(&varmap, &model, &stretch, cfg, data, &bar, device)?;
+        let (log, _, _) = arms::train(&varmap, &model, &stretch, context, &bar)?;
         bar.finish();
         log
     } else {
@@ -85,11 +85,10 @@ pub fn run_arm(
     arm: &Arm,
     seed: u64,
     warm: Option<&WarmStart>,
-    cfg: &TrainConfig,
-    data: &EncodedCorpus,
+    context: &TrainingContext<TrainConfig>,
     bars: &MultiProgress,
-    device: &Device,
 ) -> Result<RunOutput> {
+    let TrainingContext { cfg, data, device } = *context;
     let started = Instant::now();
     let (varmap, model) = arms::init_model(cfg, seed, device)?;
     let (first, mut log) = match (arm.init, warm) {
@@ -112,7 +111,7 @@ pub fn run_arm(
         36,
         stretch.last - stretch.first,
     )?;
-    let (arm_log, step, best) = arms::train(&varmap, &model, &stretch, cfg, data, &bar, device)?;
+    let (arm_log, step, best) = arms::train(&varmap, &model, &stretch, context, &bar)?;
     bar.finish();
     log.extend(arm_log);
     let last_dev_bleu = log.last().map_or(0.0, |r| r.dev_bleu);
@@ -183,6 +182,11 @@ pub fn project(
         eval_every: usize::MAX,
         ..cfg.clone()
     };
+    let timing = TrainingContext {
+        cfg: &timing_cfg,
+        data,
+        device,
+    };
     let mut ce_step = None;
     let (mut total, mut total_cpu) = (0.0, 0.0);
     println!(
@@ -198,7 +202,7 @@ pub fn project(
             seed: 1,
         };
         let bar = progress::bar(&bars, format!("{} seed 1", arm.name), 36, TIMED)?;
-        let (_, step, _) = arms::train(&varmap, &model, &stretch, &timing_cfg, data, &bar, device)?;
+        let (_, step, _) = arms::train(&varmap, &model, &stretch, &timing, &bar)?;
         let steps = match arm.init {
             Init::Warm => cfg.arm_steps,
             Init::Scratch => cfg.total_steps(),

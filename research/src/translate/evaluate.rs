@@ -7,7 +7,7 @@ use candle_bleu::exact::bootstrap::{paired_bootstrap, BootstrapConfig};
 use candle_bleu::exact::chrf::{corpus_chrf, corpus_chrf_stats, ChrfConfig, ChrfCounts};
 use candle_bleu::exact::tokenize::{tokenize, Tokenizer};
 use candle_bleu::exact::{corpus_bleu, corpus_stats, sentence_bleu, BleuConfig, BleuCounts};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::batches::{make_batch, BatchIds, IdPairs};
@@ -31,16 +31,16 @@ pub enum Search {
     Beam(BeamConfig),
 }
 
-/// Decodes `sources` (ids without BOS/EOS) in batches of about `batch` sentences of similar
-/// length, and returns the outputs' ids in the sources' order.
+/// Decodes `sources` (ids without BOS/EOS) on the model's device in batches of about `batch`
+/// sentences of similar length, and returns the outputs' ids in the sources' order.
 pub fn decode_ids(
     model: &Transformer,
     sources: &[Vec<u32>],
     specials: Specials,
     search: Search,
     batch: usize,
-    device: &Device,
 ) -> Result<Vec<Vec<u32>>> {
+    let device = model.device();
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| (sources[i].len(), i));
     let mut out = vec![Vec::new(); sources.len()];
@@ -74,7 +74,6 @@ pub fn decode_texts(
     sources: &[Vec<u32>],
     search: Search,
     bpe: &Bpe,
-    device: &Device,
 ) -> Result<Vec<String>> {
     let batch = match search {
         Search::Greedy => 250,
@@ -85,7 +84,7 @@ pub fn decode_texts(
         eos: EOS,
         pad: PAD,
     };
-    let ids = decode_ids(model, sources, specials, search, batch, device)?;
+    let ids = decode_ids(model, sources, specials, search, batch)?;
     Ok(ids
         .iter()
         .map(|i| bpe.decode(i).unwrap_or_default())
@@ -255,15 +254,32 @@ pub struct OutputDistribution {
     pub vocab_tile: usize,
 }
 
+/// The gradient filter [`output_distribution`] measures against: probabilities below `tau`,
+/// and the `block_rows × vocab_tile` tiles the hidden-state loss cuts the logits into.
+#[derive(Debug, Clone, Copy)]
+pub struct TileFilter {
+    /// The threshold, in `(0, 1)`.
+    pub tau: f64,
+    /// Rows per block (>= 1).
+    pub block_rows: usize,
+    /// Vocabulary columns per tile (>= 1).
+    pub vocab_tile: usize,
+}
+
 /// Measures [`OutputDistribution`] of `model` on `pairs`, teacher-forced without dropout, in
-/// batches of `batch_size` consecutive pairs.
+/// batches of `batch_size` consecutive pairs, against `filter`.
 pub fn output_distribution(
     model: &Transformer,
     pairs: &IdPairs,
     ids: BatchIds,
     batch_size: usize,
-    (tau, block_rows, vocab_tile): (f64, usize, usize),
+    filter: TileFilter,
 ) -> Result<OutputDistribution> {
+    let TileFilter {
+        tau,
+        block_rows,
+        vocab_tile,
+    } = filter;
     if pairs.is_empty() || batch_size == 0 || block_rows == 0 || vocab_tile == 0 {
         return Err(anyhow!(
             "output_distribution: needs pairs ({}), batch_size ({batch_size}), block_rows \

@@ -6,7 +6,7 @@
 use crate::data::{BOS, EOS, PAD};
 use crate::stats::{holm, mean_sd, paired_t_test, PairedT};
 use crate::translate::batches::BatchIds;
-use crate::translate::evaluate::{bootstrap, output_distribution, Bootstrap};
+use crate::translate::evaluate::{bootstrap, output_distribution, Bootstrap, TileFilter};
 use crate::translate::run::best_weights;
 use anyhow::{bail, Result};
 use candle_bleu::loss::HiddenConfig;
@@ -227,7 +227,11 @@ pub fn output_distributions(study: &Study) -> Result<()> {
                 &study.dev.ids,
                 ids,
                 study.args.common.batch_size,
-                (study.args.filter_tau, block_rows, hidden.vocab_tile),
+                TileFilter {
+                    tau: study.args.filter_tau,
+                    block_rows,
+                    vocab_tile: hidden.vocab_tile,
+                },
             )?;
             println!(
                 "seed {seed} {kind:>8}: {} dev positions, mean entropy {:.3} nats (ln V = {:.3}), \

@@ -29,7 +29,7 @@ use super::data::SplitData;
 use super::evaluate::sentence_bleu_13a;
 use crate::checkpoint::{load_json, load_vars, save_json, save_optimizer, save_vars};
 use crate::data::{BOS, EOS, PAD};
-use crate::decode::{sample, MaxLength, Specials};
+use crate::decode::{sample, SampleConfig, Specials};
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
 use crate::mrt::{risk, sequence_log_probs};
 use crate::optim::{AdamW, AdamWConfig};
@@ -159,19 +159,33 @@ pub struct Setup<'a> {
     pub device: Device,
 }
 
+/// What a study chooses of [`Setup::recipe`]: the model and the batches' two numbers.
+#[derive(Debug, Clone, Copy)]
+pub struct RecipeConfig {
+    /// The model's sizes (dropout included).
+    pub model: TransformerConfig,
+    /// Sentences per batch.
+    pub batch_size: usize,
+    /// The cross-entropy's label smoothing.
+    pub label_smoothing: f64,
+}
+
 impl<'a> Setup<'a> {
-    /// The translate study's recipe on `train`: padding `PAD`, BOS/EOS, label smoothing
-    /// `label_smoothing`, the default BLEU loss, 4 Mi-logit blocks, MRT with 16 sources × 4
-    /// candidates at `α = 1` and sacrebleu's sentence BLEU as its cost.
+    /// The translate study's recipe on `train` with `cfg`'s model, batch size and label
+    /// smoothing: padding `PAD`, BOS/EOS, the default BLEU loss, 4 Mi-logit blocks, MRT with 16
+    /// sources × 4 candidates at `α = 1` and sacrebleu's sentence BLEU as its cost.
     pub fn recipe(
-        model: TransformerConfig,
+        cfg: RecipeConfig,
         train: &'a SplitData,
-        batch_size: usize,
-        label_smoothing: f64,
         detokenize: &'a (dyn Fn(&[u32]) -> String + Sync),
         dev_bleu: &'a (dyn Fn(&Transformer) -> Result<f64> + Sync),
         device: Device,
     ) -> Self {
+        let RecipeConfig {
+            model,
+            batch_size,
+            label_smoothing,
+        } = cfg;
         Self {
             model,
             ids: BatchIds {
@@ -320,18 +334,30 @@ impl<O: Clone + PartialEq + std::fmt::Debug + Serialize + serde::de::Deserialize
 /// step)`), so a step is a function of the spec and the step alone.
 pub type StepLoss<'a> = dyn FnMut(&[usize], usize) -> Result<(Tensor, Tensor)> + 'a;
 
+/// The two functions [`train_run`] calls on the model: each step's loss, and the dev BLEU
+/// (0–100) that selects the checkpoints.
+pub struct RunFunctions<'r, 's> {
+    /// The step's `(loss, cross-entropy)` scalars from the batch's pair indices and the step.
+    pub step_loss: &'r mut StepLoss<'s>,
+    /// The model's dev BLEU, evaluated every `eval_every` steps.
+    pub dev_bleu: &'r dyn Fn() -> Result<f64>,
+}
+
 /// Runs (or resumes, or just loads when done) `spec` over the model whose variables are
-/// `varmap` (freshly initialised from `spec.seed`): AdamW on `step_loss`'s loss over the
-/// batches of `batches`, `dev_bleu` every `spec.eval_every` steps, the best weights kept,
-/// checkpoints that let an interrupted run resume. `on_step` reports progress.
+/// `varmap` (freshly initialised from `spec.seed`): AdamW on `functions.step_loss`'s loss over
+/// the batches of `batches`, `functions.dev_bleu` every `spec.eval_every` steps, the best
+/// weights kept, checkpoints that let an interrupted run resume. `on_step` reports progress.
 pub fn train_run<O: RunObjective>(
     spec: &RunSpec<O>,
     varmap: &mut VarMap,
     batches: &Batches,
-    dev_bleu: &dyn Fn() -> Result<f64>,
-    step_loss: &mut StepLoss,
+    functions: RunFunctions,
     on_step: &mut dyn FnMut(&RunState<O>),
 ) -> Result<RunState<O>> {
+    let RunFunctions {
+        step_loss,
+        dev_bleu,
+    } = functions;
     if spec.eval_every == 0 || spec.max_steps == 0 {
         bail!("eval_every and max_steps must be >= 1: {spec:?}");
     }
@@ -491,14 +517,11 @@ pub fn run(spec: &RunSpec, setup: &Setup, on_step: &mut dyn FnMut(&RunState)) ->
             }
         })
     };
-    train_run(
-        spec,
-        &mut varmap,
-        &batches,
-        &dev_bleu,
-        &mut step_loss,
-        on_step,
-    )
+    let functions = RunFunctions {
+        step_loss: &mut step_loss,
+        dev_bleu: &dev_bleu,
+    };
+    train_run(spec, &mut varmap, &batches, functions, on_step)
 }
 
 /// MRT's risk for the first `setup.mrt_sources` sources of the batch: candidates sampled from
@@ -516,7 +539,12 @@ fn mrt_risk(
     let sources = setup.mrt_sources.min(indices.len());
     let k = setup.mrt_candidates;
     let src = src.narrow(0, 0, sources)?;
-    let candidates = sample(model, &src, specials, k, MaxLength::default(), seed)?;
+    let sampling = SampleConfig {
+        copies: k,
+        seed,
+        ..Default::default()
+    };
+    let candidates = sample(model, &src, specials, sampling)?;
     let mut costs = vec![0f32; sources * k];
     let mut valid = vec![0f32; sources * k];
     for s in 0..sources {
@@ -603,7 +631,11 @@ mod tests {
                 let loss = w.sum_all()?;
                 Ok((loss.clone(), loss))
             };
-            let state = train_run(&spec, &mut varmap, &batches, &dev, &mut step, &mut |_| {})?;
+            let functions = RunFunctions {
+                step_loss: &mut step,
+                dev_bleu: &dev,
+            };
+            let state = train_run(&spec, &mut varmap, &batches, functions, &mut |_| {})?;
             std::fs::remove_dir_all(&dir)?;
             Ok(state)
         };

@@ -13,7 +13,8 @@ use crate::translate::evaluate::{
     CHRF_PP_SIGNATURE, CHRF_SIGNATURE,
 };
 use crate::translate::run::{
-    best_weights, load_model, run, FormName, Objective, RunSpec, RunState, Schedule, Setup,
+    best_weights, load_model, run, FormName, Objective, RecipeConfig, RunSpec, RunState, Schedule,
+    Setup,
 };
 use crate::translate::track::Tracker;
 use anyhow::Result;
@@ -251,7 +252,7 @@ impl Study {
         split: &SplitData,
         search: Search,
     ) -> Result<Vec<String>> {
-        decode_texts(model, &split.ids.src, search, &self.bpe, &self.device)
+        decode_texts(model, &split.ids.src, search, &self.bpe)
     }
 
     /// Trains (or resumes, or loads) one run.
@@ -272,10 +273,12 @@ impl Study {
             mrt_candidates: self.args.mrt_candidates,
             mrt_alpha: self.args.mrt_alpha,
             ..Setup::recipe(
-                self.model,
+                RecipeConfig {
+                    model: self.model,
+                    batch_size: self.args.common.batch_size,
+                    label_smoothing: self.args.common.label_smoothing,
+                },
                 &self.train,
-                self.args.common.batch_size,
-                self.args.common.label_smoothing,
                 &detok,
                 &dev_bleu,
                 self.device.clone(),
