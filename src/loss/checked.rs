@@ -20,6 +20,8 @@ use super::dispatch::Path;
 use super::host;
 use super::kernels::cpu::CrossEntropyTerms;
 use super::kernels::ctc_cpu::CtcAlignments;
+#[cfg(feature = "cuda-unverified")]
+use super::kernels::ctc_cuda::DeviceAlignments;
 use super::kernels::softcap;
 use super::references::References;
 use super::score;
@@ -816,14 +818,28 @@ fn finite(name: &str, t: &Tensor, check_off_cpu: bool) -> Result<()> {
 // structure is built there); the pieces below are meant for every CTC entry point.
 // =============================================================================================
 
-/// Checked arguments of a CTC loss: the input in its compute dtype, the alignments the kernels
-/// take, the target lengths (for the mean) and the path.
+/// Checked arguments of a CTC loss: the input in its compute dtype, the targets and lengths
+/// (read and checked on the host, or left on the device) and the path.
 pub(crate) struct CheckedCtc {
     /// The input `[B, T', V]` in its compute dtype (f32 for f16/bf16), contiguous.
     pub input: Tensor,
-    pub alignments: CtcAlignments,
-    pub target_lengths: Vec<usize>,
+    pub targets: CtcTargets,
     pub path: Path,
+}
+
+/// A CTC loss's targets and lengths, as the loss takes them.
+pub(crate) enum CtcTargets {
+    /// Read to the host and checked there (three counted copies off the CPU): the alignments
+    /// every back-end takes, and each target length (for the mean).
+    Host {
+        alignments: CtcAlignments,
+        target_lengths: Vec<usize>,
+    },
+    /// Left on the device, never read by the host: the CUDA kernels' training path with
+    /// `check_values` off (`cuda-unverified`). Dtypes and shapes are checked, values are not: an
+    /// element out of range gets a NaN loss and NaN gradients from the kernels.
+    #[cfg(feature = "cuda-unverified")]
+    Device(DeviceAlignments),
 }
 
 /// Checks a batch-first CTC input `name` (`log_probs` or `logits`): float `[B, T', V]` with
@@ -1008,6 +1024,8 @@ pub(crate) fn ctc_targets(
 
 /// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
 /// checked: the input, the targets and both lengths, each input length `>= 1`, `cfg.blank`.
+/// Where the CUDA kernels run with `cfg.check_values` off (`cuda-unverified`), the targets and
+/// lengths stay on the device: their dtypes, shapes and device are checked, not their values.
 /// The frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
 /// where the path's kernel does not find them in its own pass: on the CPU in place, off it
 /// only with `cfg.check_values` (one counted copy).
@@ -1027,6 +1045,46 @@ pub(crate) fn ctc_call(
     let described = format!("`{name}` shape {:?}", input.dims());
     let device = input.device();
     ctc_blank(blank, vocab, &described)?;
+    #[cfg(feature = "cuda-unverified")]
+    if path.runs_ctc_kernels(device) && !device.is_cpu() && !cfg.check_values {
+        // The training path off the CPU: nothing is read to the host.
+        let width = match targets.dims() {
+            &[b, width] if b == batch => width,
+            dims => bail!(
+                "`targets` must be padded [B, L] with B = {batch} ({described}), got shape {dims:?}"
+            ),
+        };
+        ctc_integer_tensor(
+            "targets",
+            targets,
+            &[batch, width],
+            &format!("[{batch}, {width}]"),
+            device,
+        )?;
+        for (name, lengths) in [
+            ("input_lengths", input_lengths),
+            ("target_lengths", target_lengths),
+        ] {
+            ctc_integer_tensor(
+                name,
+                lengths,
+                &[batch],
+                &format!("[{batch}] ({described})"),
+                device,
+            )?;
+        }
+        let alignments = DeviceAlignments::unchecked(
+            targets,
+            (input_lengths, target_lengths),
+            blank,
+            cfg.zero_infinity,
+        )?;
+        return Ok(CheckedCtc {
+            input: input.to_dtype(dtype)?.contiguous()?,
+            targets: CtcTargets::Device(alignments),
+            path,
+        });
+    }
     let lengths = ctc_input_lengths(input_lengths, (batch, frames), &described, device)?;
     if let Some(b) = lengths.iter().position(|&l| l == 0) {
         bail!("`input_lengths[{b}]` = 0: every element needs at least one frame to align");
@@ -1045,13 +1103,15 @@ pub(crate) fn ctc_call(
     }
     Ok(CheckedCtc {
         input,
-        alignments: CtcAlignments {
-            targets,
-            input_lengths: lengths,
-            blank,
-            zero_infinity: cfg.zero_infinity,
+        targets: CtcTargets::Host {
+            alignments: CtcAlignments {
+                targets,
+                input_lengths: lengths,
+                blank,
+                zero_infinity: cfg.zero_infinity,
+            },
+            target_lengths,
         },
-        target_lengths,
         path,
     })
 }

@@ -428,7 +428,9 @@ pub struct CtcConfig {
     /// Off the CPU, also refuse NaN and `+inf` in the input's frames in use (and `-inf` in
     /// logits), as the CPU always does in place: one device-to-host copy of the input, which
     /// stalls a GPU stream, so the default is `false` (then such values give a NaN or infinite
-    /// loss). Turn it on while debugging a GPU run.
+    /// loss). Turn it on while debugging a GPU run. With the CUDA kernels (`cuda-unverified`)
+    /// it also decides whether the targets and lengths are read to the host and checked (on),
+    /// or left on the device with an out-of-range element's loss NaN (off).
     pub check_values: bool,
 }
 

@@ -8,7 +8,7 @@
 //! backward). Elsewhere, and in the `_composed` references, composed candle ops run the forward
 //! recursion and candle's autograd gives the gradient. The same numbers to rounding.
 
-use super::checked::{ctc_call, ctc_decode_call, CheckedCtc};
+use super::checked::{ctc_call, ctc_decode_call, CheckedCtc, CtcTargets};
 use super::config::{constant, CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;
@@ -64,7 +64,11 @@ use candle_core::{Result, Tensor, D};
 /// `target_lengths[b] > L`, and NaN or `+inf` in `log_probs` (on the CPU, or with
 /// `check_values`).
 ///
-/// Reads `targets` and both lengths to the host (three counted copies, [`host_copies`](super::host_copies)).
+/// Reads `targets` and both lengths to the host (three counted copies,
+/// [`host_copies`](super::host_copies)) to check them — except where the CUDA kernels run
+/// (feature `cuda-unverified`) with `cfg.check_values` off, the training path on a GPU: there
+/// they stay on the device, their dtypes and shapes checked, not their values, and an element
+/// whose target or lengths are out of range gets a NaN loss and NaN gradients.
 ///
 /// ```
 /// use candle_bleu::loss::{ctc_loss, CtcConfig};
@@ -204,8 +208,7 @@ fn ctc_on(
 ) -> Result<Tensor> {
     let CheckedCtc {
         input,
-        alignments,
-        target_lengths,
+        targets,
         path,
     } = ctc_call(
         name,
@@ -217,6 +220,18 @@ fn ctc_on(
         from_logits,
         path,
     )?;
+    let (alignments, target_lengths) = match targets {
+        CtcTargets::Host {
+            alignments,
+            target_lengths,
+        } => (alignments, target_lengths),
+        #[cfg(feature = "cuda-unverified")]
+        CtcTargets::Device(alignments) => {
+            let target_lengths = alignments.target_lengths.clone();
+            let losses = CtcOp::on_device(alignments, from_logits).apply(&input)?;
+            return reduce_on_device(&losses, &target_lengths, cfg.reduction);
+        }
+    };
     let losses = if path.runs_ctc_kernels(input.device()) {
         CtcOp::new(alignments, from_logits).apply(&input)?
     } else {
@@ -231,6 +246,29 @@ fn ctc_on(
         }
     };
     reduce(&losses, &target_lengths, cfg.reduction)
+}
+
+/// [`reduce`] with the target lengths on the device (u32 `[B]`, never read by the host): the
+/// mean's weights `1 / (max(L_b, 1)·B)` made there.
+#[cfg(feature = "cuda-unverified")]
+fn reduce_on_device(
+    losses: &Tensor,
+    target_lengths: &Tensor,
+    reduction: CtcReduction,
+) -> Result<Tensor> {
+    match reduction {
+        CtcReduction::None => Ok(losses.clone()),
+        CtcReduction::Sum => losses.sum(0),
+        CtcReduction::Mean => {
+            let batch = losses.dim(0)? as f64;
+            let weights = target_lengths
+                .to_dtype(losses.dtype())?
+                .maximum(1.0)?
+                .affine(batch, 0.0)?
+                .recip()?;
+            (losses * weights)?.sum(0)
+        }
+    }
 }
 
 /// The losses `[B]` reduced as PyTorch does: `Mean` = `mean_b(loss_b / max(L_b, 1))`.

@@ -11,6 +11,10 @@
 // kernel), over the extended target l' = (blank, l_1, blank, …, l_L, blank) of S = 2 L_b + 1
 // states, restricted to the states still on a complete path (the CPU kernel's window).
 //
+// Targets and lengths the host has not read (the training path off the CPU without
+// `check_values`) may be out of range: an element whose alignment inputs are (ctc_element_in_range)
+// gets a NaN loss and NaN gradients in all its frames, and no read outside the buffers.
+//
 // Workspaces (allocated by the launcher, [B, T, S_max] doubles with S_max = 2L + 1): alpha, and
 // in the backward the state occupancies gamma; two beta rows [B, 2, S_max]; the per-element
 // gradient scale [B]. Values the CPU kernel refuses (NaN or +inf input within the input lengths,
@@ -40,6 +44,20 @@ __device__ __forceinline__ void ctc_window(u32 states, u32 frames, u32 t, u32& l
     const unsigned long long need = 2ull * (frames - t);
     lo = need >= states ? 0u : (u32)(states - need);
     hi = states < 2 * t + 2 ? states : 2 * t + 2;
+}
+
+// Whether element b's alignment inputs are in range: 1 <= frames <= frames_max, its target
+// length <= target_max, and each of its target ids < vocab and not the blank. The host checks
+// them whenever it reads them (the CPU, or `check_values`); on the training path off the CPU
+// they stay on the device unread, and an element out of range gets a NaN loss and NaN gradients
+// here instead of reads outside the buffers.
+__device__ __forceinline__ bool ctc_element_in_range(const u32* __restrict__ target, u32 frames,
+                                                     u32 target_length, u32 frames_max,
+                                                     u32 target_max, u32 vocab, u32 blank) {
+    if (frames == 0 || frames > frames_max || target_length > target_max) return false;
+    for (u32 j = 0; j < target_length; ++j)
+        if (target[j] >= vocab || target[j] == blank) return false;
+    return true;
 }
 
 __device__ __forceinline__ double ctc_log_add(double a, double b) {
@@ -129,6 +147,11 @@ __device__ void ctc_alpha(const T* __restrict__ x, const u32* __restrict__ targe
     const u32 b = blockIdx.x;
     const u32 s_max = 2 * target_max + 1;
     const u32 frames = input_lengths[b], states = 2 * target_lengths[b] + 1;
+    if (!ctc_element_in_range(targets + (unsigned long long)b * target_max, frames,
+                              target_lengths[b], frames_max, target_max, vocab, blank)) {
+        if (threadIdx.x == 0) out[(unsigned long long)b * width] = quiet_nan<T>();
+        return;  // the whole block: no barrier follows
+    }
     const double log_p = ctc_alpha_rows(
         x + (unsigned long long)b * frames_max * vocab, targets + (unsigned long long)b * target_max,
         out + (unsigned long long)b * width, alpha + (unsigned long long)b * frames_max * s_max,
@@ -169,6 +192,11 @@ __device__ void ctc_beta(const T* __restrict__ x, const u32* __restrict__ target
     double* beta_next = beta_now + s_max;
     for (unsigned long long i = threadIdx.x; i < (unsigned long long)frames_max * s_max; i += CTC_BLOCK)
         gamma_b[i] = 0.0;
+    if (!ctc_element_in_range(target, frames, target_lengths[b], frames_max, target_max, vocab,
+                              blank)) {
+        if (threadIdx.x == 0) scale[b] = quiet_nan<double>();  // NaN gradients (ctc_grad_rows)
+        return;  // the whole block: no barrier follows
+    }
     const double log_p = ctc_alpha_rows(xb, target, out_b, alpha_b, frames, states, s_max, vocab,
                                         blank, from_logits);
     const double upstream = (double)grad_out[(unsigned long long)b * width];
@@ -239,6 +267,10 @@ __device__ void ctc_grad_rows(const T* __restrict__ x, const u32* __restrict__ t
     const u32 s_max = 2 * target_max + 1;
     T* g = grad + r * vocab;
     const double element_scale = scale[b];
+    if (element_scale != element_scale) {  // an element out of range (ctc_beta)
+        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = quiet_nan<T>();
+        return;  // the whole block: no barrier follows
+    }
     if (t >= input_lengths[b] || element_scale == 0.0) {
         for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = T(0);
         return;  // the whole block: no barrier follows

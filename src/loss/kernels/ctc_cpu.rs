@@ -80,9 +80,21 @@ fn log_add3(a: f64, b: f64, c: f64) -> f64 {
 /// when from logits), as a custom op on contiguous `[B, T, V]` f32 or f64 input.
 #[derive(Clone)]
 pub(crate) struct CtcOp {
-    alignments: Arc<CtcAlignments>,
+    alignments: OpAlignments,
     /// The input is logits (a log-softmax is fused in), else log-probabilities.
     from_logits: bool,
+}
+
+/// Where a [`CtcOp`]'s alignments are.
+#[derive(Clone)]
+enum OpAlignments {
+    /// Read and checked on the host: the CPU kernel reads them, the CUDA kernels get them
+    /// uploaded.
+    Host(Arc<CtcAlignments>),
+    /// Left on the device, never read by the host (the CUDA kernels with `check_values` off):
+    /// an element out of range gets a NaN loss and NaN gradients (`ctc.cu`).
+    #[cfg(feature = "cuda-unverified")]
+    Device(Arc<super::ctc_cuda::DeviceAlignments>),
 }
 
 /// One element's view of the input: its frames, emissions and states.
@@ -230,8 +242,32 @@ fn has_nan_or_pos_inf<T: KernelFloat>(row: &[T]) -> bool {
 impl CtcOp {
     pub(crate) fn new(alignments: CtcAlignments, from_logits: bool) -> Self {
         Self {
-            alignments: Arc::new(alignments),
+            alignments: OpAlignments::Host(Arc::new(alignments)),
             from_logits,
+        }
+    }
+
+    /// The op over alignments left on the device (CUDA only: no host copy of the targets or
+    /// lengths; see [`DeviceAlignments::unchecked`](super::ctc_cuda::DeviceAlignments::unchecked)).
+    #[cfg(feature = "cuda-unverified")]
+    pub(crate) fn on_device(
+        alignments: super::ctc_cuda::DeviceAlignments,
+        from_logits: bool,
+    ) -> Self {
+        Self {
+            alignments: OpAlignments::Device(Arc::new(alignments)),
+            from_logits,
+        }
+    }
+
+    /// The host alignments the CPU kernel reads.
+    fn host_alignments(&self) -> Result<&CtcAlignments> {
+        match &self.alignments {
+            OpAlignments::Host(alignments) => Ok(alignments),
+            #[cfg(feature = "cuda-unverified")]
+            OpAlignments::Device(_) => {
+                candle_core::bail!("internal: a CTC op over device alignments on the CPU")
+            }
         }
     }
 
@@ -266,37 +302,46 @@ impl CtcOp {
         device: &candle_core::CudaDevice,
     ) -> Result<(
         super::ctc_launch::CtcArgs,
-        super::ctc_cuda::DeviceAlignments,
+        Arc<super::ctc_cuda::DeviceAlignments>,
     )> {
         let (batch, frames, vocab) = shape.dims3()?;
-        let (device_alignments, target_max) = super::ctc_cuda::DeviceAlignments::upload(
-            &self.alignments.targets,
-            &self.alignments.input_lengths,
-            &candle_core::Device::Cuda(device.clone()),
-        )?;
+        let device_alignments = match &self.alignments {
+            OpAlignments::Host(host) => Arc::new(super::ctc_cuda::DeviceAlignments::upload(
+                (&host.targets, &host.input_lengths),
+                (host.blank, host.zero_infinity),
+                &candle_core::Device::Cuda(device.clone()),
+            )?),
+            OpAlignments::Device(on_device) => on_device.clone(),
+        };
         let args = super::ctc_launch::CtcArgs {
             batch,
             frames,
             vocab,
-            target_max,
-            blank: self.alignments.blank,
+            target_max: device_alignments.target_max,
+            blank: device_alignments.blank,
             from_logits: self.from_logits,
-            zero_infinity: self.alignments.zero_infinity,
+            zero_infinity: device_alignments.zero_infinity,
         };
         Ok((args, device_alignments))
     }
 
-    fn element<'a, T>(&self, x: &'a [T], b: usize, frames: usize, vocab: usize) -> Element<'a, T> {
+    fn element<'a, T>(
+        alignments: &CtcAlignments,
+        x: &'a [T],
+        b: usize,
+        (frames, vocab): (usize, usize),
+    ) -> Element<'a, T> {
         Element {
             x: &x[b * frames * vocab..(b + 1) * frames * vocab],
             vocab,
-            frames: self.alignments.input_lengths[b],
-            states: self.alignments.extended(b),
-            blank: self.alignments.blank,
+            frames: alignments.input_lengths[b],
+            states: alignments.extended(b),
+            blank: alignments.blank,
         }
     }
 
     fn cpu_forward<T: KernelFloat>(&self, x: &[T], shape: &Shape) -> Result<Vec<T>> {
+        let alignments = self.host_alignments()?;
         let (batch, frames, vocab) = shape.dims3()?;
         let width = self.width(frames);
         let mut out = vec![T::ZERO; batch * width];
@@ -304,7 +349,7 @@ impl CtcOp {
             .par_chunks_mut(width)
             .enumerate()
             .map(|(b, out_row)| {
-                let element = self.element(x, b, frames, vocab);
+                let element = Self::element(alignments, x, b, (frames, vocab));
                 let mut lse = vec![0f64; element.frames];
                 for (t, l) in lse.iter_mut().enumerate() {
                     let row = &element.x[t * vocab..(t + 1) * vocab];
@@ -330,7 +375,7 @@ impl CtcOp {
                 let em = element.emissions(self.from_logits.then_some(&lse[..]));
                 let (_, log_p) = element.alpha(&em);
                 out_row[0] = if log_p == f64::NEG_INFINITY {
-                    if self.alignments.zero_infinity {
+                    if alignments.zero_infinity {
                         T::ZERO
                     } else {
                         T::from_f64(f64::INFINITY)
@@ -369,6 +414,7 @@ impl CtcOp {
         out: &[T],
         grad_out: &[T],
     ) -> Result<Vec<T>> {
+        let alignments = self.host_alignments()?;
         let (batch, frames, vocab) = shape.dims3()?;
         let width = self.width(frames);
         if out.len() != batch * width || grad_out.len() != batch * width {
@@ -380,7 +426,7 @@ impl CtcOp {
             .for_each(|(b, grad_element)| {
                 // An infinite loss (zeroed or not) gets a zero gradient: `gradient` finds
                 // `log p = -inf` again and writes nothing.
-                let element = self.element(x, b, frames, vocab);
+                let element = Self::element(alignments, x, b, (frames, vocab));
                 let lse = self
                     .from_logits
                     .then(|| &out[b * width + 1..b * width + 1 + element.frames]);

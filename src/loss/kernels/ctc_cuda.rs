@@ -32,42 +32,75 @@ pub(crate) fn ctc_kernels_loaded(device: &Device) -> bool {
     super::cuda::load(&CTC_MODULE, cuda_device)
 }
 
-/// The alignments on the device: u32 targets `[B, L]` (padding 0, never read) and the lengths.
+/// The alignments on the device, as the kernels read them: u32 targets `[B, L]` (padded: row
+/// `b`'s first `target_lengths[b]` ids are its target, the rest never read), u32 input and target
+/// lengths `[B]`, and the settings.
 pub(crate) struct DeviceAlignments {
     pub targets: Tensor,
     pub input_lengths: Tensor,
     pub target_lengths: Tensor,
+    /// `L`, the padded width of `targets` (at least 1).
+    pub target_max: usize,
+    pub blank: u32,
+    pub zero_infinity: bool,
 }
 
 impl DeviceAlignments {
-    /// From the checked host alignments, on `device`.
+    /// From checked host alignments (each element's target and input length, the blank and
+    /// `zero_infinity`), uploaded to `device` (three host-to-device copies).
     pub(crate) fn upload(
-        targets: &[Vec<u32>],
-        input_lengths: &[usize],
+        (targets, input_lengths): (&[Vec<u32>], &[usize]),
+        (blank, zero_infinity): (u32, bool),
         device: &Device,
-    ) -> Result<(Self, usize)> {
-        let target_max = targets.iter().map(Vec::len).max().unwrap_or(0);
-        let mut padded = vec![0u32; targets.len() * target_max.max(1)];
-        for (row, target) in padded.chunks_mut(target_max.max(1)).zip(targets) {
+    ) -> Result<Self> {
+        let target_max = targets.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut padded = vec![0u32; targets.len() * target_max];
+        for (row, target) in padded.chunks_mut(target_max).zip(targets) {
             row[..target.len()].copy_from_slice(target);
         }
         let u32s = |v: Vec<usize>| v.into_iter().map(|l| l as u32).collect::<Vec<u32>>();
-        Ok((
-            Self {
-                targets: Tensor::from_vec(padded, (targets.len(), target_max.max(1)), device)?,
-                input_lengths: Tensor::from_vec(
-                    u32s(input_lengths.to_vec()),
-                    targets.len(),
-                    device,
-                )?,
-                target_lengths: Tensor::from_vec(
-                    u32s(targets.iter().map(Vec::len).collect()),
-                    targets.len(),
-                    device,
-                )?,
-            },
+        Ok(Self {
+            targets: Tensor::from_vec(padded, (targets.len(), target_max), device)?,
+            input_lengths: Tensor::from_vec(u32s(input_lengths.to_vec()), targets.len(), device)?,
+            target_lengths: Tensor::from_vec(
+                u32s(targets.iter().map(Vec::len).collect()),
+                targets.len(),
+                device,
+            )?,
             target_max,
-        ))
+            blank,
+            zero_infinity,
+        })
+    }
+
+    /// The user's `targets` (u32, i32 or i64 `[B, L]`) and lengths (`[B]`) as they are on the
+    /// device, converted to u32 there, never read by the host: the training path's alignments
+    /// off the CPU with `check_values` off. Their dtypes and shapes are checked by the caller,
+    /// their values by nobody: an element out of range (a negative value wraps to a large u32)
+    /// gets a NaN loss and NaN gradients from the kernels, never a read outside the buffers.
+    pub(crate) fn unchecked(
+        targets: &Tensor,
+        (input_lengths, target_lengths): (&Tensor, &Tensor),
+        blank: u32,
+        zero_infinity: bool,
+    ) -> Result<Self> {
+        let u32s = |t: &Tensor| t.to_dtype(candle_core::DType::U32)?.contiguous();
+        let (batch, width) = targets.dims2()?;
+        // An empty `[B, 0]` has no buffer to point at: one column of zeros, never read (every
+        // target length is then 0, or out of range).
+        let targets = if width == 0 {
+            Tensor::zeros((batch, 1), candle_core::DType::U32, targets.device())?
+        } else {
+            u32s(targets)?
+        };
+        Ok(Self {
+            target_max: width.max(1),
+            targets,
+            input_lengths: u32s(input_lengths)?,
+            target_lengths: u32s(target_lengths)?,
+            blank,
+            zero_infinity,
+        })
     }
 }
 

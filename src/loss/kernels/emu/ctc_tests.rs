@@ -148,6 +148,33 @@ fn cpu_side<T: Float>(
     Ok((out.flatten_all()?.to_vec1()?, grad_out, grad))
 }
 
+/// The alignment buffers as the device holds them: u32 targets `[B, L]`, input and target
+/// lengths `[B]`.
+struct DeviceBuffers {
+    targets: Vec<u32>,
+    input_lengths: Vec<u32>,
+    target_lengths: Vec<u32>,
+}
+
+impl CtcCase {
+    /// The case's alignments as u32 device buffers, the padding an id far outside the
+    /// vocabulary (no kernel may read it).
+    fn device_buffers(&self) -> DeviceBuffers {
+        let target_max = self.target_max();
+        let mut targets: Vec<u32> = Vec::new();
+        for target in &self.targets {
+            targets.extend(target);
+            targets.extend(std::iter::repeat_n(u32::MAX, target_max - target.len()));
+        }
+        let lengths = |v: Vec<usize>| v.into_iter().map(|l| l as u32).collect::<Vec<_>>();
+        DeviceBuffers {
+            targets,
+            input_lengths: lengths(self.input_lengths.clone()),
+            target_lengths: lengths(self.targets.iter().map(Vec::len).collect()),
+        }
+    }
+}
+
 /// The kernels' output and gradient on the emulator, as the CUDA op runs them.
 fn emulated<T: Float>(
     module: &EmuModule,
@@ -156,26 +183,24 @@ fn emulated<T: Float>(
     grad_out: &[T],
     order: ThreadOrder,
 ) -> Result<(Vec<T>, Vec<T>), String> {
+    emulated_on(module, case, &case.device_buffers(), (x, grad_out), order)
+}
+
+/// [`emulated`] over the given device buffers (which may hold what the host never checked).
+fn emulated_on<T: Float>(
+    module: &EmuModule,
+    case: &CtcCase,
+    buffers: &DeviceBuffers,
+    (x, grad_out): (&[T], &[T]),
+    order: ThreadOrder,
+) -> Result<(Vec<T>, Vec<T>), String> {
     let e = |e: candle_core::Error| e.to_string();
     let args = case.args();
     let (nan, nan64) = (T::from_f64(f64::NAN), f64::NAN);
-    let mut targets: Vec<u32> = Vec::new();
-    for target in &case.targets {
-        targets.extend(target);
-        // Padding no kernel may read: an id far outside the vocabulary.
-        targets.extend(std::iter::repeat_n(
-            u32::MAX,
-            args.target_max - target.len(),
-        ));
-    }
     let mut x = Guarded::new("x", x);
-    let mut targets = Guarded::new("targets", &targets);
-    let lengths = |v: Vec<usize>| v.into_iter().map(|l| l as u32).collect::<Vec<_>>();
-    let mut input_lengths = Guarded::new("input_lengths", &lengths(case.input_lengths.clone()));
-    let mut target_lengths = Guarded::new(
-        "target_lengths",
-        &lengths(case.targets.iter().map(Vec::len).collect()),
-    );
+    let mut targets = Guarded::new("targets", &buffers.targets);
+    let mut input_lengths = Guarded::new("input_lengths", &buffers.input_lengths);
+    let mut target_lengths = Guarded::new("target_lengths", &buffers.target_lengths);
     let mut inputs = || CtcInputs {
         x: x.ptr(),
         targets: targets.ptr(),
@@ -269,6 +294,79 @@ fn check_all(module: &EmuModule, cases: &[CtcCase], orders: &[ThreadOrder]) -> R
 fn the_ctc_kernels_match_the_cpu_kernel_in_every_thread_order() {
     if let Err(failure) = check_all(module(), &cases(), &ThreadOrder::SOME) {
         panic!("{failure}");
+    }
+}
+
+/// Targets and lengths the host never read (the training path off the CPU without
+/// `check_values`), out of range in five elements — an id `>= V`, the blank as a label, a target
+/// length above `L`, an input length of 0 and one above `T` — give those elements a NaN loss and
+/// NaN gradients in every frame, read nothing outside the buffers, and leave the one element in
+/// range as the CPU kernel computes it.
+#[test]
+fn out_of_range_alignments_give_nan_elements_and_no_stray_reads() {
+    let case = CtcCase {
+        frames: 7,
+        vocab: 6,
+        targets: vec![
+            vec![1, 2, 2],
+            vec![4, 4],
+            vec![5],
+            vec![3],
+            vec![1, 5],
+            vec![2],
+        ],
+        input_lengths: vec![7, 5, 3, 4, 6, 7],
+        blank: 0,
+        from_logits: true,
+        zero_infinity: false,
+        with_neg_inf: false,
+    };
+    let (frames, vocab, width) = (case.frames, case.vocab, case.args().width());
+    let mut buffers = case.device_buffers();
+    let l = case.target_max();
+    buffers.targets[l] = vocab as u32; // element 1: an id out of the vocabulary
+    buffers.target_lengths[2] = l as u32 + 1; // element 2: a target longer than L
+    buffers.targets[3 * l] = case.blank; // element 3: the blank as a label
+    buffers.input_lengths[4] = 0; // element 4: no frame
+    buffers.input_lengths[5] = frames as u32 + 1; // element 5: more frames than T
+    for from_logits in [true, false] {
+        let case = CtcCase {
+            from_logits,
+            ..case.clone()
+        };
+        let width = if from_logits { width } else { 1 };
+        let x = case.input(11);
+        let (want_out, grad_out, want_grad) = cpu_side::<f64>(&case, &x, 11).unwrap();
+        for order in ThreadOrder::SOME {
+            let (out, grad) = emulated_on(module(), &case, &buffers, (&x, &grad_out), order)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let what = format!("from_logits {from_logits}, {order:?}");
+            compare(
+                &format!("{what}: element 0"),
+                &out[..width],
+                &want_out[..width],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let rows = frames * vocab;
+            compare(
+                &format!("{what}: element 0's gradient"),
+                &grad[..rows],
+                &want_grad[..rows],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            for b in 1..case.batch() {
+                assert!(
+                    out[b * width].is_nan(),
+                    "{what}: element {b}'s loss {}",
+                    out[b * width]
+                );
+                let g = &grad[b * rows..][..rows];
+                assert!(
+                    g.iter().all(|v| v.is_nan()),
+                    "{what}: element {b}'s gradient"
+                );
+            }
+        }
     }
 }
 
