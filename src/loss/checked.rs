@@ -56,14 +56,26 @@ impl<'a> HypothesisShape<'a> {
 }
 
 /// Checked hypothesis probabilities or logits `[B, S, V]` (`B, S, V >= 1`), in their compute
-/// dtype (f32 for f16/bf16), with the path that runs on them.
+/// dtype (f32 for f16/bf16) — except 16-bit logits for the CUDA options kernels, which read them
+/// as they are (`Path::runs_options_kernels`) — with the path that runs on them.
 pub(crate) struct CheckedHypotheses {
     pub tensor: Tensor,
     pub path: Path,
     /// A soft cap `c` left to the row pass, which reads each logit through `c·tanh(z/c)` (the
-    /// CUDA options kernels: `Path::fuses_softcap`); `None` when `tensor` is capped already or
+    /// CUDA options kernels: `Path::runs_options_kernels`); `None` when `tensor` is capped already or
     /// there is no cap.
     pub softcap: Option<f64>,
+}
+
+impl CheckedHypotheses {
+    /// The dtype the passes compute in: the tensor's, f32 for 16-bit logits left for the CUDA
+    /// options kernels.
+    pub(crate) fn compute_dtype(&self) -> DType {
+        match self.tensor.dtype() {
+            DType::F16 | DType::BF16 => DType::F32,
+            dtype => dtype,
+        }
+    }
 }
 
 /// Checked cross-entropy targets: u32 `[B, S]` on the hypotheses' device, each `< V` or the
@@ -161,7 +173,7 @@ impl CheckedInput {
     /// The compute dtype.
     pub(crate) fn dtype(&self) -> DType {
         match self {
-            CheckedInput::Tensor { checked, .. } => checked.tensor.dtype(),
+            CheckedInput::Tensor { checked, .. } => checked.compute_dtype(),
             CheckedInput::Hidden { checked, .. } => checked.dtype,
         }
     }
@@ -262,9 +274,11 @@ impl ShapedInput<'_> {
                 ..
             } => {
                 let name = input_name(probs);
-                let mut checked = hypotheses(name, tensor, path, check_off_cpu)?;
+                // The CUDA options kernels read 16-bit logits as they are.
+                let native = !probs && path.runs_options_kernels(tensor.device());
+                let mut checked = hypotheses(name, tensor, path, check_off_cpu, native)?;
                 if let Some(cap) = softcap.filter(|_| !probs) {
-                    if path.fuses_softcap(checked.tensor.device()) {
+                    if native {
                         // The CUDA options kernels cap each logit as the row pass reads it.
                         checked.softcap = Some(cap);
                     } else {
@@ -358,9 +372,13 @@ fn hypotheses(
     t: &Tensor,
     path: Path,
     check_off_cpu: bool,
+    keep_16bit: bool,
 ) -> Result<CheckedHypotheses> {
     let (dtype, _) = logits_shape(name, t)?;
-    let tensor = t.to_dtype(dtype)?;
+    let tensor = match t.dtype() {
+        DType::F16 | DType::BF16 if keep_16bit => t.clone(),
+        _ => t.to_dtype(dtype)?,
+    };
     if !path.checks_finite(tensor.device()) {
         finite(name, &tensor, check_off_cpu)?;
     }

@@ -58,10 +58,11 @@ impl Path {
         }
     }
 
-    /// Whether the row pass reads the logits through the soft cap itself (`c·tanh(z/c)` as it
-    /// reads each logit, no pass of its own): the CUDA options kernels, feature
-    /// `cuda-unverified`. Elsewhere the logits are capped by one op before the pass.
-    pub(crate) fn fuses_softcap(self, device: &Device) -> bool {
+    /// Whether the CUDA options kernels run the row pass (`ce_options.cu`, feature
+    /// `cuda-unverified`): it then reads the logits through a soft cap itself (no pass of its
+    /// own) and reads 16-bit logits as they are (no f32 copy). Elsewhere the logits are capped
+    /// by one op, and widened, before the pass.
+    pub(crate) fn runs_options_kernels(self, device: &Device) -> bool {
         self == Path::Kernels && !device.is_cpu() && options_kernels_loaded(device)
     }
 

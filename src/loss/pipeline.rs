@@ -114,17 +114,24 @@ pub(crate) fn logits_pass(
     gather: Gather,
     targets: Option<&CheckedTargets>,
 ) -> Result<LogitsPass> {
-    let capped;
-    let (logits, softcap) = match (checked.softcap, gather) {
-        (Some(cap), Gather::SelfMatch(_) | Gather::Probs) => {
-            capped = CheckedHypotheses {
-                tensor: softcap::softcap(&checked.tensor, cap, false)?,
+    // What only the row pass reads natively (`Path::runs_options_kernels`): a soft cap and
+    // 16-bit logits. The other passes, and composed ops, take capped f32 logits.
+    let native_16bit = checked.compute_dtype() != checked.tensor.dtype();
+    let prepared;
+    let (logits, softcap) = match gather {
+        Gather::SelfMatch(_) | Gather::Probs if checked.softcap.is_some() || native_16bit => {
+            let mut tensor = checked.tensor.to_dtype(checked.compute_dtype())?;
+            if let Some(cap) = checked.softcap {
+                tensor = softcap::softcap(&tensor, cap, false)?;
+            }
+            prepared = CheckedHypotheses {
+                tensor,
                 path: checked.path,
                 softcap: None,
             };
-            (&capped, None)
+            (&prepared, None)
         }
-        (softcap, _) => (checked, softcap),
+        _ => (checked, checked.softcap),
     };
     if logits.path == Path::Composed {
         if softcap.is_some() {

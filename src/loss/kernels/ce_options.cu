@@ -23,6 +23,77 @@
 __device__ __forceinline__ float acc_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double acc_tanh(double x) { return tanh(x); }
 
+// ---- 16-bit logits: IEEE binary16 and bfloat16, read and written natively ---------------------
+// The row pass reads f16/bf16 logits as they are (no [B,S,V] f32 copy), computes in float and
+// writes its rows in float; its backward writes the gradient in the logits' dtype. The
+// conversions are the `half` crate's (candle's) bit for bit — exact widening, round to nearest
+// even narrowing, NaN kept quiet — written here with integer operations, so that NVRTC needs no
+// CUDA header and the emulator runs the same code.
+struct f16_storage {
+    unsigned short bits;
+};
+struct bf16_storage {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float to_acc(bf16_storage h) {
+    const u32 bits = (u32)h.bits;
+    return __uint_as_float(((bits & 0x7fffu) > 0x7f80u ? (bits | 0x40u) : bits) << 16);
+}
+
+__device__ __forceinline__ float to_acc(f16_storage h) {
+    const u32 bits = (u32)h.bits;
+    const u32 sign = (bits & 0x8000u) << 16, exponent = bits & 0x7c00u, mantissa = bits & 0x3ffu;
+    if ((bits & 0x7fffu) == 0) return __uint_as_float(sign);
+    if (exponent == 0x7c00u)
+        return __uint_as_float(sign | 0x7f800000u | (mantissa ? 0x400000u | (mantissa << 13) : 0u));
+    if (exponent == 0) {  // subnormal: normalised
+        u32 shift = 0;
+        while (!((mantissa << shift) & 0x400u)) ++shift;
+        return __uint_as_float(sign | ((127u - 15u - shift + 1u) << 23) |
+                               (((mantissa << shift) & 0x3ffu) << 13));
+    }
+    return __uint_as_float(sign | (((exponent >> 10) + 112u) << 23) | (mantissa << 13));
+}
+
+// Narrowing with the rounding of `half`: up when the round bit is set and the rest (or the last
+// kept bit) is not zero, which is round to nearest, ties to even.
+__device__ __forceinline__ bf16_storage to_bf16(float x) {
+    const u32 bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_storage{(unsigned short)((bits >> 16) | 0x40u)};
+    const u32 round_bit = 0x8000u;
+    const u32 up = ((bits & round_bit) && (bits & (3u * round_bit - 1u))) ? 1u : 0u;
+    return bf16_storage{(unsigned short)((bits >> 16) + up)};
+}
+
+__device__ __forceinline__ f16_storage to_f16(float x) {
+    const u32 bits = __float_as_uint(x);
+    const u32 sign = bits & 0x80000000u, exponent = bits & 0x7f800000u, mantissa = bits & 0x7fffffu;
+    const u32 half_sign = sign >> 16;
+    if (exponent == 0x7f800000u)
+        return f16_storage{(unsigned short)(half_sign | 0x7c00u | (mantissa ? 0x200u : 0u) | (mantissa >> 13))};
+    const int half_exponent = (int)(exponent >> 23) - 127 + 15;
+    if (half_exponent >= 0x1f) return f16_storage{(unsigned short)(half_sign | 0x7c00u)};
+    if (half_exponent <= 0) {
+        if (14 - half_exponent > 24) return f16_storage{(unsigned short)half_sign};
+        const u32 full = mantissa | 0x800000u;
+        u32 half_mantissa = full >> (14 - half_exponent);
+        const u32 round_bit = 1u << (13 - half_exponent);
+        if ((full & round_bit) && (full & (3u * round_bit - 1u))) ++half_mantissa;
+        return f16_storage{(unsigned short)(half_sign | half_mantissa)};
+    }
+    const u32 packed = half_sign | ((u32)half_exponent << 10) | (mantissa >> 13);
+    const u32 round_bit = 0x1000u;
+    const u32 up = ((mantissa & round_bit) && (mantissa & (3u * round_bit - 1u))) ? 1u : 0u;
+    return f16_storage{(unsigned short)(packed + up)};
+}
+
+// A gradient element in the logits' storage type from its value in the accumulation type.
+__device__ __forceinline__ float from_acc(float x, float*) { return x; }
+__device__ __forceinline__ double from_acc(double x, double*) { return x; }
+__device__ __forceinline__ f16_storage from_acc(float x, f16_storage*) { return to_f16(x); }
+__device__ __forceinline__ bf16_storage from_acc(float x, bf16_storage*) { return to_bf16(x); }
+
 // The cross-entropy's options of one launch (see the header).
 template <typename T> struct CeOptions {
     const T* weights;
@@ -93,72 +164,74 @@ __device__ u32 block_min_u32(u32 v) {
 // kernels.cu's row_pass_fwd over the capped logits, with the weighted terms
 // (1 − ε)·w_t·(lse − y_t) + (ε/V)·(W·lse − Σ_v w_v y_v) + z_ratio·λ·lse² (PyTorch's weighted
 // cross-entropy plus the z-loss) or, unweighted, lse − (1 − ε)·y_t − ε·mean_v y_v + λ·lse²; and
-// the metric columns λ·lse² and [t is the first column holding the row's maximum].
-template <typename T>
-__device__ void row_options_fwd(const T* __restrict__ logits, const u32* __restrict__ ids,
-                                const u32* __restrict__ targets, T* __restrict__ out,
+// the metric columns λ·lse² and [t is the first column holding the row's maximum]. `S` is the
+// logits' storage type, `A` the arithmetic's and the output rows' (float for f16/bf16).
+template <typename S, typename A>
+__device__ void row_options_fwd(const S* __restrict__ logits, const u32* __restrict__ ids,
+                                const u32* __restrict__ targets, A* __restrict__ out,
                                 u32 rows_per_batch, u32 vocab, u32 width, u32 stride, u32 offset,
-                                u32 has_targets, u32 has_pad, u32 pad_id, T eps, T inv_count,
-                                const CeOptions<T> opt) {
+                                u32 has_targets, u32 has_pad, u32 pad_id, A eps, A inv_count,
+                                const CeOptions<A> opt) {
     const u64 r = blockIdx.x;
-    const T* row = logits + r * vocab;
-    T m = neg_inf<T>(), s = T(0);
+    const S* row = logits + r * vocab;
+    A m = neg_inf<A>(), s = A(0);
     int all_finite = 1;
     for (u32 v = threadIdx.x; v < vocab; v += BLOCK) {
-        const T z = row[v];
+        const A z = to_acc(row[v]);
         all_finite &= is_finite(z);
         push(m, s, opt.capped(z));
     }
     const int finite = __syncthreads_and(all_finite);
     block_max_sum(m, s);
     // The label smoothing's Σ_v w_v y_v (w_v = 1 without weights).
-    T smooth_sum = T(0);
-    if (eps != T(0)) {
+    A smooth_sum = A(0);
+    if (eps != A(0)) {
         for (u32 v = threadIdx.x; v < vocab; v += BLOCK)
-            smooth_sum += opt.class_weight(v) * opt.capped(row[v]);
+            smooth_sum += opt.class_weight(v) * opt.capped(to_acc(row[v]));
         smooth_sum = block_sum(smooth_sum);
     }
     // The argmax as `argmax` picks it: the first column holding the maximum.
     u32 first_max = vocab;
     if (opt.metrics) {
         for (u32 v = threadIdx.x; v < vocab; v += BLOCK)
-            if (opt.capped(row[v]) == m && v < first_max) first_max = v;
+            if (opt.capped(to_acc(row[v])) == m && v < first_max) first_max = v;
         first_max = block_min_u32(first_max);
     }
     const u32* row_ids = ids + (r / rows_per_batch) * width;
-    T* o = out + r * stride + offset;
-    const T inv_sum = T(1) / s;
+    A* o = out + r * stride + offset;
+    const A inv_sum = A(1) / s;
     for (u32 k = threadIdx.x; k < width; k += BLOCK) {
         const u32 id = row_ids[k];
-        o[k] = (finite && id < vocab) ? acc_exp(opt.capped(row[id]) - m) * inv_sum : quiet_nan<T>();
+        o[k] = (finite && id < vocab) ? acc_exp(opt.capped(to_acc(row[id])) - m) * inv_sum
+                                      : quiet_nan<A>();
     }
     if (threadIdx.x == 0) {
         const long long t = row_target(targets, r, has_targets, has_pad, pad_id);
-        const T weight = t >= 0 ? inv_count : T(0);
-        T ce = T(0), z_term = T(0), correct = T(0);
+        const A weight = t >= 0 ? inv_count : A(0);
+        A ce = A(0), z_term = A(0), correct = A(0);
         if (t >= 0) {
-            const T lse = m + log(s);
-            const T target_logit = opt.capped(row[t]);
-            T term;
+            const A lse = m + log(s);
+            const A target_logit = opt.capped(to_acc(row[t]));
+            A term;
             if (opt.has_weights) {
-                term = (T(1) - eps) * opt.weights[t] * (lse - target_logit);
-                if (eps != T(0)) term += eps / T(vocab) * (opt.weight_total * lse - smooth_sum);
-                if (opt.z_loss != T(0)) term += opt.z_ratio * opt.z_loss * lse * lse;
+                term = (A(1) - eps) * opt.weights[t] * (lse - target_logit);
+                if (eps != A(0)) term += eps / A(vocab) * (opt.weight_total * lse - smooth_sum);
+                if (opt.z_loss != A(0)) term += opt.z_ratio * opt.z_loss * lse * lse;
             } else {
-                term = lse - (T(1) - eps) * target_logit - eps * (smooth_sum / T(vocab));
-                if (opt.z_loss != T(0)) term += opt.z_loss * lse * lse;
+                term = lse - (A(1) - eps) * target_logit - eps * (smooth_sum / A(vocab));
+                if (opt.z_loss != A(0)) term += opt.z_loss * lse * lse;
             }
             ce = weight * term;
             z_term = opt.z_loss * lse * lse;
-            correct = first_max == (u32)t ? T(1) : T(0);
+            correct = first_max == (u32)t ? A(1) : A(0);
         }
-        o[width] = finite ? ce : quiet_nan<T>();
-        o[width + 1] = finite ? m : quiet_nan<T>();
-        o[width + 2] = finite ? s : quiet_nan<T>();
+        o[width] = finite ? ce : quiet_nan<A>();
+        o[width + 1] = finite ? m : quiet_nan<A>();
+        o[width + 2] = finite ? s : quiet_nan<A>();
         o[width + 3] = weight;
         if (opt.metrics) {
-            o[width + 4] = finite ? z_term : quiet_nan<T>();
-            o[width + 5] = finite ? correct : quiet_nan<T>();
+            o[width + 4] = finite ? z_term : quiet_nan<A>();
+            o[width + 5] = finite ? correct : quiet_nan<A>();
         }
     }
 }
@@ -166,46 +239,53 @@ __device__ void row_options_fwd(const T* __restrict__ logits, const u32* __restr
 // kernels.cu's row_pass_bwd with the options: with y the capped logits and f_v = dy_v/dz_v,
 // dlogits[v] = f_v·(p_v·(d − Σ_k g_k x_k) − h w ε w_v / V − c_t (1 − ε) [v = t]
 //                   + Σ_k g_k x_k [v = id_k]),
-// d the dense coefficient and c_t the target's (CeOptions); one read of the logits, one write.
-template <typename T>
-__device__ void row_options_bwd(const T* __restrict__ logits, const u32* __restrict__ ids,
+// d the dense coefficient and c_t the target's (CeOptions); one read of the logits, one write
+// (in 16 bits, the gathered columns and the target are rounded twice: dense, then with their
+// sparse terms).
+template <typename S, typename A>
+__device__ void row_options_bwd(const S* __restrict__ logits, const u32* __restrict__ ids,
                                 const u32* __restrict__ links, const u32* __restrict__ targets,
-                                const T* __restrict__ out, const T* __restrict__ grad_out,
-                                T* __restrict__ grad, u32 rows_per_batch, u32 vocab, u32 width,
-                                u32 stride, u32 has_targets, u32 has_pad, u32 pad_id, T eps,
-                                const CeOptions<T> opt) {
+                                const A* __restrict__ out, const A* __restrict__ grad_out,
+                                S* __restrict__ grad, u32 rows_per_batch, u32 vocab, u32 width,
+                                u32 stride, u32 has_targets, u32 has_pad, u32 pad_id, A eps,
+                                const CeOptions<A> opt) {
+    S* const as_storage = nullptr;  // selects from_acc's overload
     const u64 r = blockIdx.x;
-    const T* row = logits + r * vocab;
-    T* g = grad + r * vocab;
-    const T* st = out + r * stride;
-    const T* go = grad_out + r * stride;
-    const T m = st[width + 1], s = st[width + 2];
-    const T ce_grad = go[width] * st[width + 3];
-    T weighted = T(0);
+    const S* row = logits + r * vocab;
+    S* g = grad + r * vocab;
+    const A* st = out + r * stride;
+    const A* go = grad_out + r * stride;
+    const A m = st[width + 1], s = st[width + 2];
+    const A ce_grad = go[width] * st[width + 3];
+    A weighted = A(0);
     for (u32 k = threadIdx.x; k < width; k += BLOCK) weighted += go[k] * st[k];
     weighted = block_sum(weighted);
     const long long t = row_target(targets, r, has_targets, has_pad, pad_id);
-    const T dense = opt.dense_coefficient(ce_grad, t, eps, vocab, m + log(s));
-    const T scale = (dense - weighted) / s;
-    const T offset = -ce_grad * (eps / T(vocab));
+    const A dense = opt.dense_coefficient(ce_grad, t, eps, vocab, m + log(s));
+    const A scale = (dense - weighted) / s;
+    const A offset = -ce_grad * (eps / A(vocab));
     for (u32 v = threadIdx.x; v < vocab; v += BLOCK) {
-        const T y = opt.capped(row[v]);
-        g[v] = (scale * acc_exp(y - m) + offset * opt.class_weight(v)) * opt.cap_grad(y);
+        const A y = opt.capped(to_acc(row[v]));
+        g[v] = from_acc((scale * acc_exp(y - m) + offset * opt.class_weight(v)) * opt.cap_grad(y),
+                        as_storage);
     }
     __syncthreads();  // the dense writes are visible to the block before the sparse ones
     const u64 b = r / rows_per_batch;
     const u32* row_ids = ids + b * width;
     const u32* row_links = links + b * width;
     for (u32 k = threadIdx.x; k < width; k += BLOCK) {
-        T sparse;
+        A sparse;
         if (first_occurrence_dot(row_links, go, st, k, sparse)) {
             const u32 id = row_ids[k];
-            g[id] += sparse * opt.cap_grad(opt.capped(row[id]));
+            g[id] = from_acc(to_acc(g[id]) + sparse * opt.cap_grad(opt.capped(to_acc(row[id]))),
+                             as_storage);
         }
     }
     __syncthreads();
     if (threadIdx.x == 0 && t >= 0)
-        g[t] -= opt.target_coefficient(ce_grad, t) * (T(1) - eps) * opt.cap_grad(opt.capped(row[t]));
+        g[t] = from_acc(to_acc(g[t]) - opt.target_coefficient(ce_grad, t) * (A(1) - eps) *
+                                           opt.cap_grad(opt.capped(to_acc(row[t]))),
+                        as_storage);
 }
 
 // kernels.cu's jacobian_bwd (the self-match pass's backward) with the options' dense and target
@@ -253,21 +333,25 @@ __device__ void jacobian_options_bwd(const T* __restrict__ probs, const T* __res
         T inv_cap
 #define OPTIONS(T) CeOptions<T>{weights, has_weights, weight_total, z_loss, z_ratio, metrics, cap, inv_cap}
 
-#define INSTANTIATE_OPTIONS(SUFFIX, T)                                                           \
+// The row pass and its backward over logits stored as S, computed in A.
+#define INSTANTIATE_ROW_OPTIONS(SUFFIX, S, A)                                                    \
     extern "C" __global__ void __launch_bounds__(BLOCK) row_options_fwd_##SUFFIX(               \
-        const T* logits, const u32* ids, const u32* targets, T* out, u32 rows_per_batch,         \
+        const S* logits, const u32* ids, const u32* targets, A* out, u32 rows_per_batch,         \
         u32 vocab, u32 width, u32 stride, u32 offset, u32 has_targets, u32 has_pad, u32 pad_id,  \
-        T eps, T inv_count, OPTIONS_PARAMS(T)) {                                                 \
-        row_options_fwd<T>(logits, ids, targets, out, rows_per_batch, vocab, width, stride,      \
-                           offset, has_targets, has_pad, pad_id, eps, inv_count, OPTIONS(T));    \
+        A eps, A inv_count, OPTIONS_PARAMS(A)) {                                                 \
+        row_options_fwd<S, A>(logits, ids, targets, out, rows_per_batch, vocab, width, stride,   \
+                              offset, has_targets, has_pad, pad_id, eps, inv_count, OPTIONS(A)); \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK) row_options_bwd_##SUFFIX(               \
-        const T* logits, const u32* ids, const u32* links, const u32* targets, const T* out,     \
-        const T* grad_out, T* grad, u32 rows_per_batch, u32 vocab, u32 width, u32 stride,        \
-        u32 has_targets, u32 has_pad, u32 pad_id, T eps, OPTIONS_PARAMS(T)) {                    \
-        row_options_bwd<T>(logits, ids, links, targets, out, grad_out, grad, rows_per_batch,     \
-                           vocab, width, stride, has_targets, has_pad, pad_id, eps, OPTIONS(T)); \
-    }                                                                                            \
+        const S* logits, const u32* ids, const u32* links, const u32* targets, const A* out,     \
+        const A* grad_out, S* grad, u32 rows_per_batch, u32 vocab, u32 width, u32 stride,        \
+        u32 has_targets, u32 has_pad, u32 pad_id, A eps, OPTIONS_PARAMS(A)) {                    \
+        row_options_bwd<S, A>(logits, ids, links, targets, out, grad_out, grad, rows_per_batch,  \
+                              vocab, width, stride, has_targets, has_pad, pad_id, eps,           \
+                              OPTIONS(A));                                                       \
+    }
+
+#define INSTANTIATE_JACOBIAN_OPTIONS(SUFFIX, T)                                                  \
     extern "C" __global__ void __launch_bounds__(BLOCK) jacobian_options_bwd_##SUFFIX(          \
         const T* probs, const T* dense, const u32* ids, const u32* links, const u32* targets,    \
         const T* out, const T* grad_out, T* grad, u32 rows_per_batch, u32 vocab, u32 width,      \
@@ -278,5 +362,9 @@ __device__ void jacobian_options_bwd(const T* __restrict__ probs, const T* __res
                                 has_pad, pad_id, eps, OPTIONS(T));                               \
     }
 
-INSTANTIATE_OPTIONS(f32, float)
-INSTANTIATE_OPTIONS(f64, double)
+INSTANTIATE_ROW_OPTIONS(f32, float, float)
+INSTANTIATE_ROW_OPTIONS(f64, double, double)
+INSTANTIATE_ROW_OPTIONS(f16, f16_storage, float)
+INSTANTIATE_ROW_OPTIONS(bf16, bf16_storage, float)
+INSTANTIATE_JACOBIAN_OPTIONS(f32, float)
+INSTANTIATE_JACOBIAN_OPTIONS(f64, double)

@@ -22,6 +22,7 @@ pub(crate) const CTC_MODULE: KernelModule = KernelModule {
     file: "ctc.cu",
     source: CTC_SOURCE,
     families: &CTC_FAMILIES,
+    sixteen_bit_families: &[],
 };
 
 /// Whether the CTC kernels run on `device`: a CUDA device whose CTC module compiled and loaded.

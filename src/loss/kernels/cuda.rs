@@ -26,7 +26,7 @@ use super::launch::{
     RowPassFwdBuffers, KERNEL_FAMILIES,
 };
 #[cfg(feature = "cuda-unverified")]
-use super::launch::{OPTIONS_FAMILIES, OPTIONS_SOURCE};
+use super::launch::{OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE};
 use super::layout::Pass;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -46,6 +46,8 @@ pub(crate) struct KernelModule {
     pub file: &'static str,
     pub source: &'static str,
     pub families: &'static [&'static str],
+    /// The families also instantiated as `<family>_f16` and `_bf16` (16-bit logits).
+    pub sixteen_bit_families: &'static [&'static str],
 }
 
 /// The row op's kernels, `kernels.cu` (verified on an H200).
@@ -54,6 +56,7 @@ pub(crate) const ROW_MODULE: KernelModule = KernelModule {
     file: "kernels.cu",
     source: include_str!("kernels.cu"),
     families: &KERNEL_FAMILIES,
+    sixteen_bit_families: &[],
 };
 
 /// The row op's passes with the cross-entropy's options, `ce_options.cu` after `kernels.cu`
@@ -64,12 +67,13 @@ pub(crate) const OPTIONS_MODULE: KernelModule = KernelModule {
     file: "ce_options.cu",
     source: OPTIONS_SOURCE,
     families: &OPTIONS_FAMILIES,
+    sixteen_bit_families: &OPTIONS_16BIT_FAMILIES,
 };
 
-/// The module of `op`'s row-pass and backward launches: `ce_options.cu`'s with the options
-/// (`cuda-unverified`), `kernels.cu`'s otherwise.
-fn row_pass_module(op: &RowArgsIn<'_>) -> Result<&'static KernelModule> {
-    if !op.has_options() {
+/// The module of `op`'s row-pass and backward launches over `float` logits: `ce_options.cu`'s
+/// with the options or 16-bit logits (`cuda-unverified`), `kernels.cu`'s otherwise.
+fn row_pass_module(op: &RowArgsIn<'_>, float: FloatKind) -> Result<&'static KernelModule> {
+    if !op.takes_options_kernels(float) {
         return Ok(&ROW_MODULE);
     }
     #[cfg(feature = "cuda-unverified")]
@@ -78,14 +82,16 @@ fn row_pass_module(op: &RowArgsIn<'_>) -> Result<&'static KernelModule> {
     bail!("internal: the cross-entropy's options on CUDA need the `cuda-unverified` kernels; `Path::for_options` sends them to composed ops")
 }
 
-/// The class weights of `op` on the device in the launch's float type, or a one-element
-/// placeholder (read by no thread) when it has options but no weights; `None` without options.
-/// One host-to-device copy of `V` values per launch.
+/// The class weights of `op` on the device in the launch's arithmetic type `T`, or a
+/// one-element placeholder (read by no thread) when its launches over `float` logits take the
+/// options kernels without weights; `None` when they take the plain kernels. One host-to-device
+/// copy of `V` values per launch.
 fn class_weights_buffer<T: DeviceRepr + WithDType>(
     device: &CudaDevice,
     op: &RowArgsIn<'_>,
+    float: FloatKind,
 ) -> Result<Option<CudaSlice<T>>> {
-    if !op.has_options() {
+    if !op.takes_options_kernels(float) {
         return Ok(None);
     }
     let weights: Vec<T> = match op.class_weights() {
@@ -169,11 +175,17 @@ pub(crate) fn load(module: &KernelModule, device: &CudaDevice) -> bool {
     if let Some(&ok) = loaded.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return ok;
     }
-    let result = module.families.iter().try_for_each(|family| {
-        FloatKind::ALL
+    let instantiated = |families: &'static [&'static str], floats: &'static [FloatKind]| {
+        families
             .iter()
-            .try_for_each(|float| kernel(module, device, family, float.suffix()).map(drop))
-    });
+            .flat_map(move |family| floats.iter().map(move |float| (*family, *float)))
+    };
+    let result = instantiated(module.families, &FloatKind::ALL)
+        .chain(instantiated(
+            module.sixteen_bit_families,
+            &FloatKind::SIXTEEN_BIT,
+        ))
+        .try_for_each(|(family, float)| kernel(module, device, family, float.suffix()).map(drop));
     if let Err(error) = &result {
         let mut warned = WARNED
             .get_or_init(Default::default)
@@ -244,13 +256,22 @@ impl HeldU32 {
     }
 }
 
-/// A buffer parameter of a launch on the GPU, as cudarc pushes it: data of the launch's float
-/// type `T`, u32 ids or lengths, or f64 workspaces.
+/// A buffer parameter of a launch on the GPU, as cudarc pushes it: data of the launch's
+/// arithmetic type `T`, u32 ids or lengths, f64 workspaces, or 16-bit logits and their gradient.
 pub(crate) enum Buf<'r, 'v, T> {
     Floats(&'r CudaView<'v, T>),
     Slice(&'r CudaSlice<T>),
     Ids(&'r CudaView<'v, u32>),
     Out(&'r mut CudaSlice<T>),
+    /// 16-bit logits and gradients, which only the options kernels take (`cuda-unverified`).
+    #[cfg(feature = "cuda-unverified")]
+    F16(&'r CudaView<'v, half::f16>),
+    #[cfg(feature = "cuda-unverified")]
+    F16Out(&'r mut CudaSlice<half::f16>),
+    #[cfg(feature = "cuda-unverified")]
+    BF16(&'r CudaView<'v, half::bf16>),
+    #[cfg(feature = "cuda-unverified")]
+    BF16Out(&'r mut CudaSlice<half::bf16>),
     /// f64 workspaces, which only the CTC kernels (`cuda-unverified`) take.
     #[cfg_attr(not(feature = "cuda-unverified"), allow(dead_code))]
     Work(&'r mut CudaSlice<f64>),
@@ -259,15 +280,15 @@ pub(crate) enum Buf<'r, 'v, T> {
 }
 
 /// Launches `launch` on `device`'s stream: its parameters pushed in the plan's order, u32s as
-/// `u32` and floats as `T` (the launch's float type).
+/// `u32` and floats as `T` (the launch's arithmetic type: f32 for 16-bit logits).
 pub(crate) fn run<T: DeviceRepr + WithDType>(
     module: &KernelModule,
     device: &CudaDevice,
     launch: Launch<Buf<'_, '_, T>>,
 ) -> Result<()> {
-    let expected = match launch.float {
-        FloatKind::F32 => candle_core::DType::F32,
+    let expected = match launch.float.arithmetic() {
         FloatKind::F64 => candle_core::DType::F64,
+        _ => candle_core::DType::F32,
     };
     if T::DTYPE != expected {
         bail!(
@@ -304,6 +325,14 @@ pub(crate) fn run<T: DeviceRepr + WithDType>(
             Param::Buffer(Buf::Out(slice)) => builder.arg(&mut **slice),
             Param::Buffer(Buf::Work(slice)) => builder.arg(&mut **slice),
             Param::Buffer(Buf::WorkIn(slice)) => builder.arg(*slice),
+            #[cfg(feature = "cuda-unverified")]
+            Param::Buffer(Buf::F16(view)) => builder.arg(*view),
+            #[cfg(feature = "cuda-unverified")]
+            Param::Buffer(Buf::F16Out(slice)) => builder.arg(&mut **slice),
+            #[cfg(feature = "cuda-unverified")]
+            Param::Buffer(Buf::BF16(view)) => builder.arg(*view),
+            #[cfg(feature = "cuda-unverified")]
+            Param::Buffer(Buf::BF16Out(slice)) => builder.arg(&mut **slice),
             Param::U32(_) => match next_u32.next() {
                 Some(v) => builder.arg(v),
                 None => bail!("internal: a u32 parameter of {} lost", launch.family),
@@ -365,13 +394,19 @@ fn softmax_rows<T: DeviceRepr + WithDType>(
     Ok(probs)
 }
 
-/// `RowOp`'s `cuda_fwd`: the output of `op`'s pass in the logits' dtype, rows of
-/// `op.layout` (every probability for the softmax pass).
+/// `RowOp`'s `cuda_fwd`: the output of `op`'s pass in the logits' dtype (f32 for 16-bit
+/// logits), rows of `op.layout` (every probability for the softmax pass).
 pub(crate) fn forward(
     op: &RowArgsIn<'_>,
     logits: &CudaStorage,
     layout: &Layout,
 ) -> Result<CudaStorage> {
+    if matches!(
+        logits.dtype(),
+        candle_core::DType::F16 | candle_core::DType::BF16
+    ) {
+        return forward_16bit(op, logits, layout);
+    }
     let device = logits.device().clone();
     let args = row_args(op, layout.shape())?;
     let stride = op.layout.stride();
@@ -397,7 +432,7 @@ pub(crate) fn forward(
         }
         let mut out = alloc::<T>(&device, out_len)?;
         if args.rows > 0 {
-            let weights = class_weights_buffer::<T>(&device, op)?;
+            let weights = class_weights_buffer::<T>(&device, op, float)?;
             ids.with(&device, |ids| {
                 targets.with(&device, |targets| {
                     let buffers = RowPassFwdBuffers {
@@ -408,7 +443,7 @@ pub(crate) fn forward(
                         class_weights: weights.as_ref().map(Buf::Slice),
                     };
                     run(
-                        row_pass_module(op)?,
+                        row_pass_module(op, float)?,
                         &device,
                         launch::row_pass_fwd(float, op, &args, buffers)?,
                     )
@@ -440,13 +475,24 @@ pub(crate) fn forward(
 }
 
 /// `RowOpBackward`'s `cuda_fwd`: the logits gradient of `op`'s pass from
-/// `(logits, out, grad_out)`.
+/// `(logits, out, grad_out)`, in the logits' dtype.
 pub(crate) fn backward(
     op: &RowArgsIn<'_>,
     (logits, logits_layout): (&CudaStorage, &Layout),
     (out, out_layout): (&CudaStorage, &Layout),
     (grad_out, grad_layout): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage> {
+    if matches!(
+        logits.dtype(),
+        candle_core::DType::F16 | candle_core::DType::BF16
+    ) {
+        return backward_16bit(
+            op,
+            (logits, logits_layout),
+            (out, out_layout),
+            (grad_out, grad_layout),
+        );
+    }
     let device = logits.device().clone();
     let args = row_args(op, logits_layout.shape())?;
     let held = |t: Option<&Tensor>| HeldU32 { tensor: t.cloned() };
@@ -470,7 +516,7 @@ pub(crate) fn backward(
         let grad_view = contiguous_view(grad_out.as_cuda_slice::<T>()?, grad_layout, "gradient")?;
         let mut grad = alloc::<T>(&device, args.rows * args.vocab as usize)?;
         if args.rows > 0 {
-            let weights = class_weights_buffer::<T>(&device, op)?;
+            let weights = class_weights_buffer::<T>(&device, op, float)?;
             ids.with(&device, |ids| {
                 links.with(&device, |links| {
                     targets.with(&device, |targets| {
@@ -498,7 +544,7 @@ pub(crate) fn backward(
                             class_weights: weights.as_ref().map(Buf::Slice),
                         };
                         run(
-                            row_pass_module(op)?,
+                            row_pass_module(op, float)?,
                             &device,
                             launch::backward(float, op, &args, buffers)?,
                         )
@@ -509,6 +555,140 @@ pub(crate) fn backward(
         CudaStorage::wrap_cuda_slice(grad, device.clone())
     });
     Ok(grad)
+}
+
+/// The row pass over 16-bit logits (`cuda-unverified`): `ce_options.cu`'s `row_options_fwd`
+/// reads them as they are and writes its rows in f32; no f32 copy of the logits.
+#[cfg(feature = "cuda-unverified")]
+fn forward_16bit(op: &RowArgsIn<'_>, logits: &CudaStorage, layout: &Layout) -> Result<CudaStorage> {
+    if op.pass != Pass::Rows {
+        bail!("internal: only the row pass reads 16-bit logits");
+    }
+    let device = logits.device().clone();
+    let args = row_args(op, layout.shape())?;
+    let mut out = alloc::<f32>(&device, args.rows * op.layout.stride())?;
+    if args.rows > 0 {
+        let held = |t: Option<&Tensor>| HeldU32 { tensor: t.cloned() };
+        let (ids, targets) = (held(op.ids), held(op.targets));
+        let launch_over = |float: FloatKind, logits: Buf<'_, '_, f32>, out: &mut CudaSlice<f32>| {
+            let weights = class_weights_buffer::<f32>(&device, op, float)?;
+            ids.with(&device, |ids| {
+                targets.with(&device, |targets| {
+                    let buffers = RowPassFwdBuffers {
+                        logits,
+                        ids: Buf::Ids(ids),
+                        targets: Buf::Ids(targets),
+                        out: Buf::Out(out),
+                        class_weights: weights.as_ref().map(Buf::Slice),
+                    };
+                    run(
+                        &OPTIONS_MODULE,
+                        &device,
+                        launch::row_pass_fwd(float, op, &args, buffers)?,
+                    )
+                })
+            })
+        };
+        match &logits.slice {
+            CudaStorageSlice::F16(slice) => {
+                let view = contiguous_view(slice, layout, "logits")?;
+                launch_over(FloatKind::F16, Buf::F16(&view), &mut out)?;
+            }
+            CudaStorageSlice::BF16(slice) => {
+                let view = contiguous_view(slice, layout, "logits")?;
+                launch_over(FloatKind::BF16, Buf::BF16(&view), &mut out)?;
+            }
+            _ => bail!("internal: 16-bit logits expected"),
+        }
+    }
+    Ok(CudaStorage::wrap_cuda_slice(out, device))
+}
+
+/// Without `cuda-unverified` the loss converts 16-bit logits to f32 before the op.
+#[cfg(not(feature = "cuda-unverified"))]
+fn forward_16bit(_: &RowArgsIn<'_>, logits: &CudaStorage, _: &Layout) -> Result<CudaStorage> {
+    bail!(
+        "internal: {:?} logits reach the CUDA row op without `cuda-unverified`",
+        logits.dtype()
+    )
+}
+
+/// The row pass's backward over 16-bit logits (`cuda-unverified`): `row_options_bwd` reads the
+/// f32 rows and their gradient and writes the logits gradient in the logits' dtype.
+#[cfg(feature = "cuda-unverified")]
+fn backward_16bit(
+    op: &RowArgsIn<'_>,
+    (logits, logits_layout): (&CudaStorage, &Layout),
+    (out, out_layout): (&CudaStorage, &Layout),
+    (grad_out, grad_layout): (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    if op.pass != Pass::Rows {
+        bail!("internal: only the row pass reads 16-bit logits");
+    }
+    let device = logits.device().clone();
+    let args = row_args(op, logits_layout.shape())?;
+    let len = args.rows * args.vocab as usize;
+    let out_view = contiguous_view(out.as_cuda_slice::<f32>()?, out_layout, "output")?;
+    let grad_view = contiguous_view(grad_out.as_cuda_slice::<f32>()?, grad_layout, "gradient")?;
+    let held = |t: Option<&Tensor>| HeldU32 { tensor: t.cloned() };
+    let (ids, links, targets) = (held(op.ids), held(op.links), held(op.targets));
+    let launch_over = |float: FloatKind, logits: Buf<'_, '_, f32>, grad: Buf<'_, '_, f32>| {
+        let weights = class_weights_buffer::<f32>(&device, op, float)?;
+        ids.with(&device, |ids| {
+            links.with(&device, |links| {
+                targets.with(&device, |targets| {
+                    let buffers = BackwardBuffers {
+                        input: BackwardInput::Logits(logits),
+                        ids: Buf::Ids(ids),
+                        links: Buf::Ids(links),
+                        targets: Buf::Ids(targets),
+                        out: Buf::Floats(&out_view),
+                        grad_out: Buf::Floats(&grad_view),
+                        grad,
+                        class_weights: weights.as_ref().map(Buf::Slice),
+                    };
+                    run(
+                        &OPTIONS_MODULE,
+                        &device,
+                        launch::backward(float, op, &args, buffers)?,
+                    )
+                })
+            })
+        })
+    };
+    Ok(match &logits.slice {
+        CudaStorageSlice::F16(slice) => {
+            let view = contiguous_view(slice, logits_layout, "logits")?;
+            let mut grad = alloc::<half::f16>(&device, len)?;
+            if args.rows > 0 {
+                launch_over(FloatKind::F16, Buf::F16(&view), Buf::F16Out(&mut grad))?;
+            }
+            CudaStorage::wrap_cuda_slice(grad, device.clone())
+        }
+        CudaStorageSlice::BF16(slice) => {
+            let view = contiguous_view(slice, logits_layout, "logits")?;
+            let mut grad = alloc::<half::bf16>(&device, len)?;
+            if args.rows > 0 {
+                launch_over(FloatKind::BF16, Buf::BF16(&view), Buf::BF16Out(&mut grad))?;
+            }
+            CudaStorage::wrap_cuda_slice(grad, device.clone())
+        }
+        _ => bail!("internal: 16-bit logits expected"),
+    })
+}
+
+/// Without `cuda-unverified` the loss converts 16-bit logits to f32 before the op.
+#[cfg(not(feature = "cuda-unverified"))]
+fn backward_16bit(
+    _: &RowArgsIn<'_>,
+    (logits, _): (&CudaStorage, &Layout),
+    _: (&CudaStorage, &Layout),
+    _: (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    bail!(
+        "internal: {:?} logits reach the CUDA row op without `cuda-unverified`",
+        logits.dtype()
+    )
 }
 
 /// `((dZ + dZᵀ) P, P)` for the self-match pass's backward: `P` recomputed from the logits, the
@@ -589,11 +769,15 @@ mod tests {
     #[test]
     fn nvrtc_compiles_every_kernel_family_in_f32_and_f64() {
         for module in modules() {
-            let mut expected: Vec<String> = module
-                .families
-                .iter()
-                .flat_map(|family| ["f32", "f64"].map(|suffix| format!("{family}_{suffix}")))
-                .collect();
+            let mut expected: Vec<String> =
+                module
+                    .families
+                    .iter()
+                    .flat_map(|family| ["f32", "f64"].map(|suffix| format!("{family}_{suffix}")))
+                    .chain(module.sixteen_bit_families.iter().flat_map(|family| {
+                        ["f16", "bf16"].map(|suffix| format!("{family}_{suffix}"))
+                    }))
+                    .collect();
             expected.sort();
             for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
                 let ptx = compile_ptx(module, (major, minor)).unwrap_or_else(|e| panic!("{e}"));

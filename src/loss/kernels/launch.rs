@@ -30,6 +30,11 @@ pub(crate) const KERNEL_FAMILIES: [&str; 5] = [
 pub(crate) const OPTIONS_FAMILIES: [&str; 3] =
     ["row_options_fwd", "row_options_bwd", "jacobian_options_bwd"];
 
+/// The families of `ce_options.cu` also instantiated for 16-bit logits, `<family>_f16` and
+/// `_bf16` (read and written natively, computed in f32): the row pass and its backward.
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
+pub(crate) const OPTIONS_16BIT_FAMILIES: [&str; 2] = ["row_options_fwd", "row_options_bwd"];
+
 /// `kernels.cu` then `ce_options.cu`, which uses its helpers: the options kernels' module.
 #[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
 pub(crate) const OPTIONS_SOURCE: &str = concat!(
@@ -38,25 +43,48 @@ pub(crate) const OPTIONS_SOURCE: &str = concat!(
     include_str!("ce_options.cu")
 );
 
-/// The float type a launch computes in: the suffix of its kernel and the width of its float
-/// parameters.
+/// The float type of a launch's logits: the suffix of its kernel and, through
+/// [`FloatKind::arithmetic`], the width of its float parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FloatKind {
     F32,
     F64,
+    /// IEEE binary16 logits, computed in f32 (the options kernels' row pass only).
+    F16,
+    /// bfloat16 logits, computed in f32 (the options kernels' row pass only).
+    BF16,
 }
 
 impl FloatKind {
-    /// The kernel name's suffix, `f32` or `f64`.
+    /// The kernel name's suffix, `f32`, `f64`, `f16` or `bf16`.
     pub(crate) fn suffix(self) -> &'static str {
         match self {
             FloatKind::F32 => "f32",
             FloatKind::F64 => "f64",
+            FloatKind::F16 => "f16",
+            FloatKind::BF16 => "bf16",
         }
     }
 
-    /// Every float type the kernels are instantiated for.
+    /// The type the kernel computes in, and of its float parameters and output rows: f32 for
+    /// the 16-bit types.
+    pub(crate) fn arithmetic(self) -> FloatKind {
+        match self {
+            FloatKind::F64 => FloatKind::F64,
+            _ => FloatKind::F32,
+        }
+    }
+
+    /// Whether the logits are 16-bit.
+    pub(crate) fn is_16bit(self) -> bool {
+        matches!(self, FloatKind::F16 | FloatKind::BF16)
+    }
+
+    /// Every float type every family is instantiated for.
     pub(crate) const ALL: [FloatKind; 2] = [FloatKind::F32, FloatKind::F64];
+
+    /// The 16-bit types some families are also instantiated for.
+    pub(crate) const SIXTEEN_BIT: [FloatKind; 2] = [FloatKind::F16, FloatKind::BF16];
 }
 
 /// One kernel parameter, in the kernel's order: a device buffer (`B`, the back-end's handle), a
@@ -131,10 +159,16 @@ pub(crate) struct RowArgsIn<'a> {
 }
 
 impl RowArgsIn<'_> {
-    /// Whether the launches take `ce_options.cu`'s kernels: with class weights, a z-loss, the
-    /// token accuracy or a soft cap; `kernels.cu`'s plain ones otherwise.
+    /// Whether the op asks for an option of the cross-entropy: class weights, a z-loss, the
+    /// token accuracy or a soft cap.
     pub(crate) fn has_options(&self) -> bool {
         self.ce.class_weights.is_some() || self.ce.metrics() || self.softcap.is_some()
+    }
+
+    /// Whether launches over `float` logits take `ce_options.cu`'s kernels: with an option, or
+    /// 16-bit logits (which only they read); `kernels.cu`'s plain ones otherwise.
+    pub(crate) fn takes_options_kernels(&self, float: FloatKind) -> bool {
+        self.has_options() || float.is_16bit()
     }
 
     /// The class weights the options kernels read, in f64 (`None`: every class 1).
@@ -236,9 +270,9 @@ pub(crate) fn row_pass_fwd<B>(
 ) -> Result<Launch<B>> {
     let stride = dim_u32(op.layout.stride(), "row")?;
     let offset = dim_u32(op.layout.self_match_columns(), "row")?;
-    if op.softcap.is_some() && op.pass != Pass::Rows {
+    if (op.softcap.is_some() || float.is_16bit()) && op.pass != Pass::Rows {
         bail!(
-            "internal: the {:?} pass takes logits capped before the op",
+            "internal: the {:?} pass takes logits capped before the op, in f32 or f64",
             op.pass
         );
     }
@@ -258,7 +292,7 @@ pub(crate) fn row_pass_fwd<B>(
         Param::Float(op.ce.label_smoothing),
         Param::Float(op.inv_count),
     ];
-    let family = if op.has_options() {
+    let family = if op.takes_options_kernels(float) {
         params.extend(options_params(op, buffers.class_weights)?);
         "row_options_fwd"
     } else {
@@ -329,10 +363,10 @@ pub(crate) fn backward<B>(
 ) -> Result<Launch<B>> {
     let stride = dim_u32(op.layout.stride(), "row")?;
     let offset = dim_u32(op.layout.gathered_start(), "row")?;
-    let options = op.has_options();
-    if op.softcap.is_some() && op.pass != Pass::Rows {
+    let options = op.takes_options_kernels(float);
+    if (op.softcap.is_some() || float.is_16bit()) && op.pass != Pass::Rows {
         bail!(
-            "internal: the {:?} pass takes logits capped before the op",
+            "internal: the {:?} pass takes logits capped before the op, in f32 or f64",
             op.pass
         );
     }

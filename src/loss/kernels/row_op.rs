@@ -60,6 +60,16 @@ pub(crate) fn options_kernels_loaded(_device: &candle_core::Device) -> bool {
     false
 }
 
+/// f16 or bf16 logits widened to f32 (contiguous), or `None` for any other dtype.
+fn widened_16bit(storage: &CpuStorage, layout: &Layout) -> Result<Option<CpuStorage>> {
+    match storage.dtype() {
+        candle_core::DType::F16 | candle_core::DType::BF16 => {
+            Ok(Some(storage.to_dtype(layout, candle_core::DType::F32)?))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Bit 31 of a first-occurrence link: the position is its id's first in the row.
 const FIRST: u32 = 1 << 31;
 /// A link's low 31 bits when no later position holds the same id.
@@ -368,6 +378,11 @@ impl CustomOp1 for RowOp {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let Some(wide) = widened_16bit(storage, layout)? {
+            // 16-bit logits (which the loss widens before the op on the CPU): computed in f32,
+            // rows in f32, as the CUDA options kernels do.
+            return self.cpu_fwd(&wide, &Layout::contiguous(layout.shape()));
+        }
         let out = dispatch_float!(storage.dtype(), self.name(), <T> => {
             let logits = contiguous_slice::<T>(storage, layout, "logits")?;
             Ok(candle_core::WithDType::to_cpu_storage_owned(self.cpu_forward(logits, layout.shape())?))
@@ -418,6 +433,21 @@ impl CustomOp3 for RowOpBackward {
         grad_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let shape = logits_layout.shape();
+        if let Some(wide) = widened_16bit(logits, logits_layout)? {
+            // 16-bit logits: the gradient computed in f32, then rounded once to their dtype.
+            let (grad, shape) = self.cpu_fwd(
+                &wide,
+                &Layout::contiguous(shape),
+                out,
+                out_layout,
+                grad_out,
+                grad_layout,
+            )?;
+            return Ok((
+                grad.to_dtype(&Layout::contiguous(&shape), logits.dtype())?,
+                shape,
+            ));
+        }
         let grad = dispatch_float!(logits.dtype(), self.name(), <T> => {
             let grad = self.0.cpu_backward(
                 contiguous_slice::<T>(logits, logits_layout, "logits")?,
@@ -510,6 +540,49 @@ mod tests {
             .err()
             .expect("the self-match pass refused the cap");
         assert!(error.to_string().contains("only the row pass"), "{error}");
+        Ok(())
+    }
+
+    /// 16-bit logits on the CPU: computed in f32 on the widened logits (rows in f32), the
+    /// gradient rounded once to the logits' dtype — what the CUDA options kernels compute.
+    #[test]
+    fn sixteen_bit_logits_are_computed_in_f32() -> Result<()> {
+        let device = Device::Cpu;
+        let values: Vec<f32> = (0..2 * 3 * 7)
+            .map(|i| (i as f32 * 0.618_034) % 1.0 * 8.0 - 4.0)
+            .collect();
+        let gather = GatherIds::from_host(&[1, 4, 1, 0, 6, 3], (2, 3), &device)?;
+        let targets = Tensor::new(&[[2u32, 0, 5], [6, 3, 0]], &device)?;
+        let op = || {
+            let terms = CrossEntropyTerms {
+                pad_id: Some(0),
+                label_smoothing: 0.1,
+                ..Default::default()
+            };
+            RowOp::rows(false, Some(&gather), Some((&targets, terms, 0.25, 1.0)))
+        };
+        for dtype in [candle_core::DType::F16, candle_core::DType::BF16] {
+            let narrow = Var::from_tensor(
+                &Tensor::from_vec(values.clone(), (2, 3, 7), &device)?.to_dtype(dtype)?,
+            )?;
+            let wide = Var::from_tensor(&narrow.as_tensor().to_dtype(candle_core::DType::F32)?)?;
+            let out = op()?.apply(narrow.as_tensor())?;
+            let reference = op()?.apply(wide.as_tensor())?;
+            assert_eq!(out.dtype(), candle_core::DType::F32);
+            let flat = |t: &Tensor| {
+                t.flatten_all()?
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec1::<f32>()
+            };
+            assert_eq!(flat(&out)?, flat(&reference)?);
+            let weights = Tensor::rand(0f32, 1.0, out.shape(), &device)?;
+            let grad = (&out * &weights)?.sum_all()?.backward()?;
+            let grad = grad.get(narrow.as_tensor()).expect("a gradient");
+            let reference_grad = (&reference * &weights)?.sum_all()?.backward()?;
+            let reference_grad = reference_grad.get(wide.as_tensor()).expect("a gradient");
+            assert_eq!(grad.dtype(), dtype);
+            assert_eq!(flat(grad)?, flat(&reference_grad.to_dtype(dtype)?)?);
+        }
         Ok(())
     }
 }

@@ -182,12 +182,25 @@ fn symbol(handle: *mut c_void, name: &str) -> Result<*mut c_void> {
 
 impl EmuModule {
     /// Compiles `source` (CUDA C) for the emulator with kernels `<family>_<f32|f64>` for every
-    /// family of `families`, and reads the integer value of each macro of `defines`.
-    pub(crate) fn compile(source: &str, families: &[&str], defines: &[&str]) -> Result<Self> {
-        let kernels: Vec<String> = families
-            .iter()
-            .flat_map(|family| FloatKind::ALL.map(|float| format!("{family}_{}", float.suffix())))
-            .collect();
+    /// family of `families` and `<family>_<f16|bf16>` for every family of `sixteen_bit`, and
+    /// reads the integer value of each macro of `defines`.
+    pub(crate) fn compile(
+        source: &str,
+        (families, sixteen_bit): (&[&str], &[&str]),
+        defines: &[&str],
+    ) -> Result<Self> {
+        let named = |families: &[&str], floats: &[FloatKind]| -> Vec<String> {
+            families
+                .iter()
+                .flat_map(|family| {
+                    floats
+                        .iter()
+                        .map(move |f| format!("{family}_{}", f.suffix()))
+                })
+                .collect()
+        };
+        let mut kernels = named(families, &FloatKind::ALL);
+        kernels.extend(named(sixteen_bit, &FloatKind::SIXTEEN_BIT));
         let dir = work_dir()?;
         let write = |name: &str, text: &str| std::fs::write(dir.join(name), text);
         write("prelude.h", PRELUDE)?;
@@ -302,9 +315,9 @@ impl EmuModule {
             .map(|p| match p {
                 Param::Buffer(_) => KIND_POINTER,
                 Param::U32(_) => KIND_U32,
-                Param::Float(_) => match launch.float {
-                    FloatKind::F32 => KIND_F32,
+                Param::Float(_) => match launch.float.arithmetic() {
                     FloatKind::F64 => KIND_F64,
+                    _ => KIND_F32,
                 },
             })
             .collect()
@@ -336,9 +349,9 @@ impl EmuModule {
                 match p {
                     Param::Buffer(ptr) => bytes = (*ptr as usize as u64).to_ne_bytes(),
                     Param::U32(v) => bytes[..4].copy_from_slice(&v.to_ne_bytes()),
-                    Param::Float(v) => match launch.float {
-                        FloatKind::F32 => bytes[..4].copy_from_slice(&(*v as f32).to_ne_bytes()),
+                    Param::Float(v) => match launch.float.arithmetic() {
                         FloatKind::F64 => bytes = v.to_ne_bytes(),
+                        _ => bytes[..4].copy_from_slice(&(*v as f32).to_ne_bytes()),
                     },
                 }
                 bytes

@@ -11,12 +11,12 @@ use crate::loss::kernels::cpu::CrossEntropyTerms;
 use crate::loss::kernels::ctc_launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
 use crate::loss::kernels::launch::{
     self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, RowArgsIn,
-    RowPassFwdBuffers, KERNEL_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
+    RowPassFwdBuffers, KERNEL_FAMILIES, OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
 };
 use crate::loss::kernels::layout::Pass;
 use crate::loss::kernels::row_op::{GatherIds, RowOp};
 use crate::loss::kernels::softcap;
-use candle_core::{Device, Tensor, Var, WithDType};
+use candle_core::{DType, Device, Tensor, Var, WithDType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
@@ -44,7 +44,12 @@ pub(super) fn compile(source: &str) -> EmuModule {
         .chain(&OPTIONS_FAMILIES)
         .copied()
         .collect();
-    EmuModule::compile(source, &families, &["BLOCK", "CTC_BLOCK"]).unwrap_or_else(|e| panic!("{e}"))
+    EmuModule::compile(
+        source,
+        (&families, &OPTIONS_16BIT_FAMILIES),
+        &["BLOCK", "CTC_BLOCK"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Elements before and after each host buffer, holding a canary that a stray write changes.
@@ -892,13 +897,13 @@ const MUTANTS: [Mutant; 10] = [
     },
     Mutant {
         name: "the class weight left out of the smoothing offset (row_options_bwd)",
-        from: "+ offset * opt.class_weight(v)) * opt.cap_grad(y);",
-        to: "+ offset) * opt.cap_grad(y);",
+        from: "+ offset * opt.class_weight(v)) * opt.cap_grad(y),",
+        to: "+ offset) * opt.cap_grad(y),",
     },
     Mutant {
         name: "the soft cap's derivative left out at a gathered id (row_options_bwd)",
-        from: "g[id] += sparse * opt.cap_grad(opt.capped(row[id]));",
-        to: "g[id] += sparse;",
+        from: "to_acc(g[id]) + sparse * opt.cap_grad(opt.capped(to_acc(row[id]))),",
+        to: "to_acc(g[id]) + sparse,",
     },
     Mutant {
         name: "the z-loss's dense coefficient without its factor 2 (CeOptions)",
@@ -942,6 +947,277 @@ fn broken_copies_of_the_kernels_are_caught() {
                 mutant.name,
                 failure.lines().next().unwrap_or_default()
             ),
+        }
+    }
+}
+
+// ---- 16-bit logits (`ce_options.cu`'s row pass over f16 and bf16) ---------------------------------
+
+impl Element for u16 {
+    const CANARY: u16 = 0xa5a5;
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+/// The bits of a 16-bit CPU tensor (f16 or bf16), flattened.
+fn bits_16(t: &Tensor) -> Vec<u16> {
+    let flat = t.flatten_all().expect("a tensor");
+    match t.dtype() {
+        DType::F16 => flat
+            .to_vec1::<half::f16>()
+            .expect("f16")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect(),
+        _ => flat
+            .to_vec1::<half::bf16>()
+            .expect("bf16")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect(),
+    }
+}
+
+/// The f32 value of 16-bit `bits` of `dtype`, as `half` widens it.
+fn widen_16(bits: u16, dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_bits(bits).to_f32(),
+        _ => half::bf16::from_bits(bits).to_f32(),
+    }
+}
+
+/// The row pass over `dtype` logits (f16 or bf16) on the emulator against the CPU kernels in
+/// f32 on the same (widened, exact) logits: the rows in f32 to f32's tolerance; the gradient,
+/// rounded once to `dtype` on the CPU and written in `dtype` by the kernel (the gathered columns
+/// and the target rounded twice), within two units in its last place.
+fn check_16bit(
+    module: &EmuModule,
+    case: &Case,
+    dtype: DType,
+    seed: u64,
+    orders: &[ThreadOrder],
+) -> Result<(), String> {
+    let e = |e: candle_core::Error| e.to_string();
+    let float = match dtype {
+        DType::F16 => FloatKind::F16,
+        _ => FloatKind::BF16,
+    };
+    let inputs = inputs(case, seed);
+    let cpu = cpu_case::<f32>(case, &inputs).map_err(e)?;
+    let narrow = cpu.logits.to_dtype(dtype).map_err(e)?;
+    let wide = Var::from_tensor(&narrow.to_dtype(DType::F32).map_err(e)?).map_err(e)?;
+    let out = cpu.apply(wide.as_tensor()).map_err(e)?;
+    let grad_out: Vec<f32> = spread(out.elem_count(), seed ^ 3, 1.0)
+        .into_iter()
+        .map(|x| x as f32)
+        .collect();
+    let grad_out_t = Tensor::from_vec(grad_out.clone(), out.shape(), &Device::Cpu).map_err(e)?;
+    let grads = (&out * &grad_out_t)
+        .and_then(|t| t.sum_all())
+        .and_then(|t| t.backward())
+        .map_err(e)?;
+    let want_grad = bits_16(
+        &grads
+            .get(wide.as_tensor())
+            .expect("a logits gradient")
+            .to_dtype(dtype)
+            .map_err(e)?,
+    );
+    let want_out: Vec<f32> = out.flatten_all().and_then(|t| t.to_vec1()).map_err(e)?;
+    let args_in = cpu.cuda_args().map_err(e)?;
+    let args = row_args(&args_in, narrow.shape()).map_err(e)?;
+    let stride = args_in.layout.stride();
+    let nan_bits: u16 = if dtype == DType::F16 { 0x7e00 } else { 0x7fc0 };
+    let (ulp, smallest) = if dtype == DType::F16 {
+        (2f64.powi(-10), 6e-8)
+    } else {
+        (2f64.powi(-7), 1e-38)
+    };
+    for &order in orders {
+        let mut logits = Guarded::new("logits", &bits_16(&narrow));
+        let mut ids = held_u32("ids", args_in.ids);
+        let mut links = held_u32("links", args_in.links);
+        let mut targets = held_u32("targets", args_in.targets);
+        let mut weights = Guarded::<f32>::new(
+            "class_weights",
+            &args_in.class_weights().map_or(vec![0.0], |w| {
+                w.iter().map(|&w| w as f32).collect::<Vec<_>>()
+            }),
+        );
+        let mut out = Guarded::filled("out", args.rows * stride, f32::NAN);
+        let buffers = RowPassFwdBuffers {
+            logits: logits.ptr(),
+            ids: ids.ptr(),
+            targets: targets.ptr(),
+            out: out.ptr(),
+            class_weights: Some(weights.ptr()),
+        };
+        let plan = launch::row_pass_fwd(float, &args_in, &args, buffers).map_err(e)?;
+        if plan.family != "row_options_fwd" {
+            return Err(format!("{dtype:?} logits launched {}", plan.kernel_name()));
+        }
+        run(module, &plan, order)?;
+        compare(
+            &format!("{case:?} {dtype:?} {order:?} rows"),
+            out.payload(),
+            &want_out,
+        )?;
+        let mut grad_out_buf = Guarded::new("grad_out", &grad_out);
+        let mut grad = Guarded::filled("grad", args.rows * args.vocab as usize, nan_bits);
+        let buffers = BackwardBuffers {
+            input: BackwardInput::Logits(logits.ptr()),
+            ids: ids.ptr(),
+            links: links.ptr(),
+            targets: targets.ptr(),
+            out: out.ptr(),
+            grad_out: grad_out_buf.ptr(),
+            grad: grad.ptr(),
+            class_weights: Some(weights.ptr()),
+        };
+        let plan = launch::backward(float, &args_in, &args, buffers).map_err(e)?;
+        run(module, &plan, order)?;
+        for (i, (&got, &want)) in grad.payload().iter().zip(&want_grad).enumerate() {
+            let (g, w) = (widen_16(got, dtype) as f64, widen_16(want, dtype) as f64);
+            let within = (g - w).abs() <= 2.0 * ulp * w.abs() + smallest;
+            if !within {
+                return Err(format!(
+                    "{case:?} {dtype:?} {order:?} gradient[{i}]: emulator {g:e}, CPU {w:e}"
+                ));
+            }
+        }
+        grad.check_guards()?;
+        logits.check_guards()?;
+        out.check_guards()?;
+        weights.check_guards()?;
+        grad_out_buf.check_guards()?;
+    }
+    Ok(())
+}
+
+/// f16 and bf16 logits take the options kernels' row pass: plain, with every option, with class
+/// weights alone; vocabularies around the block size.
+#[test]
+fn sixteen_bit_logits_match_the_cpu_kernels_in_f32() {
+    let cases = [
+        Case::rows(2, 3, 257, 17),
+        Case::rows(2, 3, 300, 5).with_options(),
+        Case {
+            class_weights: true,
+            ..Case::rows(1, 4, 1000, 9)
+        },
+        Case {
+            targets: false,
+            pad: None,
+            smoothing: 0.0,
+            ..Case::rows(2, 2, 31, 4)
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        for dtype in [DType::F16, DType::BF16] {
+            if let Err(failure) = check_16bit(module(), case, dtype, i as u64, &ThreadOrder::SOME) {
+                panic!("{failure}");
+            }
+        }
+    }
+}
+
+/// A test kernel over `ce_options.cu`'s conversions, one thread per element: `widened[i]` from
+/// `narrow[i]`, `narrowed[i]` from `wide[i]`.
+const CONVERSIONS: &str = r#"
+#define CONVERT_16BIT(SUFFIX, S, NARROW)                                                        \
+    extern "C" __global__ void __launch_bounds__(BLOCK) convert_16bit_##SUFFIX(                \
+        const float* wide, const S* narrow, float* widened, S* narrowed, u32 n) {               \
+        const u32 i = blockIdx.x * BLOCK + threadIdx.x;                                         \
+        if (i < n) {                                                                            \
+            widened[i] = to_acc(narrow[i]);                                                     \
+            narrowed[i] = NARROW(wide[i]);                                                      \
+        }                                                                                       \
+    }
+CONVERT_16BIT(f16, f16_storage, to_f16)
+CONVERT_16BIT(bf16, bf16_storage, to_bf16)
+"#;
+
+/// The kernels' 16-bit conversions equal `half`'s (candle's) bit for bit: every one of the 65536
+/// patterns widened, and 2^17 f32 values narrowed — every 16-bit value, each halfway point to its
+/// neighbour (ties to even) and a little on either side of it, and seeded bit patterns (NaN,
+/// infinities, subnormals, overflow among them); NaN maps to NaN.
+#[test]
+fn sixteen_bit_conversions_are_halfs_bit_for_bit() {
+    let module = EmuModule::compile(
+        &format!("{SOURCE}\n{CONVERSIONS}"),
+        (&[], &["convert_16bit"]),
+        &["BLOCK"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let patterns: Vec<u16> = (0..=u16::MAX).collect();
+    for dtype in [DType::F16, DType::BF16] {
+        let float = match dtype {
+            DType::F16 => FloatKind::F16,
+            _ => FloatKind::BF16,
+        };
+        let widen = |bits: u16| widen_16(bits, dtype);
+        let narrow = |x: f32| match dtype {
+            DType::F16 => half::f16::from_f32(x).to_bits(),
+            _ => half::bf16::from_f32(x).to_bits(),
+        };
+        let mut wide: Vec<f32> = Vec::new();
+        for &b in &patterns {
+            let (x, next) = (widen(b), widen(b.wrapping_add(1)));
+            wide.push(x);
+            let mid = ((x as f64 + next as f64) / 2.0) as f32;
+            wide.extend([mid, f32::from_bits(mid.to_bits() + 1)]);
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..65536 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            wide.push(f32::from_bits((state >> 32) as u32));
+        }
+        let n = wide.len();
+        let narrow_in: Vec<u16> = (0..n).map(|i| patterns[i % patterns.len()]).collect();
+        let mut wide_buf = Guarded::new("wide", &wide);
+        let mut narrow_buf = Guarded::new("narrow", &narrow_in);
+        let mut widened = Guarded::filled("widened", n, f32::NAN);
+        let mut narrowed = Guarded::filled("narrowed", n, 0u16);
+        let plan = Launch {
+            family: "convert_16bit",
+            float,
+            dims: launch::LaunchDims {
+                grid: (n.div_ceil(launch::BLOCK as usize) as u32, 1, 1),
+                block: (launch::BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            params: vec![
+                launch::Param::Buffer(wide_buf.ptr()),
+                launch::Param::Buffer(narrow_buf.ptr()),
+                launch::Param::Buffer(widened.ptr()),
+                launch::Param::Buffer(narrowed.ptr()),
+                launch::Param::U32(n as u32),
+            ],
+        };
+        run(&module, &plan, ThreadOrder::Forward).unwrap_or_else(|e| panic!("{e}"));
+        for (i, (&got, &b)) in widened.payload().iter().zip(&narrow_in).enumerate() {
+            let want = widen(b);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{dtype:?} widening [{i}] {b:#06x}: kernel {got:e}, half {want:e}"
+            );
+        }
+        for (i, (&got, &x)) in narrowed.payload().iter().zip(&wide).enumerate() {
+            let want = narrow(x);
+            let nan = |bits: u16| widen(bits).is_nan();
+            assert!(
+                got == want || (nan(got) && nan(want)),
+                "{dtype:?} narrowing [{i}] {x:e}: kernel {got:#06x}, half {want:#06x}"
+            );
+        }
+        for buffer in [&wide_buf, &widened] {
+            buffer.check_guards().unwrap();
+        }
+        for buffer in [&narrow_buf, &narrowed] {
+            buffer.check_guards().unwrap();
         }
     }
 }
