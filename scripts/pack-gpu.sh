@@ -15,9 +15,11 @@
 #                          translate examples
 #   bins/cuda/bench_cuda   the `cuda` bench, --features cuda,nccl,cuda-unverified: it adds the
 #                          host/device timing per step (CUDA events), not yet run on a GPU
-#   bins/cuda/ctc_loss_unverified, lib_unit_unverified
-#                          tests/ctc_loss.rs and the unit tests, --features cuda,nccl,
-#                          cuda-unverified: the CTC loss on its CUDA kernels (ctc.cu)
+#   bins/cuda/ctc_loss_unverified, ce_options_unverified, cuda_kernels_unverified,
+#   lib_unit_unverified    tests/ctc_loss.rs, tests/ce_options.rs, tests/cuda_kernels.rs and the
+#                          unit tests, --features cuda,nccl,cuda-unverified: the CTC loss on its
+#                          CUDA kernels (ctc.cu, no host copy of the targets), the
+#                          cross-entropy's options and f16/bf16 logits on ce_options.cu
 #
 # The builds go through scripts/build-cuda.sh (target/cuda; incremental: seconds when already
 # built) and the binaries are the exact ones cargo reports (--message-format=json), not globbed
@@ -78,8 +80,11 @@ pick bench_cuda bench cuda "$listing"
 # and the library's unit tests (NVRTC compiles the CTC module too) from that build.
 echo "pack-gpu: building the unverified kernels' tests (--features cuda,nccl,cuda-unverified)" >&2
 listing="$(executables test --no-run --release -p candle-bleu \
-    --features cuda,nccl,cuda-unverified --lib --test ctc_loss)"
+    --features cuda,nccl,cuda-unverified --lib --test ctc_loss --test ce_options \
+    --test cuda_kernels)"
 pick ctc_loss_unverified test ctc_loss "$listing"
+pick ce_options_unverified test ce_options "$listing"
+pick cuda_kernels_unverified test cuda_kernels "$listing"
 pick lib_unit_unverified lib candle_bleu "$listing"
 if [[ "${EXAMPLES:-1}" != 0 ]]; then
     listing="$(executables build --release -p candle-bleu-research --features cuda,nccl \
