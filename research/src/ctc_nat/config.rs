@@ -70,6 +70,12 @@ pub struct Config {
     /// length control, only `greedy`.
     #[arg(long, value_delimiter = ',')]
     pub blank_penalties: Vec<f64>,
+    /// Checkpoint averaging: every CTC run (baselines and fine-tunes alike) keeps the weights of
+    /// its last K dev evaluations; their average replaces the run's best checkpoint when its dev
+    /// BLEU is higher (chosen on dev, recorded in the run's `averaging.json` and in
+    /// `results.json`). 0 (the default, as committed): no averaging.
+    #[arg(long, default_value_t = 0)]
+    pub average_last: usize,
     /// CTC baseline: step cap (4000 to fit the 150-minute budget, docs/ctc_nat.md).
     #[arg(long, default_value_t = 4000)]
     pub base_steps: usize,

@@ -96,6 +96,15 @@ pub(super) fn plan(
             ),
             (runs * cfg.blank_penalties.len()) as f64 * DEV_EVAL_SECONDS / 60.0,
         ),
+        (
+            format!("checkpoint averaging (last {})", cfg.average_last),
+            // One dev evaluation of each trained run's average (baselines and fine-tunes).
+            if cfg.average_last > 0 {
+                (2 * seeds + bleu_runs) as f64 * DEV_EVAL_SECONDS / 60.0
+            } else {
+                0.0
+            },
+        ),
     ];
     (kinds, minutes)
 }

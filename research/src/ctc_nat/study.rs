@@ -16,7 +16,7 @@ use super::config::{Config, TeacherChoice};
 use super::decode::{decode_ctc, decode_ctc_penalised};
 use super::objective::{step_loss, CtcObjective};
 use super::plan::{plan, step_estimates, BASELINE, FINETUNE_BLEU, FINETUNE_CTC};
-use crate::checkpoint::{load_json, save_json};
+use crate::checkpoint::{average_checkpoints, load_json, save_json, step_checkpoints};
 use crate::data::{BOS, EOS, PAD};
 use crate::decode::{BeamConfig, Specials};
 use crate::model::ctc_nat::{CtcNat, BLANK};
@@ -101,6 +101,22 @@ fn specials() -> Specials {
         pad: PAD,
     }
 }
+
+/// A run's `averaging.json`: what checkpoint averaging (`--average-last`) found on dev.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Averaging {
+    /// The steps whose weights were averaged.
+    steps: Vec<usize>,
+    /// The average's dev BLEU.
+    dev_bleu: f64,
+    single_best_step: usize,
+    single_best_dev_bleu: f64,
+    /// Whether the average replaced the single best checkpoint.
+    selected: bool,
+}
+
+/// The name of a run's averaging record.
+const AVERAGING: &str = "averaging.json";
 
 /// A record with `scores`, the files and its objective, condition and variant (nat's
 /// [`record_scores`], no training time).
@@ -203,13 +219,72 @@ impl Study {
             let mut dropout = Dropout::new(self.ctc.dropout, mix(spec.seed, 1, step));
             step_loss(&model, &batch, spec.objective, PAD, &mut dropout)
         };
-        tracker.train(label, kind, spec, |on_step| {
+        let state = tracker.train(label, kind, spec, |on_step| {
             let functions = RunFunctions {
                 step_loss: &mut step,
                 dev_bleu: &dev,
             };
             train_run(spec, &mut varmap, &batches, functions, on_step)
-        })
+        })?;
+        self.select_averaged(tracker, label, state)
+    }
+
+    /// Checkpoint averaging (`--average-last K`): the average of the run's last `K` kept
+    /// checkpoints replaces its best checkpoint (`best.safetensors`, the single best kept as
+    /// `best_single.safetensors`) when its dev BLEU is higher — chosen on dev, as every
+    /// checkpoint is. Recorded in the run's `averaging.json` (read back on a resume) and
+    /// reflected in the returned state's `best_dev_bleu`.
+    fn select_averaged(
+        &self,
+        tracker: &mut Tracker,
+        label: &str,
+        mut state: RunState<CtcObjective>,
+    ) -> Result<RunState<CtcObjective>> {
+        let keep = self.cfg.average_last;
+        let dir = state.spec.dir.clone();
+        if keep == 0 || !state.done {
+            return Ok(state);
+        }
+        let record_path = dir.join(AVERAGING);
+        let record = match load_json::<Averaging>(&record_path)? {
+            Some(record) => record,
+            None => {
+                let kept = step_checkpoints(&dir)?;
+                let last: Vec<(usize, PathBuf)> = kept[kept.len().saturating_sub(keep)..].to_vec();
+                if last.len() < 2 {
+                    return Ok(state);
+                }
+                let averaged = dir.join("averaged.safetensors");
+                let paths: Vec<PathBuf> = last.iter().map(|(_, p)| p.clone()).collect();
+                average_checkpoints(&paths, &averaged)?;
+                let dev_bleu = self.dev_bleu(&self.load(&averaged)?)?;
+                let selected = dev_bleu > state.best_dev_bleu;
+                if selected {
+                    std::fs::copy(best_weights(&dir), dir.join("best_single.safetensors"))?;
+                    std::fs::copy(&averaged, best_weights(&dir))?;
+                }
+                let record = Averaging {
+                    steps: last.iter().map(|(s, _)| *s).collect(),
+                    dev_bleu,
+                    single_best_step: state.best_step,
+                    single_best_dev_bleu: state.best_dev_bleu,
+                    selected,
+                };
+                save_json(&record, &record_path)?;
+                tracker.progress.println(&format!(
+                    "{label}: the average of steps {:?} has dev BLEU {dev_bleu:.2} against the best single checkpoint's {:.2} (step {}): {}",
+                    record.steps,
+                    state.best_dev_bleu,
+                    state.best_step,
+                    if selected { "the average is selected" } else { "the single checkpoint stays" }
+                ));
+                record
+            }
+        };
+        if record.selected {
+            state.best_dev_bleu = record.dev_bleu;
+        }
+        Ok(state)
     }
 
     /// The teacher's steps still to train (0 when a finished one matches).
@@ -313,6 +388,7 @@ impl Study {
                 eval_every: cfg.base_eval_every,
                 patience: Some(cfg.patience),
                 select_from: cfg.select_from,
+                keep_last: cfg.average_last,
                 schedule: Schedule::InverseSqrt {
                     peak: cfg.common.lr,
                     warmup: cfg.common.warmup,
@@ -339,6 +415,7 @@ impl Study {
             eval_every: common.finetune_eval_every,
             patience: None,
             select_from: 0,
+            keep_last: self.cfg.average_last,
             schedule: Schedule::Constant(common.finetune_lr),
         }
     }
@@ -548,6 +625,7 @@ fn run_pilot(study: &Study, distilled: &Path) -> Result<()> {
         eval_every: cfg.base_eval_every,
         patience: None,
         select_from: 0,
+        keep_last: 0,
         schedule: Schedule::InverseSqrt {
             peak: cfg.common.lr,
             warmup: cfg.common.warmup,
@@ -739,6 +817,16 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
                    "dev_by_step": s.evals.iter().map(|e| json!([e.step, e.dev_bleu])).collect::<Vec<_>>()})
         })
         .collect();
+    let mut averaging = Vec::new();
+    for ((name, seed), state) in &states {
+        if let Some(record) = load_json::<Averaging>(&state.spec.dir.join(AVERAGING))? {
+            averaging.push(
+                json!({"run": name, "seed": seed, "averaged_steps": record.steps,
+                "dev_bleu": record.dev_bleu, "single_best_step": record.single_best_step,
+                "single_best_dev_bleu": record.single_best_dev_bleu, "selected": record.selected}),
+            );
+        }
+    }
     let results = json!({
         "study": "ctc_nat",
         "language": cfg.common.lang,
@@ -760,7 +848,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
                      "baseline": {"objective": "ctc (mean)", "peak_lr": cfg.common.lr, "warmup": cfg.common.warmup, "step_cap": cfg.base_steps,
                                   "eval_every": cfg.base_eval_every, "patience": cfg.patience, "select_from": cfg.select_from},
                      "finetune": {"steps": cfg.common.finetune_steps, "eval_every": cfg.common.finetune_eval_every, "lr": cfg.common.finetune_lr},
-                     "selection": "best dev BLEU, greedy CTC decoding; fine-tunes: the starting checkpoint included",
+                     "selection": "best dev BLEU, greedy CTC decoding; fine-tunes: the starting checkpoint included; with checkpoint averaging, the average of the last evaluations' weights when its dev BLEU is higher",
                      "variant": VARIANT},
         "baselines": baselines,
         "bon2_grid": grid.iter().map(|(o, d)| json!({"objective": o, "label": o.label(), "dev_bleu": d})).collect::<Vec<_>>(),
@@ -772,6 +860,7 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
         "paired_t_vs_ctc_blank_tuned": tests.get(TUNED),
         "paired_bootstrap_vs_ctc_blank_tuned": boot.get(TUNED),
         "blank_penalties": {"grid": cfg.blank_penalties, "runs": blank_grids},
+        "checkpoint_averaging": {"last": cfg.average_last, "runs": averaging},
         "speed": speed,
         "costs_seconds": costs.iter().map(|(p, s)| json!({"part": p, "seconds": s})).collect::<Vec<_>>(),
         "planned_minutes": planned_minutes.iter().map(|(p, m)| json!({"part": p, "minutes": m})).collect::<Vec<_>>(),

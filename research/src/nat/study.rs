@@ -456,6 +456,7 @@ impl Study {
                     eval_every: cfg.base_eval_every,
                     patience: Some(cfg.patience),
                     select_from: 0,
+                    keep_last: 0,
                     schedule: Schedule::InverseSqrt {
                         peak: cfg.common.lr,
                         warmup: cfg.common.warmup,
@@ -488,6 +489,7 @@ impl Study {
             eval_every: common.finetune_eval_every,
             patience: None,
             select_from: 0,
+            keep_last: 0,
             schedule: Schedule::Constant(common.finetune_lr),
         }
     }

@@ -236,6 +236,7 @@ pub fn teacher(setup: &TeacherSetup, tracker: &mut Tracker) -> Result<Teacher> {
         eval_every: recipe.eval_every,
         patience: Some(recipe.patience),
         select_from: 0,
+        keep_last: 0,
         schedule: Schedule::InverseSqrt {
             peak: recipe.lr,
             warmup: recipe.warmup,

@@ -27,7 +27,9 @@ use std::time::Instant;
 use super::batches::{make_batch, BatchIds, Batches, IdPairs};
 use super::data::SplitData;
 use super::evaluate::sentence_bleu_13a;
-use crate::checkpoint::{load_json, load_vars, save_json, save_optimizer, save_vars};
+use crate::checkpoint::{
+    keep_step_checkpoint, load_json, load_vars, save_json, save_optimizer, save_vars,
+};
 use crate::data::{BOS, EOS, PAD};
 use crate::decode::{sample, SampleConfig, Specials};
 use crate::model::transformer::{Dropout, Transformer, TransformerConfig};
@@ -260,6 +262,10 @@ pub struct RunSpec<O = Objective> {
     pub select_from: usize,
     /// Learning rate.
     pub schedule: Schedule,
+    /// Keep the weights of the last this many dev evaluations as step checkpoints
+    /// (`checkpoint::step_checkpoint`), for checkpoint averaging; 0 keeps none.
+    #[serde(default)]
+    pub keep_last: usize,
 }
 
 /// One dev evaluation.
@@ -447,6 +453,7 @@ pub fn train_run<O: RunObjective>(
             if spec.patience.is_some_and(|p| since_best >= p) || state.step == spec.max_steps {
                 state.done = true;
             }
+            keep_step_checkpoint(varmap, &spec.dir, state.step, spec.keep_last)?;
             save_vars(varmap, &model_path)?;
             save_optimizer(&optimizer, &optim_path)?;
             save_json(&state, &state_path)?;
@@ -621,6 +628,7 @@ mod tests {
                 patience: Some(2),
                 select_from,
                 schedule: Schedule::Constant(1e-3),
+                keep_last: 2,
             };
             let evals = Cell::new(0usize);
             let dev = || {
@@ -636,6 +644,12 @@ mod tests {
                 dev_bleu: &dev,
             };
             let state = train_run(&spec, &mut varmap, &batches, functions, &mut |_| {})?;
+            // The weights of the last two evaluations are kept, for averaging.
+            let kept: Vec<usize> = crate::checkpoint::step_checkpoints(&dir)?
+                .into_iter()
+                .map(|(step, _)| step)
+                .collect();
+            assert_eq!(kept, [state.step - 1, state.step]);
             std::fs::remove_dir_all(&dir)?;
             Ok(state)
         };

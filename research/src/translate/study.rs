@@ -331,6 +331,7 @@ impl Study {
                 eval_every: args.base_eval_every,
                 patience: Some(args.patience),
                 select_from: 0,
+                keep_last: 0,
                 schedule: Schedule::InverseSqrt {
                     peak: args.common.lr,
                     warmup: args.common.warmup,
@@ -356,6 +357,7 @@ impl Study {
             eval_every: self.args.common.finetune_eval_every,
             patience: None,
             select_from: 0,
+            keep_last: 0,
             schedule: Schedule::Constant(self.args.common.finetune_lr),
         }
     }
