@@ -19,7 +19,7 @@ use super::config::{
 use super::dispatch::Path;
 use super::host;
 use super::kernels::cpu::CrossEntropyTerms;
-use super::kernels::ctc_cpu::CtcAlignments;
+use super::kernels::ctc_cpu::{non_finite_frame, CtcAlignments};
 use super::kernels::softcap;
 use super::references::References;
 use super::score;
@@ -1266,21 +1266,8 @@ fn ctc_finite_frames(
             }))
         })?,
     };
-    if let Some((b, t)) = found {
-        let what = if from_logits {
-            "NaN or infinite values"
-        } else {
-            "NaN or +inf"
-        };
-        bail!(
-            "`{name}` contains {what} at batch element {b}, frame {t} (shape {:?}); the CTC loss needs {}",
-            input.dims(),
-            if from_logits {
-                "finite logits"
-            } else {
-                "log-probabilities that are finite or -inf"
-            }
-        );
+    if let Some(frame) = found {
+        return Err(non_finite_frame(name, from_logits, frame, input.dims()));
     }
     Ok(())
 }
