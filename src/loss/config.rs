@@ -1,8 +1,9 @@
-//! The loss's vocabulary, at the bottom of its layers: every configuration and output type, and
-//! the one helper that makes constants. Nothing here computes a loss; every other file of
-//! `loss` may import from here, and this file imports from none of them.
+//! The loss's vocabulary, at the bottom of its layers: every configuration and output type, the
+//! two dtypes every stage computes in ([`compute_dtype`], [`sum_dtype`]) and the one helper that
+//! makes constants. Nothing here computes a loss; every other file of `loss` may import from
+//! here, and this file imports from none of them.
 
-use candle_core::{bail, DType, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// How the clipped matches `m_n` are made differentiable (docs/loss.md, §8). All three are exact at
 /// one-hot inputs with `Given` lengths.
@@ -157,6 +158,27 @@ pub struct CtcExpectedCounts {
     pub totals: Tensor,
     /// `[B]`: `E[|B(a)|]`, the expected length of the collapsed sequence.
     pub hyp_len: Tensor,
+}
+
+/// The dtype a loss computes in for inputs of `dtype`: half precision upcast to f32; f32 and
+/// f64 stay as they are; anything else is an error.
+pub(crate) fn compute_dtype(dtype: DType) -> Result<DType> {
+    match dtype {
+        DType::F32 | DType::F64 => Ok(dtype),
+        DType::F16 | DType::BF16 => Ok(DType::F32),
+        other => bail!("expected a float tensor, got {other:?}"),
+    }
+}
+
+/// The dtype the loss's sums (over a batch, and over a data-parallel group's all-reduce) and its
+/// score are taken in: f64 where the device has it, f32 on Metal (whose backend has no f64).
+/// On `[B, N]` numbers f64 costs nothing, and the score's floor (1e-30) would be 0 in f16.
+pub(crate) fn sum_dtype(device: &Device) -> DType {
+    if device.is_metal() {
+        DType::F32
+    } else {
+        DType::F64
+    }
 }
 
 /// A float tensor of `values` in `dtype`, converted on the host: no f64 tensor is made on the

@@ -8,8 +8,8 @@ use super::config::{BleuLossConfig, BleuStats, CtcExpectedCounts};
 use super::forms::clip_expected_counts;
 use super::kernels::ctc_ngrams::{CtcNgramOp, CtcNgramPlan};
 use super::kernels::ctc_ngrams_composed::ctc_ngram_expectations_composed;
+use super::length;
 use super::references::{ReferenceSide, References};
-use super::score;
 use candle_core::{bail, Result};
 use std::sync::Arc;
 
@@ -69,7 +69,7 @@ pub(crate) fn ctc_statistics(
         })
         .collect::<Result<Vec<_>>>()?;
     let ref_len =
-        score::closest_reference_lengths(&expected.hyp_len, &side.ref_lengths, &side.ref_mask)?;
+        length::closest_reference_lengths(&expected.hyp_len, &side.ref_lengths, &side.ref_mask)?;
     Ok(BleuStats {
         matches: candle_core::Tensor::stack(&matches, 1)?,
         totals: expected.totals,

@@ -1,5 +1,6 @@
 //! Length models: how much of each hypothesis position belongs to the output (docs/loss.md,
-//! §5 Length models).
+//! §5 Length models); and the effective reference length each hypothesis length is compared
+//! with ([`closest_reference_lengths`]).
 //!
 //! | model | length weight `h_i` | match weight `u_i` | total weight `g_i` |
 //! |---|---|---|---|
@@ -152,4 +153,29 @@ pub(crate) fn hypothesis_weights(
             })
         }
     }
+}
+
+/// The effective reference length of each element: the reference length closest to the
+/// hypothesis length `c`, the shorter on a tie (sacrebleu and NLTK), chosen with tensor ops on
+/// the device. A constant: no gradient flows through the choice.
+///
+/// * `hyp_len` - float `[B]`;
+/// * `ref_lengths` - float `[B, R]` in the dtype of `hyp_len`, `ref_mask` u8 `[B, R]` (1 where a
+///   reference is). Distances are taken in that dtype, so a tie between fractional lengths is a
+///   tie of its rounded distances.
+pub(crate) fn closest_reference_lengths(
+    hyp_len: &Tensor,
+    ref_lengths: &Tensor,
+    ref_mask: &Tensor,
+) -> Result<Tensor> {
+    let far = Tensor::full(f32::INFINITY, ref_lengths.shape(), ref_lengths.device())?
+        .to_dtype(ref_lengths.dtype())?;
+    let distance = ref_lengths
+        .broadcast_sub(&hyp_len.detach().unsqueeze(1)?)?
+        .abs()?;
+    // Padding is infinitely far; every element has a reference, so its nearest is finite.
+    let distance = ref_mask.where_cond(&distance, &far)?;
+    let nearest = distance.min_keepdim(1)?;
+    let is_nearest = distance.broadcast_eq(&nearest)?;
+    is_nearest.where_cond(ref_lengths, &far)?.min(1)
 }

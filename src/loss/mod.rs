@@ -96,7 +96,7 @@
 //! - `pipeline`, `hidden_pass`: the pass over the logits or the hidden states and the
 //!   per-element statistics from it;
 //! - `reduce`: the reduction stage — the batch's sums taken locally or over a data-parallel
-//!   group, the rule that some target counts, the score;
+//!   group, the rule that some target counts — which hands the finished sums to the score;
 //! - `run`: the one path every loss takes (validate, pass, statistics, reduce), which the entry
 //!   points below and those of [`distributed`] wrap;
 //! - `kernels`: the row kernels over the logits (CPU, and CUDA with the `cuda` feature) and the hidden-state op, each a candle custom op with a hand-written backward,
@@ -111,7 +111,8 @@
 //! - [`ce_bleu_from_hidden`], [`cross_entropy_from_hidden`], [`bleu_loss_from_hidden`]: the same
 //!   from the hidden states and the output layer, in blocks of rows, never storing the
 //!   `[B, S, V]` logits (their `blocks` argument, [`HiddenConfig`]);
-//! - `score`: smoothing, guards, brevity penalty, reductions ([`loss_from_stats`]);
+//! - `score`: `-log BLEU` of finished sums: smoothing, guards, brevity penalty (the loss from
+//!   statistics a caller gives is [`loss_from_stats`], in `bleu`);
 //! - [`distributed`]: data-parallel training — every entry point's loss of the global batch
 //!   (but [`ctc_loss`]'s, whose mean divides each element by its own target length)
 //!   from each worker's shard over a sum all-reduce (MPI, NCCL, threads), from logits or
@@ -142,7 +143,7 @@ mod run;
 mod score;
 mod training;
 
-pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed};
+pub use bleu::{bleu_loss, bleu_loss_from_logits, bleu_loss_from_logits_composed, loss_from_stats};
 pub use config::{
     BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyOutput,
     CrossEntropyReduction, CtcConfig, CtcExpectedCounts, CtcNgramFConfig, CtcNgramFOutput,
@@ -165,5 +166,5 @@ pub use hidden::{
 pub use host::host_copies;
 pub use kernels::log_softmax::{log_softmax, log_softmax_slow};
 pub use references::{References, TrainingTargets};
-pub use score::{log_brevity_penalty, loss_from_stats, PRECISION_FLOOR};
+pub use score::{log_brevity_penalty, PRECISION_FLOOR};
 pub use training::{ce_bleu_from_logits, ce_bleu_from_logits_composed};

@@ -5,13 +5,39 @@
 //! alone ([`cross_entropy_pass`]) and the per-element statistics ([`statistics`]). The
 //! reduction stage (`reduce`) sums and scores what they give.
 //!
-//! The path of `hidden` through [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden) (`run`):
-//! `checked::training_call` → `reduce::Reducer::divide` (the cross-entropy's divisor) → the
-//! reference side ([`References::side`](super::references::References)) → [`hypothesis_pass`]
-//! (one op over the hidden states, `hidden_pass::hidden_rows`, its output split by
-//! [`RowLayout`](super::kernels::layout::RowLayout)) → [`statistics`] (length weights, clipped
-//! matches, lengths) → `reduce::Reducer::training` (sums, the rule that some target counts,
-//! the score).
+//! The walk of `hidden` through [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden): one process
+//! (`reduce::Reducer::Local`), the default config (`Corpus`, no z-loss or token accuracy), id
+//! references, the CPU kernels. A stop is a call into another function of the crate on the main
+//! path; the validation (`checked::training_call`), the op's blocks and the statistics' length
+//! models and forms are one stop each, and questions asked on the side (the path, a dtype, a
+//! layout's columns) are not stops. 18 stops; no file is entered more than twice, and the
+//! reduction hands finished sums down to the score, which calls nothing back:
+//!
+//! 1. `hidden::hidden_input` — `hidden`, `proj` and `blocks` as one `Hypotheses::Hidden`
+//!    (the entry asks `dispatch::Path::for_device` on the side);
+//! 2. `run::training` — the one path;
+//! 3. `checked::training_call` — every argument checked once (`shaped` → `hidden_call`: `hidden`
+//!    as contiguous rows `[B·S, D]` in the compute dtype; `ShapedInput::finish`);
+//! 4. `reduce::Reducer::divide` — the cross-entropy's divisor `n`;
+//! 5. `references::References::side` — the reference side (cached);
+//! 6. [`hypothesis_pass`];
+//! 7. `hidden_pass::hidden_rows` — the row parameters from the checked arguments;
+//! 8. `kernels::hidden::HiddenRowsOp` (through candle's `apply_op3`) — one op over the rows,
+//!    its output `[B, S, C]` split by [`RowLayout`](super::kernels::layout::RowLayout);
+//! 9. [`inputs_from_gathered`] — the token matches `[B, S, W]` (and EOS probabilities);
+//! 10. [`TokenLosses::from_rows`] — the cross-entropy's column (each row divided by `n`);
+//! 11. [`statistics`] — length weights, clipped matches, lengths: `BleuStats` `[B, N]`, `[B]`;
+//! 12. `reduce::Reducer::training`;
+//! 13. `reduce::token_sum` — the cross-entropy, the sum of the divided rows;
+//! 14. `reduce::Reducer::bleu_loss`;
+//! 15. `reduce::score_rows` — the statistics in f64, summed over the batch: `[1, N]`, `[1]`;
+//! 16. `score::neg_log_bleu` — `-log BLEU` of the sums;
+//! 17. `score::log_brevity_penalty`;
+//! 18. `score::weighted_log_precisions`.
+//!
+//! Files in order: `hidden`, `run`, `checked`, `reduce`, `references`, `pipeline`, `hidden_pass`,
+//! `kernels/hidden`, `pipeline`, `reduce`, `score`. docs/design.md holds the same list and the
+//! data-parallel form's.
 
 use super::checked::{materialised_logits, CheckedHypotheses, CheckedInput, CheckedTargets};
 use super::config::{BleuLossConfig, BleuStats, Form};
@@ -22,7 +48,7 @@ use super::kernels::layout::RowLayout;
 use super::kernels::row_op::{GatherIds, RowOp};
 use super::kernels::softcap;
 use super::references::{ReferenceSide, ReferenceTokens};
-use super::{forms, length, score};
+use super::{forms, length};
 use candle_core::{bail, Module, Result, Tensor, D};
 
 /// Everything the statistics need from the hypothesis side.
@@ -332,27 +358,6 @@ impl TokenLosses {
                 .map(|(z, correct)| TokenMetrics { z, correct }),
         })
     }
-
-    /// The terms summed, divided by `divisor` unless they are.
-    pub(crate) fn sum(&self, divisor: f64) -> Result<Tensor> {
-        let sum = self.terms.sum_all()?;
-        if self.divided {
-            Ok(sum)
-        } else {
-            sum / divisor
-        }
-    }
-
-    /// Each position's term, `[B, S]` (with a divisor of 1: the position's loss).
-    pub(crate) fn per_position(&self) -> Result<Tensor> {
-        per_position(&self.terms)
-    }
-}
-
-/// `[B, S, 1]` or `[B, S]` as `[B, S]`.
-pub(crate) fn per_position(terms: &Tensor) -> Result<Tensor> {
-    let (batch, seq) = (terms.dim(0)?, terms.dim(1)?);
-    terms.reshape((batch, seq))
 }
 
 /// The cross-entropy's token terms alone, from one pass: the row op ([`RowOp`]) or composed
@@ -416,7 +421,7 @@ pub(crate) fn statistics(
         .map(|g| g.as_ref().map_or_else(|| Ok(zeros.clone()), |g| g.sum(1)))
         .collect::<Result<_>>()?;
     let hyp_len = weights.length.sum(1)?;
-    let ref_len = score::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
+    let ref_len = length::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
     Ok(BleuStats {
         matches: Tensor::stack(&matches, 1)?,
         totals: Tensor::stack(&totals, 1)?,

@@ -13,21 +13,24 @@
 //! | quantity | `Local` | `Group` |
 //! |---|---|---|
 //! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels; with class weights `Σ w_t`, the z-term's part still by `n`), summed: the mean | the row terms summed (weight 1), all-reduced with the count (and `Σ w_t` with class weights), divided by the global count (`Σ w_t`); class weights with a z-loss are refused |
-//! | corpus BLEU | `score::score` of the elements' statistics (summed there) | the statistics summed over the shard, all-reduced, scored |
-//! | `SentenceMean` BLEU | `score::score` (the mean of the sentence losses) | the shard's sum of sentence losses and its size, all-reduced, divided |
+//! | corpus BLEU | the elements' statistics summed ([`score_rows`]), scored | the same sums over the shard, checked (`checked::shard_stats`), all-reduced, scored |
+//! | `SentenceMean` BLEU | each element's statistics scored, the mean of their losses | the shard's sum of sentence losses and its size, all-reduced, divided |
 //!
+//! The stage hands finished sums down to `score` (`score::neg_log_bleu`), once per loss; the
+//! score sums nothing and never calls back. For `SentenceMean` in a group what is summed is the
+//! sentences' losses, so they are scored before the all-reduce and only divided after it.
 //! `Local` is the single-process loss, bit for bit what it was before the stage existed.
 
 use super::all_reduce::AllReduce;
-use super::checked::{CheckedTargets, Division};
+use super::checked::{shard_stats, CheckedTargets, Division};
 use super::config::{
-    constant, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyOutput, CrossEntropyReduction,
-    Reduction, TrainingLoss,
+    compute_dtype, constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats,
+    CrossEntropyOutput, CrossEntropyReduction, Reduction, TrainingLoss,
 };
 use super::host;
-use super::pipeline::{per_position, TokenLosses, TokenMetrics};
-use super::score::{self, loss_from_stats};
-use candle_core::{bail, DType, Device, Result, Tensor};
+use super::pipeline::{TokenLosses, TokenMetrics};
+use super::score::neg_log_bleu;
+use candle_core::{bail, DType, Result, Tensor};
 
 /// Where a loss's sums are taken.
 #[derive(Clone, Copy)]
@@ -110,15 +113,20 @@ impl Reducer<'_> {
                 _ => None,
             };
             return Ok(CrossEntropyOutput {
-                loss: losses.per_position()?,
+                loss: per_position(&losses.terms)?,
                 z_loss,
                 token_accuracy: local_accuracy(metrics, targets)?,
             });
         }
-        let share = losses.sum(targets.divisor())?;
+        let share = token_sum(&losses, targets.divisor())?;
         match self {
             Reducer::Local => {
-                let (z_loss, token_accuracy) = local_metrics(losses.metrics.as_ref(), targets)?;
+                let (z_loss, token_accuracy) = losses
+                    .metrics
+                    .as_ref()
+                    .map(|m| local_metrics(m, targets))
+                    .transpose()?
+                    .unwrap_or_default();
                 Ok(CrossEntropyOutput {
                     loss: share,
                     z_loss,
@@ -146,11 +154,26 @@ impl Reducer<'_> {
     /// The BLEU loss from the elements' statistics `stats` (returned with it: this process's or
     /// this worker's own, `[B, N]` and `[B]`).
     pub(crate) fn bleu(self, stats: BleuStats, cfg: &BleuLossConfig) -> Result<BleuLossOutput> {
-        let loss = match self {
-            Reducer::Local => score::score(&stats, cfg)?,
-            Reducer::Group(reduce) => bleu_loss_of_group(&stats, cfg, reduce)?,
-        };
+        let loss = self.bleu_loss(&stats, cfg)?;
         Ok(BleuLossOutput { loss, stats })
+    }
+
+    /// The BLEU loss of `stats` (`[B, N]` and `[B]`, float): locally the score of their rows
+    /// ([`score_rows`]); in a group the score of the global batch, from one all-reduce of
+    /// `2·N + 2` numbers (`Corpus`) or 2 (`SentenceMean`). A scalar in the statistics' compute
+    /// dtype (f32 for f16/bf16).
+    pub(crate) fn bleu_loss(self, stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+        let out_dtype = compute_dtype(stats.matches.dtype())?;
+        match self {
+            Reducer::Local => {
+                let rows = score_rows(stats, sum_dtype(stats.matches.device()), cfg.reduction)?;
+                neg_log_bleu(&rows, cfg, out_dtype)?.to_dtype(out_dtype)
+            }
+            Reducer::Group(reduce) => {
+                let parts = global_sums(&bleu_parts(stats, cfg)?, reduce)?;
+                group_bleu_loss(&parts, cfg, out_dtype)
+            }
+        }
     }
 
     /// `cross_entropy + bleu_weight · bleu` from the pass's cross-entropy `share` and the
@@ -163,13 +186,17 @@ impl Reducer<'_> {
         cfg: &BleuLossConfig,
         bleu_weight: f64,
     ) -> Result<TrainingLoss> {
-        let share = losses.sum(targets.divisor())?;
+        let share = token_sum(&losses, targets.divisor())?;
         let metrics = losses.metrics.as_ref();
-        let (cross_entropy, bleu, (z_loss, token_accuracy)) = match self {
+        let (cross_entropy, bleu_loss, (z_loss, token_accuracy)) = match self {
             Reducer::Local => (
                 share,
-                self.bleu(stats, cfg)?,
-                local_metrics(metrics, targets)?,
+                self.bleu_loss(&stats, cfg)?,
+                // Without metrics (none asked for) there is nothing to reduce.
+                metrics
+                    .map(|m| local_metrics(m, targets))
+                    .transpose()?
+                    .unwrap_or_default(),
             ),
             Reducer::Group(reduce) => {
                 let out_dtype = share.dtype();
@@ -182,28 +209,40 @@ impl Reducer<'_> {
                 let g = global_sums(&parts, reduce)?;
                 let cross_entropy = group_cross_entropy(&g[..ce_parts], targets, out_dtype)?;
                 let measured = group_metrics(&g[ce_parts..bleu_start], &g[1], targets, out_dtype)?;
-                let loss = bleu_from_parts(&g[bleu_start..], cfg, out_dtype)?;
-                (cross_entropy, BleuLossOutput { loss, stats }, measured)
+                let bleu_loss = group_bleu_loss(&g[bleu_start..], cfg, out_dtype)?;
+                (cross_entropy, bleu_loss, measured)
             }
         };
-        let loss = (&cross_entropy + bleu.loss.affine(bleu_weight, 0.0)?)?;
+        let loss = (&cross_entropy + bleu_loss.affine(bleu_weight, 0.0)?)?;
         Ok(TrainingLoss {
             loss,
             cross_entropy,
-            bleu,
+            bleu: BleuLossOutput {
+                loss: bleu_loss,
+                stats,
+            },
             z_loss,
             token_accuracy,
         })
     }
 }
 
-/// The dtype of the numbers the loss all-reduces: f64 where the device has it, f32 on Metal.
-pub(crate) fn reduce_dtype(device: &Device) -> DType {
-    if device.is_metal() {
-        DType::F32
+/// The cross-entropy's token terms summed, a scalar: divided by `divisor` unless each term is
+/// divided already ([`TokenLosses::divided`]).
+pub(crate) fn token_sum(losses: &TokenLosses, divisor: f64) -> Result<Tensor> {
+    let sum = losses.terms.sum_all()?;
+    if losses.divided {
+        Ok(sum)
     } else {
-        DType::F64
+        sum / divisor
     }
+}
+
+/// Each position's term, `[B, S]`, from `[B, S, 1]` or `[B, S]` terms (with a divisor of 1:
+/// the position's loss).
+fn per_position(terms: &Tensor) -> Result<Tensor> {
+    let (batch, seq) = (terms.dim(0)?, terms.dim(1)?);
+    terms.reshape((batch, seq))
 }
 
 /// The sum of `local` over every worker, differentiable in this worker's term:
@@ -228,8 +267,8 @@ pub(crate) fn global_sum(local: &Tensor, reduce: &(impl AllReduce + ?Sized)) -> 
     total + (local - detached)?
 }
 
-/// One all-reduce for several float tensors: each is flattened into one buffer of the reduce
-/// dtype, summed with [`global_sum`], and split back into its shape (in the reduce dtype).
+/// One all-reduce for several float tensors: each is flattened into one buffer of the sum
+/// dtype, summed with [`global_sum`], and split back into its shape (in the sum dtype).
 pub(crate) fn global_sums(
     parts: &[Tensor],
     reduce: &(impl AllReduce + ?Sized),
@@ -237,7 +276,7 @@ pub(crate) fn global_sums(
     let Some(first) = parts.first() else {
         return Ok(Vec::new());
     };
-    let dtype = reduce_dtype(first.device());
+    let dtype = sum_dtype(first.device());
     let flat: Vec<Tensor> = parts
         .iter()
         .map(|p| p.to_dtype(dtype)?.flatten_all())
@@ -257,9 +296,9 @@ pub(crate) fn global_sums(
 
 /// What the cross-entropy contributes to the all-reduce: the shard's sum of row terms and its
 /// count of non-pad targets, and with class weights under `Mean` its `Σ w_t` (the weighted
-/// mean's denominator; the metrics keep the count), `[1]` each in the reduce dtype.
+/// mean's denominator; the metrics keep the count), `[1]` each in the sum dtype.
 fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<Tensor>> {
-    let dtype = reduce_dtype(share.device());
+    let dtype = sum_dtype(share.device());
     // Made in `dtype` on the host: no f64 tensor on a device without f64 (Metal).
     let count = constant(vec![targets.count as f64], 1, dtype, share.device())?;
     let mut parts = vec![share.to_dtype(dtype)?.reshape(1)?, count];
@@ -280,9 +319,9 @@ fn weighted_mean(targets: &CheckedTargets) -> bool {
 }
 
 /// The z-loss's part and the token accuracy of one process's batch (a mean or a sum, as
-/// `targets.division` says), from the pass's metrics; each `None` unless asked for.
+/// `targets.division` says), from the pass's metrics `m`; each `None` unless asked for.
 fn local_metrics(
-    metrics: Option<&TokenMetrics>,
+    m: &TokenMetrics,
     targets: &CheckedTargets,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     // The z-term's mean divides by the count, also under class weights (as Liger's does).
@@ -290,11 +329,12 @@ fn local_metrics(
         CrossEntropyReduction::Mean => targets.count as f64,
         _ => 1.0,
     };
-    let z_loss = match metrics {
-        Some(m) if targets.terms.z_loss != 0.0 => Some((m.z.sum_all()? / z_divisor)?),
-        _ => None,
+    let z_loss = if targets.terms.z_loss != 0.0 {
+        Some((m.z.sum_all()? / z_divisor)?)
+    } else {
+        None
     };
-    Ok((z_loss, local_accuracy(metrics, targets)?))
+    Ok((z_loss, local_accuracy(Some(m), targets)?))
 }
 
 /// The token accuracy of one process's batch, `Σ correct / n`, when asked for; an error where
@@ -324,7 +364,7 @@ fn metric_parts(metrics: Option<&TokenMetrics>) -> Result<Vec<Tensor>> {
     let Some(m) = metrics else {
         return Ok(Vec::new());
     };
-    let dtype = reduce_dtype(m.z.device());
+    let dtype = sum_dtype(m.z.device());
     let sum = |t: &Tensor| t.to_dtype(dtype)?.sum_all()?.reshape(1);
     Ok(vec![sum(&m.z)?, sum(&m.correct)?])
 }
@@ -392,96 +432,87 @@ fn global_mean(sum: &Tensor, count: &Tensor, out_dtype: DType) -> Result<Tensor>
     sum.div(count)?.squeeze(0)?.to_dtype(out_dtype)
 }
 
-/// Errors unless the statistics have the shapes [`loss_from_stats`] takes, with at least one
-/// element.
-pub(crate) fn check_stats(stats: &BleuStats) -> Result<()> {
-    let (batch, orders) = match stats.matches.dims() {
-        &[b, n] => (b, n),
-        dims => bail!("`stats.matches` must be [B, N], got shape {dims:?}"),
+/// The rows the score takes from one process's statistics (`[B, N]` and `[B]`), in `dtype`
+/// (`sum_dtype`: summed there, not in the caller's dtype): the statistics summed over its
+/// elements for `Corpus` (`matches`, `totals` `[1, N]`, `hyp_len`, `ref_len` `[1]`), each
+/// element's own for `SentenceMean`.
+pub(crate) fn score_rows(
+    stats: &BleuStats,
+    dtype: DType,
+    reduction: Reduction,
+) -> Result<BleuStats> {
+    let rows = |t: &Tensor| -> Result<Tensor> {
+        let t = t.to_dtype(dtype)?;
+        match reduction {
+            Reduction::Corpus => t.sum_keepdim(0),
+            Reduction::SentenceMean => Ok(t),
+        }
     };
-    if stats.totals.dims() != [batch, orders]
-        || stats.hyp_len.dims() != [batch]
-        || stats.ref_len.dims() != [batch]
-    {
-        bail!(
-            "`stats` must be matches/totals [B, N] and hyp_len/ref_len [B], got {:?}, {:?}, {:?}, {:?}",
-            stats.matches.dims(),
-            stats.totals.dims(),
-            stats.hyp_len.dims(),
-            stats.ref_len.dims()
-        );
-    }
-    if batch == 0 {
-        bail!(
-            "`stats` of an empty shard (shape {:?}): every worker needs at least one element",
-            stats.matches.dims()
-        );
-    }
-    Ok(())
-}
-
-/// The statistics in `dtype`, so that the per-sentence losses of `SentenceMean` are summed
-/// without rounding to the caller's dtype first.
-pub(crate) fn stats_in(stats: &BleuStats, dtype: DType) -> Result<BleuStats> {
     Ok(BleuStats {
-        matches: stats.matches.to_dtype(dtype)?,
-        totals: stats.totals.to_dtype(dtype)?,
-        hyp_len: stats.hyp_len.to_dtype(dtype)?,
-        ref_len: stats.ref_len.to_dtype(dtype)?,
+        matches: rows(&stats.matches)?,
+        totals: rows(&stats.totals)?,
+        hyp_len: rows(&stats.hyp_len)?,
+        ref_len: rows(&stats.ref_len)?,
     })
 }
 
-/// What the BLEU loss contributes to the all-reduce: the corpus sums (`Corpus`), or the sum of
-/// the shard's sentence losses and its size (`SentenceMean`).
+/// What the BLEU loss contributes to the all-reduce, in the sum dtype, after the worker's own
+/// statistics are checked (a negative one could hide in the global sums): the corpus sums
+/// `[matches, totals, hyp_len, ref_len]` (`Corpus`, [`score_rows`]), or the sum of the shard's
+/// sentence losses and its size, `[1]` each (`SentenceMean`: what is summed is the losses, so
+/// they are scored here, before the all-reduce).
 fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
-    check_stats(local)?;
-    // Each worker's own statistics: a negative one could hide in the global sums.
-    score::check_stats_values("", local, cfg.check_values)?;
-    let dtype = reduce_dtype(local.matches.device());
-    // Summed in the reduce dtype (f64), as the single-process score sums them.
-    let local = stats_in(local, dtype)?;
+    shard_stats(local, cfg)?;
+    let dtype = sum_dtype(local.matches.device());
+    let rows = score_rows(local, dtype, cfg.reduction)?;
     match cfg.reduction {
-        Reduction::Corpus => Ok(vec![
-            local.matches.sum(0)?,
-            local.totals.sum(0)?,
-            local.hyp_len.sum_keepdim(0)?,
-            local.ref_len.sum_keepdim(0)?,
-        ]),
+        Reduction::Corpus => Ok(vec![rows.matches, rows.totals, rows.hyp_len, rows.ref_len]),
         Reduction::SentenceMean => {
-            let batch = local.matches.dim(0)?;
-            let mean = loss_from_stats(&local, cfg)?;
-            let count = constant(vec![batch as f64], 1, dtype, local.matches.device())?;
+            let batch = rows.matches.dim(0)?;
+            let mean = neg_log_bleu(&rows, cfg, dtype)?;
+            let count = constant(vec![batch as f64], 1, dtype, rows.matches.device())?;
             Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
         }
     }
 }
 
-/// The global BLEU loss from the globally summed [`bleu_parts`], in `out_dtype`.
-fn bleu_from_parts(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> Result<Tensor> {
-    let loss = match cfg.reduction {
-        Reduction::Corpus => loss_from_stats(
-            &BleuStats {
-                matches: parts[0].unsqueeze(0)?,
-                totals: parts[1].unsqueeze(0)?,
-                hyp_len: parts[2].clone(),
-                ref_len: parts[3].clone(),
-            },
-            cfg,
-        )?,
-        Reduction::SentenceMean => parts[0].div(&parts[1])?.squeeze(0)?,
+/// The group's BLEU loss from the globally summed [`bleu_parts`], in `out_dtype`: the score of
+/// the global corpus sums (statistics of the sum dtype, scored with its guards), or the global
+/// sum of sentence losses over the global count of sentences.
+fn group_bleu_loss(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> Result<Tensor> {
+    let loss = match (cfg.reduction, parts) {
+        (Reduction::Corpus, [matches, totals, hyp_len, ref_len]) => {
+            let sums = BleuStats {
+                matches: matches.clone(),
+                totals: totals.clone(),
+                hyp_len: hyp_len.clone(),
+                ref_len: ref_len.clone(),
+            };
+            neg_log_bleu(&sums, cfg, sums.matches.dtype())?
+        }
+        (Reduction::SentenceMean, [sum, count]) => sum.div(count)?.squeeze(0)?,
+        _ => bail!("internal: {} BLEU parts", parts.len()),
     };
     loss.to_dtype(out_dtype)
 }
 
-/// The BLEU loss of the group's global batch from this worker's statistics: one all-reduce of
-/// `2·N + 2` numbers (`Corpus`) or 2 (`SentenceMean`). A scalar in the statistics' compute
-/// dtype (f32 for f16/bf16).
-pub(crate) fn bleu_loss_of_group(
+/// The corpus statistics of the group's global batch from this worker's (`[B_w, N]`, `[B_w]`,
+/// shapes checked by the caller): `matches`, `totals` `[1, N]` and `hyp_len`, `ref_len` `[1]`,
+/// each summed over every worker's elements in the sum dtype ([`global_sums`], one all-reduce of
+/// `2·N + 2` numbers), differentiable in this worker's share.
+pub(crate) fn global_corpus_sums(
     local: &BleuStats,
-    cfg: &BleuLossConfig,
     reduce: &(impl AllReduce + ?Sized),
-) -> Result<Tensor> {
-    let out_dtype = score::compute_dtype(local.matches.dtype())?;
-    let parts = global_sums(&bleu_parts(local, cfg)?, reduce)?;
-    bleu_from_parts(&parts, cfg, out_dtype)
+) -> Result<BleuStats> {
+    let rows = score_rows(local, sum_dtype(local.matches.device()), Reduction::Corpus)?;
+    let parts = [rows.matches, rows.totals, rows.hyp_len, rows.ref_len];
+    let [matches, totals, hyp_len, ref_len]: [Tensor; 4] = global_sums(&parts, reduce)?
+        .try_into()
+        .map_err(|_| candle_core::Error::Msg("internal: four sums".into()))?;
+    Ok(BleuStats {
+        matches,
+        totals,
+        hyp_len,
+        ref_len,
+    })
 }

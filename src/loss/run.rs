@@ -19,7 +19,7 @@ use super::config::{
 };
 use super::dispatch::Path;
 use super::pipeline::{cross_entropy_pass, hypothesis_pass, statistics};
-use super::reduce::Reducer;
+use super::reduce::{token_sum, Reducer};
 use super::references::{References, TrainingTargets};
 use candle_core::{bail, Result, Tensor};
 
@@ -95,7 +95,10 @@ pub(crate) fn cross_entropy_sum_and_count(
     // A divisor of 1: the pass sums the row terms (what a group's shard does). `weight_sum`
     // is the count without class weights.
     let count = targets.weight_sum;
-    Ok((cross_entropy_pass(&input, &targets)?.sum(1.0)?, count))
+    Ok((
+        token_sum(&cross_entropy_pass(&input, &targets)?, 1.0)?,
+        count,
+    ))
 }
 
 #[cfg(test)]

@@ -1,45 +1,16 @@
-//! From statistics to the loss: smoothing, the guards, the brevity penalty, the reduction
+//! From finished sums to the loss: smoothing, the guards, the brevity penalty, `-log BLEU`
 //! (docs/loss.md, §10 Score: smoothing, brevity penalty, guards).
+//!
+//! The bottom of the path: the reduction stage (`reduce`) decides what is summed where — over
+//! this process's batch, or over a data-parallel group — and hands the rows to score to
+//! [`neg_log_bleu`]; nothing here sums over a batch or a group, checks statistics, or calls
+//! back up. The checks of statistics a caller gives are `checked`'s.
 
-use super::config::{constant, BleuLossConfig, BleuStats, LossSmoothing, Reduction};
-use super::host;
-use candle_core::{bail, DType, Device, Result, Tensor};
+use super::config::{constant, BleuLossConfig, BleuStats, LossSmoothing};
+use candle_core::{bail, DType, Result, Tensor};
 
 /// Ratios below this are floored before the log (gradient 0 below the floor).
 pub const PRECISION_FLOOR: f64 = 1e-30;
-
-/// The effective reference length of each element: the reference length closest to the
-/// hypothesis length `c`, the shorter on a tie (sacrebleu and NLTK), chosen with tensor ops on
-/// the device. A constant: no gradient flows through the choice.
-///
-/// * `hyp_len` - float `[B]`;
-/// * `ref_lengths` - float `[B, R]` in the dtype of `hyp_len`, `ref_mask` u8 `[B, R]` (1 where a
-///   reference is). Distances are taken in that dtype, so a tie between fractional lengths is a
-///   tie of its rounded distances.
-pub(crate) fn closest_reference_lengths(
-    hyp_len: &Tensor,
-    ref_lengths: &Tensor,
-    ref_mask: &Tensor,
-) -> Result<Tensor> {
-    let far = Tensor::full(f32::INFINITY, ref_lengths.shape(), ref_lengths.device())?
-        .to_dtype(ref_lengths.dtype())?;
-    let distance = ref_lengths
-        .broadcast_sub(&hyp_len.detach().unsqueeze(1)?)?
-        .abs()?;
-    // Padding is infinitely far; every element has a reference, so its nearest is finite.
-    let distance = ref_mask.where_cond(&distance, &far)?;
-    let nearest = distance.min_keepdim(1)?;
-    let is_nearest = distance.broadcast_eq(&nearest)?;
-    is_nearest.where_cond(ref_lengths, &far)?.min(1)
-}
-
-/// The order weights `w_n`: the configured ones, or `1/N` each.
-pub(crate) fn order_weights(cfg: &BleuLossConfig) -> Vec<f64> {
-    match &cfg.weights {
-        Some(weights) => weights.clone(),
-        None => vec![1.0 / cfg.max_order as f64; cfg.max_order],
-    }
-}
 
 /// Checks `max_order`, `weights` and the smoothing constant.
 pub(crate) fn validate_config(cfg: &BleuLossConfig) -> Result<()> {
@@ -111,222 +82,71 @@ fn weighted_log_precisions(
     let log_precision = matched
         .where_cond(&log_ratio, &ones.affine(0.0, log_floor)?)?
         .maximum(log_floor)?;
-    let weights = constant(order_weights(cfg), order_count, dtype, device)?;
+    // The order weights `w_n`: the configured ones, or `1/N` each.
+    let weights = match &cfg.weights {
+        Some(weights) => weights.clone(),
+        None => vec![1.0 / order_count as f64; order_count],
+    };
+    let weights = constant(weights, order_count, dtype, device)?;
     log_precision.broadcast_mul(&weights)?.sum(1)
 }
 
-/// The dtype the score is computed in: f64 where the device has it, f32 on Metal (whose
-/// backend has no f64).
-pub(crate) fn score_dtype(device: &Device) -> DType {
-    if device.is_metal() {
-        DType::F32
-    } else {
-        DType::F64
-    }
-}
-
-/// The loss `-log BLEU` from per-element statistics (docs/loss.md, §Score and loss).
+/// `-log BLEU` of finished sums, averaged over their rows: the loss of one corpus (`rows` the
+/// statistics summed over the batch, and over the group in data-parallel training: `[1, N]`
+/// and `[1]`) or the mean of the sentences' losses (`rows` each element's: `[B, N]` and `[B]`).
 ///
-/// # Arguments
-/// * `stats` - [`BleuStats`]: `matches` and `totals` float `[B, N]` (`m_n` and `t_n` of each
-///   element), `hyp_len` and `ref_len` float `[B]` (`c` and the effective reference length),
-///   all on one device.
-/// * `cfg` - `max_order` (= N), weights, smoothing, reduction and `check_values` are used.
+/// * `rows` - [`BleuStats`] in the dtype the score is taken in (`config::sum_dtype`: f64, or
+///   f32 on Metal), on one device, checked and well formed (`checked` for a caller's).
+/// * `guard_dtype` - the compute dtype of the statistics the rows came from, which sets the
+///   guards: a total or match below its smallest normal number counts as 0 (f64's only when
+///   both it and `rows` are f64, else f32's; docs/design.md, "`t_n = 0` means below the smallest
+///   normal number of the caller's dtype").
 ///
-/// `Corpus` sums the statistics over the batch and scores once; `SentenceMean` scores each
-/// element and averages the losses. Returns a scalar in the dtype of `matches` (f32 for f16
-/// and bf16 statistics, which are upcast). The score runs in f64 where the device has it and
-/// in f32 on Metal, with the same guards (tiny totals and matches count as zero, ratios are
-/// floored at [`PRECISION_FLOOR`]).
-///
-/// Errors (naming the argument and its shape or dtype) on wrong shapes, an empty batch,
-/// non-float statistics, statistics on different devices, an invalid config, or NaN or
-/// infinite values — checked in place on the CPU; on other devices only with
-/// `cfg.check_values` (one device-to-host copy per statistic), since the check needs the data
-/// on the host.
-///
-/// Because the corpus loss depends on the batch only through these sums, data-parallel
-/// workers can all-reduce (sum) their statistics and call this on the totals: every worker
-/// gets the same loss, and the gradient flows back to its own shard's statistics.
-///
-/// ```
-/// use candle_bleu::loss::{bleu_loss_from_logits, loss_from_stats, BleuLossConfig, BleuStats, References};
-/// use candle_core::{DType, Device, Tensor};
-///
-/// let dev = Device::Cpu;
-/// let cfg = BleuLossConfig::default();
-/// let ids = Tensor::new(&[[1u32, 2, 3, 4], [2, 3, 4, 5]], &dev)?;
-/// let logits = Tensor::randn(0f32, 1., (2, 4, 6), &dev)?;
-/// // Two workers, one element each: each computes its shard's statistics...
-/// let shard = |b: usize| -> candle_core::Result<BleuStats> {
-///     let refs = References::from_ids(&ids.narrow(0, b, 1)?, 0)?;
-///     Ok(bleu_loss_from_logits(&logits.narrow(0, b, 1)?, None, &refs, &cfg)?.stats)
-/// };
-/// let (a, b) = (shard(0)?, shard(1)?);
-/// // ...the statistics are all-reduced (summed over workers; here: concatenated)...
-/// let cat = |x: &Tensor, y: &Tensor| Tensor::cat(&[x, y], 0);
-/// let all = BleuStats {
-///     matches: cat(&a.matches, &b.matches)?,
-///     totals: cat(&a.totals, &b.totals)?,
-///     hyp_len: cat(&a.hyp_len, &b.hyp_len)?,
-///     ref_len: cat(&a.ref_len, &b.ref_len)?,
-/// };
-/// // ...and every worker scores the same corpus: the full batch's loss.
-/// let reduced = loss_from_stats(&all, &cfg)?.to_scalar::<f32>()?;
-/// let refs = References::from_ids(&ids, 0)?;
-/// let full = bleu_loss_from_logits(&logits, None, &refs, &cfg)?.loss.to_scalar::<f32>()?;
-/// assert!((reduced - full).abs() < 1e-6);
-/// # Ok::<(), candle_core::Error>(())
-/// ```
-pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
-    let BleuStats {
-        matches,
-        totals,
-        hyp_len,
-        ref_len,
-    } = stats;
-    validate_config(cfg)?;
-    let (batch, orders) = match matches.dims() {
-        &[b, n] => (b, n),
-        dims => bail!("loss_from_stats: `stats.matches` must be [B, N], got shape {dims:?}"),
-    };
-    if orders != cfg.max_order {
-        bail!(
-            "loss_from_stats: `stats.matches` has {orders} orders (shape {:?}) but `max_order` is {}",
-            matches.dims(),
-            cfg.max_order
-        );
-    }
-    if totals.dims() != matches.dims() {
-        bail!(
-            "loss_from_stats: `stats.totals` has shape {:?}, `stats.matches` {:?}",
-            totals.dims(),
-            matches.dims()
-        );
-    }
-    for (name, t) in [("hyp_len", hyp_len), ("ref_len", ref_len)] {
-        if t.dims() != [batch] {
-            bail!(
-                "loss_from_stats: `stats.{name}` must be [{batch}], got shape {:?}",
-                t.dims()
-            );
-        }
-    }
-    if batch == 0 {
-        bail!(
-            "loss_from_stats: empty batch (`stats.matches` has shape {:?})",
-            matches.dims()
-        );
-    }
-    for (name, t) in [
-        ("matches", matches),
-        ("totals", totals),
-        ("hyp_len", hyp_len),
-        ("ref_len", ref_len),
-    ] {
-        if !t.dtype().is_float() {
-            bail!(
-                "loss_from_stats: `stats.{name}` must be a float tensor, got {:?} with shape {:?}",
-                t.dtype(),
-                t.dims()
-            );
-        }
-        if !t.device().same_device(matches.device()) {
-            bail!(
-                "loss_from_stats: `stats.{name}` is on {:?} but `stats.matches` on {:?}",
-                t.device(),
-                matches.device()
-            );
-        }
-    }
-    check_stats_values("loss_from_stats: ", stats, cfg.check_values)?;
-    score(stats, cfg)
-}
-
-/// Errors unless every statistic is finite and `>= 0` (on the CPU always, elsewhere when
-/// `check_off_cpu`; see [`BleuLossConfig::check_values`]). No text gives a negative count or
-/// length: negative values would be scored as a finite, wrong loss, and a NaN or infinite one
-/// would give a NaN loss and NaN gradients. `context` prefixes the message.
-pub(crate) fn check_stats_values(
-    context: &str,
-    stats: &BleuStats,
-    check_off_cpu: bool,
-) -> Result<()> {
-    let named = [
-        ("matches", &stats.matches),
-        ("totals", &stats.totals),
-        ("hyp_len", &stats.hyp_len),
-        ("ref_len", &stats.ref_len),
-    ];
-    for (name, t) in named {
-        match host::finite_and_nonnegative(t, check_off_cpu)? {
-            Some((false, _)) => bail!(
-                "{context}`stats.{name}` contains NaN or infinite values (shape {:?})",
-                t.dims()
-            ),
-            Some((true, false)) => bail!(
-                "{context}`stats.{name}` contains negative values (shape {:?}): counts and \
-                 lengths are >= 0",
-                t.dims()
-            ),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// [`loss_from_stats`] on statistics known to be well formed (from the loss itself).
-///
-/// The score is computed in f64 where the device has it, whatever the statistics' dtype: on
-/// [B, N] numbers it costs nothing. PRECISION_FLOOR (1e-30) would be 0 in f16. The loss goes
-/// back to the caller's compute dtype (f32 for f16/bf16), and so does the gradient.
-pub(crate) fn score(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
-    score_in(stats, cfg, score_dtype(stats.matches.device()))
-}
-
-/// [`score`] computed in `dtype` (f64, or f32 as on Metal).
-fn score_in(stats: &BleuStats, cfg: &BleuLossConfig, dtype: DType) -> Result<Tensor> {
-    let out_dtype = compute_dtype(stats.matches.dtype())?;
-    let tiny = match (out_dtype, dtype) {
+/// Returns a scalar in the dtype of `rows`; the caller casts it to its compute dtype.
+pub(crate) fn neg_log_bleu(
+    rows: &BleuStats,
+    cfg: &BleuLossConfig,
+    guard_dtype: DType,
+) -> Result<Tensor> {
+    let tiny = match (guard_dtype, rows.matches.dtype()) {
         (DType::F64, DType::F64) => f64::MIN_POSITIVE,
         _ => f32::MIN_POSITIVE as f64,
     };
-    let (matches, totals, hyp_len, ref_len) = (
-        stats.matches.to_dtype(dtype)?,
-        stats.totals.to_dtype(dtype)?,
-        stats.hyp_len.to_dtype(dtype)?,
-        stats.ref_len.to_dtype(dtype)?,
-    );
-    let (matches, totals, hyp_len, ref_len) = match cfg.reduction {
-        Reduction::Corpus => (
-            matches.sum_keepdim(0)?,
-            totals.sum_keepdim(0)?,
-            hyp_len.sum_keepdim(0)?,
-            ref_len.sum_keepdim(0)?,
-        ),
-        Reduction::SentenceMean => (matches, totals, hyp_len, ref_len),
-    };
-    let log_bleu = log_brevity_penalty(&hyp_len, &ref_len)?
-        .add(&weighted_log_precisions(&matches, &totals, tiny, cfg)?)?;
-    log_bleu.mean_all()?.neg()?.to_dtype(out_dtype)
-}
-
-/// Upcasts half precision to f32; f32 and f64 stay as they are.
-pub(crate) fn compute_dtype(dtype: DType) -> Result<DType> {
-    match dtype {
-        DType::F32 | DType::F64 => Ok(dtype),
-        DType::F16 | DType::BF16 => Ok(DType::F32),
-        other => bail!("expected a float tensor, got {other:?}"),
-    }
+    let log_bleu = log_brevity_penalty(&rows.hyp_len, &rows.ref_len)?.add(
+        &weighted_log_precisions(&rows.matches, &rows.totals, tiny, cfg)?,
+    )?;
+    log_bleu.mean_all()?.neg()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loss::config::{sum_dtype, Reduction};
+    use candle_core::Device;
 
     #[test]
     fn the_score_runs_in_f64_except_on_metal() {
-        assert_eq!(score_dtype(&Device::Cpu), DType::F64);
+        assert_eq!(sum_dtype(&Device::Cpu), DType::F64);
+    }
+
+    /// The single-process score of f32 statistics, taken in `dtype` (f64, or f32 as on Metal):
+    /// the rows the reduction stage hands down (summed over the batch for `Corpus`), scored
+    /// with f32's guards, the loss in f32.
+    fn score_in(stats: &BleuStats, cfg: &BleuLossConfig, dtype: DType) -> Result<Tensor> {
+        let rows = |t: &Tensor| -> Result<Tensor> {
+            let t = t.to_dtype(dtype)?;
+            match cfg.reduction {
+                Reduction::Corpus => t.sum_keepdim(0),
+                Reduction::SentenceMean => Ok(t),
+            }
+        };
+        let rows = BleuStats {
+            matches: rows(&stats.matches)?,
+            totals: rows(&stats.totals)?,
+            hyp_len: rows(&stats.hyp_len)?,
+            ref_len: rows(&stats.ref_len)?,
+        };
+        neg_log_bleu(&rows, cfg, DType::F32)?.to_dtype(DType::F32)
     }
 
     /// The f32 score (Metal's path) against the f64 one on extreme statistics: every

@@ -126,17 +126,15 @@ pub use mpi_impl::MpiAllReduce;
 pub use nccl_impl::NcclAllReduce;
 pub use thread::ThreadAllReduce;
 
-use super::checked::Hypotheses;
+use super::checked::{shard_stats_shapes, Hypotheses};
 use super::config::{
-    BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig, CrossEntropyOutput,
-    HiddenConfig, TrainingLoss, TrainingLossConfig,
+    constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig,
+    CrossEntropyOutput, HiddenConfig, TrainingLoss, TrainingLossConfig,
 };
 use super::ctc_bleu::ctc_bleu_on;
 use super::dispatch::Path;
 use super::hidden::hidden_input;
-use super::reduce::{
-    bleu_loss_of_group, check_stats, global_sum, global_sums, reduce_dtype, stats_in, Reducer,
-};
+use super::reduce::{global_corpus_sums, global_sum, Reducer};
 use super::references::{References, TrainingTargets};
 use super::run;
 use candle_core::backprop::GradStore;
@@ -194,7 +192,7 @@ pub fn cross_entropy_sum_and_count(
     let input = Hypotheses::Logits(logits);
     let (sum, count) = run::cross_entropy_sum_and_count(input, targets, cfg, path)?;
     let device = logits.device();
-    let count = crate::loss::config::constant(vec![count], (), reduce_dtype(device), device)?;
+    let count = constant(vec![count], (), sum_dtype(device), device)?;
     Ok((sum, count))
 }
 
@@ -309,22 +307,8 @@ impl<'a, R: AllReduce + ?Sized> DataParallel<'a, R> {
     /// batch. `local` is this worker's [`BleuStats`] (`[B_w, N]`, `[B_w]`, `B_w >= 1`). One
     /// all-reduce of `2·N + 2` numbers.
     pub fn global_stats(&self, local: &BleuStats) -> Result<BleuStats> {
-        check_stats(local)?;
-        let local = stats_in(local, reduce_dtype(local.matches.device()))?;
-        let sums = [
-            local.matches.sum(0)?,
-            local.totals.sum(0)?,
-            local.hyp_len.sum_keepdim(0)?,
-            local.ref_len.sum_keepdim(0)?,
-        ];
-        let mut g = global_sums(&sums, self.all_reduce)?.into_iter();
-        let mut next = || g.next().expect("four sums");
-        Ok(BleuStats {
-            matches: next().unsqueeze(0)?,
-            totals: next().unsqueeze(0)?,
-            hyp_len: next(),
-            ref_len: next(),
-        })
+        shard_stats_shapes(local)?;
+        global_corpus_sums(local, self.all_reduce)
     }
 
     /// The BLEU loss of the global batch from this worker's statistics, with the gradient of
@@ -341,7 +325,7 @@ impl<'a, R: AllReduce + ?Sized> DataParallel<'a, R> {
     /// Returns a scalar in the statistics' dtype (f32 for f16/bf16), the same on every worker.
     /// One all-reduce of `2·N + 2` numbers (corpus) or 2 (`SentenceMean`).
     pub fn bleu_loss_from_stats(&self, local: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
-        bleu_loss_of_group(local, cfg, self.all_reduce)
+        self.group().bleu_loss(local, cfg)
     }
 
     /// The mean cross-entropy of the global batch from this worker's shard:

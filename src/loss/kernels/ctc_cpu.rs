@@ -387,22 +387,13 @@ impl CtcOp {
             })
             .find_any(Option::is_some)
             .flatten();
-        if let Some((b, t)) = bad {
-            let what = if self.from_logits {
-                "NaN or infinite values"
-            } else {
-                "NaN or +inf"
-            };
-            bail!(
-                "`{}` contains {what} at batch element {b}, frame {t} (shape {:?}); the CTC loss needs {}",
+        if let Some(frame) = bad {
+            return Err(non_finite_frame(
                 self.argument(),
+                self.from_logits,
+                frame,
                 shape.dims(),
-                if self.from_logits {
-                    "finite logits"
-                } else {
-                    "log-probabilities that are finite or -inf"
-                }
-            );
+            ));
         }
         Ok(out)
     }
@@ -529,6 +520,26 @@ impl CustomOp3 for CtcOpBackward {
         )?;
         Ok((grad, x_layout.shape().clone()))
     }
+}
+
+/// The error of a CTC input `name` (`[B, T', V]` of shape `dims`) whose frame `(b, t)` holds a
+/// value the loss cannot take: NaN or `+inf` in log-probabilities, or any non-finite logit.
+/// The one message of the validation's check (`checked`) and the CPU kernel's own.
+pub(crate) fn non_finite_frame(
+    name: &str,
+    from_logits: bool,
+    (b, t): (usize, usize),
+    dims: &[usize],
+) -> candle_core::Error {
+    let (what, needs) = if from_logits {
+        ("NaN or infinite values", "finite logits")
+    } else {
+        ("NaN or +inf", "log-probabilities that are finite or -inf")
+    };
+    candle_core::Error::Msg(format!(
+        "`{name}` contains {what} at batch element {b}, frame {t} (shape {dims:?}); the CTC loss needs {needs}"
+    ))
+    .bt()
 }
 
 #[cfg(test)]
