@@ -1,0 +1,84 @@
+//! How many ops a training step puts on the device: each candle op (and each custom op) of the
+//! forward graph is at least one kernel launch on CUDA, and the backward adds about as many
+//! again. Counted here on the CPU as the tracked nodes of the loss's graph
+//! (`Tensor::sorted_nodes`: the ops between the logits and the loss, the logits included).
+//!
+//! What it holds: the count does not grow with the batch, nor with the sequence for the expected
+//! and lower-bound forms (the math is batched on tensors, never looped over elements or
+//! positions); the paired form's first-occurrence product is a tree over the positions
+//! (`products::prod_last_dim`), a few ops per doubling of `S`. And it stays at or under today's
+//! count for each form, so that a change that adds ops shows here. The target of ≤ 20 launches for a whole
+//! CE + expected step (forward and backward) is not met: it needs the statistics fused into
+//! custom ops (docs/gpu.md, "Launches").
+
+use candle_bleu::loss::{
+    ce_bleu_from_logits, BleuLossConfig, CrossEntropyConfig, Form, References, TrainingLossConfig,
+    TrainingTargets,
+};
+use candle_core::{Device, Result, Tensor, Var};
+
+/// The tracked forward nodes of a CE + BLEU step of `form` on `[batch, seq, 50]` logits.
+fn forward_nodes(form: Form, (batch, seq): (usize, usize)) -> Result<usize> {
+    let dev = Device::Cpu;
+    let vocab = 50;
+    let logits = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, seq, vocab), &dev)?)?;
+    let ids: Vec<u32> = (0..batch * seq)
+        .map(|i| (1 + (i * 7) % (vocab - 1)) as u32)
+        .collect();
+    let targets = Tensor::from_vec(ids, (batch, seq), &dev)?;
+    let refs = References::from_ids(&targets, 0)?;
+    let cfg = TrainingLossConfig {
+        bleu_weight: 0.5,
+        ce: CrossEntropyConfig {
+            pad_id: Some(0),
+            ..Default::default()
+        },
+        bleu: BleuLossConfig {
+            form,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let step = ce_bleu_from_logits(
+        logits.as_tensor(),
+        &TrainingTargets::new(&targets, &refs),
+        &cfg,
+    )?;
+    Ok(step.loss.sorted_nodes().len())
+}
+
+#[test]
+fn a_step_has_a_fixed_number_of_ops_at_or_under_todays() -> Result<()> {
+    // Today's counts (2026-11-29) at S = 12, the ceilings.
+    for (form, ceiling) in [
+        (Form::Expected, 75),
+        (Form::LowerBound, 87),
+        (Form::Paired, 203),
+    ] {
+        let counts =
+            [(4, 12), (9, 12), (4, 30)].map(|shape| forward_nodes(form, shape).expect("a step"));
+        println!("{form:?}: {counts:?} tracked forward ops for [B, S] = [4, 12], [9, 12], [4, 30]");
+        assert_eq!(
+            counts[0], counts[1],
+            "{form:?}: the op count grows with the batch"
+        );
+        if form == Form::Paired {
+            // One more level of the product tree (16 < 30 <= 32): a few ops, not 18 positions.
+            assert!(
+                counts[2] > counts[0] && counts[2] <= counts[0] + 12,
+                "{form:?}: {counts:?}"
+            );
+        } else {
+            assert_eq!(
+                counts[0], counts[2],
+                "{form:?}: the op count grows with the sequence"
+            );
+        }
+        assert!(
+            counts[0] <= ceiling,
+            "{form:?}: {} tracked forward ops, more than today's {ceiling}",
+            counts[0]
+        );
+    }
+    Ok(())
+}
