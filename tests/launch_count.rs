@@ -37,7 +37,6 @@ fn forward_nodes(form: Form, (batch, seq): (usize, usize)) -> Result<usize> {
             form,
             ..Default::default()
         },
-        ..Default::default()
     };
     let step = ce_bleu_from_logits(
         logits.as_tensor(),

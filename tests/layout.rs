@@ -348,31 +348,37 @@ fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
 const LOSS_LAYERS: [&[&str]; 9] = [
     // Configs, output types, counted host copies, the collective's trait.
     &["config.rs", "host.rs", "all_reduce.rs"],
-    // The kernels: plain parameters, no loss config.
+    // The kernels: plain parameters, no loss config. The shared bottom, then the families
+    // (`row/`, `hidden/`, `ctc/`), which import the bottom and never each other.
     &[
         "kernels/float.rs",
         "kernels/layout.rs",
         "kernels/gemm.rs",
         "kernels/cpu.rs",
-        "kernels/ctc_cpu.rs",
-        "kernels/ctc_composed.rs",
+        "kernels/composed.rs",
+        "kernels/softcap.rs",
         "kernels/launch.rs",
-        "kernels/ctc_launch.rs",
         "kernels/cuda.rs",
-        "kernels/ctc_cuda.rs",
         "kernels/emu/mod.rs",
         "kernels/emu/module.rs",
         "kernels/emu/tests.rs",
         "kernels/emu/ctc_tests.rs",
-        "kernels/composed.rs",
-        "kernels/hidden_cpu.rs",
-        "kernels/hidden_composed.rs",
-        "kernels/hidden.rs",
-        "kernels/ctc_ngrams.rs",
-        "kernels/ctc_ngrams_composed.rs",
-        "kernels/row_op.rs",
-        "kernels/softcap.rs",
-        "kernels/log_softmax.rs",
+        "kernels/row/mod.rs",
+        "kernels/row/op.rs",
+        "kernels/row/launch.rs",
+        "kernels/row/cuda.rs",
+        "kernels/row/log_softmax.rs",
+        "kernels/hidden/mod.rs",
+        "kernels/hidden/op.rs",
+        "kernels/hidden/cpu.rs",
+        "kernels/hidden/composed.rs",
+        "kernels/ctc/mod.rs",
+        "kernels/ctc/op.rs",
+        "kernels/ctc/composed.rs",
+        "kernels/ctc/launch.rs",
+        "kernels/ctc/cuda.rs",
+        "kernels/ctc/ngrams.rs",
+        "kernels/ctc/ngrams_composed.rs",
         "kernels/mod.rs",
     ],
     // The statistics.
@@ -410,6 +416,41 @@ const LOSS_LAYERS: [&[&str]; 9] = [
     ],
 ];
 
+/// The kernel families (`kernels/row/`, `kernels/hidden/`, `kernels/ctc/`) import the shared
+/// bottom (the files directly in `kernels/`) and their own family, never another family; the
+/// bottom imports no family. The emulator's tests (`kernels/emu/`) test every family.
+#[test]
+fn the_kernel_families_import_only_the_shared_bottom() {
+    let graph = import_graph("loss");
+    // The reader sees the families' files and their imports of the bottom.
+    for (file, target) in [
+        ("kernels/hidden/cpu.rs", "kernels/cpu.rs"),
+        ("kernels/ctc/op.rs", "kernels/float.rs"),
+        ("kernels/row/op.rs", "kernels/layout.rs"),
+    ] {
+        assert!(graph[file].contains(target), "{file}: {:?}", graph[file]);
+    }
+    let family = |file: &str| -> Option<String> {
+        let rest = file.strip_prefix("kernels/")?;
+        let (folder, _) = rest.split_once('/')?;
+        (folder != "emu").then(|| folder.to_string())
+    };
+    for (file, edges) in &graph {
+        if !file.starts_with("kernels/") || file.starts_with("kernels/emu/") {
+            continue;
+        }
+        for target in edges.iter().filter(|t| t.starts_with("kernels/")) {
+            if let Some(theirs) = family(target) {
+                assert_eq!(
+                    family(file).as_deref(),
+                    Some(theirs.as_str()),
+                    "src/loss/{file} imports {target}, another family's file"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn nothing_in_the_loss_imports_from_a_layer_above() {
     let graph = import_graph("loss");
@@ -439,6 +480,9 @@ fn the_faces_only_declare_and_reexport() {
     for face in [
         "loss/mod.rs",
         "loss/kernels/mod.rs",
+        "loss/kernels/row/mod.rs",
+        "loss/kernels/hidden/mod.rs",
+        "loss/kernels/ctc/mod.rs",
         "loss/kernels/emu/mod.rs",
         "exact/mod.rs",
         "exact/chrf/mod.rs",

@@ -19,9 +19,9 @@ use super::config::{
 use super::dispatch::Path;
 use super::host;
 use super::kernels::cpu::CrossEntropyTerms;
-use super::kernels::ctc_cpu::{non_finite_frame, CtcAlignments};
 #[cfg(feature = "cuda-unverified")]
-use super::kernels::ctc_cuda::DeviceAlignments;
+use super::kernels::ctc::cuda::DeviceAlignments;
+use super::kernels::ctc::op::{non_finite_frame, CtcAlignments};
 use super::kernels::softcap;
 use super::references::References;
 use super::score;

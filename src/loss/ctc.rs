@@ -2,7 +2,7 @@
 //! gradient of its input, and greedy CTC decoding. The definitions, recursions and gradients
 //! are `docs/loss.md`, "CTC loss", in the repository.
 //!
-//! On the CPU one custom op (`kernels::ctc_cpu`) runs the forward–backward recursions in log
+//! On the CPU one custom op (`kernels::ctc::op`) runs the forward–backward recursions in log
 //! space over each batch element (rayon over the batch) with a hand-written backward; from
 //! logits it fuses the log-softmax (one read of each frame forward, one write of its gradient
 //! backward). Elsewhere, and in the `_composed` references, composed candle ops run the forward
@@ -12,8 +12,8 @@ use super::checked::{ctc_call, ctc_decode_call, CheckedCtc, CtcTargets};
 use super::config::{constant, CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;
-use super::kernels::ctc_composed::{ctc_losses, without_padding_frames};
-use super::kernels::ctc_cpu::CtcOp;
+use super::kernels::ctc::composed::{ctc_losses, without_padding_frames};
+use super::kernels::ctc::op::CtcOp;
 use candle_core::{Result, Tensor, D};
 
 /// The CTC loss of batch-first log-probabilities: PyTorch's

@@ -6,8 +6,8 @@
 use super::checked::CheckedCtcLogits;
 use super::config::{BleuLossConfig, BleuStats, CtcExpectedCounts};
 use super::forms::clip_expected_counts;
-use super::kernels::ctc_ngrams::{CtcNgramOp, CtcNgramPlan};
-use super::kernels::ctc_ngrams_composed::ctc_ngram_expectations_composed;
+use super::kernels::ctc::ngrams::{CtcNgramOp, CtcNgramPlan};
+use super::kernels::ctc::ngrams_composed::ctc_ngram_expectations_composed;
 use super::length;
 use super::references::{ReferenceSide, References};
 use candle_core::{bail, Result};

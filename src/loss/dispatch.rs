@@ -2,8 +2,8 @@
 //! the hidden-state path alike: [`Path`].
 
 #[cfg(feature = "cuda-unverified")]
-use super::kernels::ctc_cuda::ctc_kernels_loaded;
-use super::kernels::row_op::{cuda_kernels_loaded, options_kernels_loaded};
+use super::kernels::ctc::cuda::ctc_kernels_loaded;
+use super::kernels::row::op::{cuda_kernels_loaded, options_kernels_loaded};
 use candle_core::Device;
 
 /// Which implementation of the passes over the logits runs.

@@ -18,7 +18,7 @@
 //!
 //! These are wrappers over the one path every loss takes (`run`): the hidden states are one
 //! kind of input ([`Hypotheses::Hidden`](super::checked::Hypotheses)), validated with the
-//! others, and their pass is the hidden-state op (`hidden_pass`, `kernels::hidden`): raw slices
+//! others, and their pass is the hidden-state op (`hidden_pass`, `kernels::hidden::op`): raw slices
 //! on the CPU (gemm + the row kernels), candle ops in the same blocks elsewhere — so the GPU
 //! path keeps the `O(block)` memory too.
 

@@ -1,5 +1,5 @@
 //! The pass over hidden states and the output layer: [`hidden_rows`], the per-row outputs of
-//! their logits from one custom op (`kernels::hidden::HiddenRowsOp`) that computes and drops
+//! their logits from one custom op (`kernels::hidden::op::HiddenRowsOp`) that computes and drops
 //! the logits block by block — the CPU kernels where the checked path runs them, composed
 //! candle ops in the same blocks elsewhere. The row parameters are built here from the checked
 //! arguments; the kernels take them as plain values.
@@ -9,9 +9,9 @@ use super::config::HiddenConfig;
 use super::host::CpuView;
 use super::kernels::composed::{class_weight_tensor, masked_targets};
 use super::kernels::cpu::CrossEntropyTerms;
-use super::kernels::hidden::{bias_input, HiddenBlocks, HiddenRowsOp};
-use super::kernels::hidden_composed::{ComposedBlocks, ComposedRows};
-use super::kernels::hidden_cpu::{CpuBlocks, RowSpec};
+use super::kernels::hidden::composed::{ComposedBlocks, ComposedRows};
+use super::kernels::hidden::cpu::{CpuBlocks, RowSpec};
+use super::kernels::hidden::op::{bias_input, HiddenBlocks, HiddenRowsOp};
 use super::kernels::layout::RowLayout;
 use candle_core::{Result, Tensor};
 

@@ -164,7 +164,7 @@ pub use hidden::{
     ce_bleu_from_hidden_composed, cross_entropy_from_hidden, cross_entropy_from_hidden_composed,
 };
 pub use host::host_copies;
-pub use kernels::log_softmax::{log_softmax, log_softmax_slow};
+pub use kernels::row::log_softmax::{log_softmax, log_softmax_slow};
 pub use references::{References, TrainingTargets};
 pub use score::{log_brevity_penalty, PRECISION_FLOOR};
 pub use training::{ce_bleu_from_logits, ce_bleu_from_logits_composed};

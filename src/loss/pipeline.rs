@@ -22,7 +22,7 @@
 //! 5. `references::References::side` — the reference side (cached);
 //! 6. [`hypothesis_pass`];
 //! 7. `hidden_pass::hidden_rows` — the row parameters from the checked arguments;
-//! 8. `kernels::hidden::HiddenRowsOp` (through candle's `apply_op3`) — one op over the rows,
+//! 8. `kernels::hidden::op::HiddenRowsOp` (through candle's `apply_op3`) — one op over the rows,
 //!    its output `[B, S, C]` split by [`RowLayout`](super::kernels::layout::RowLayout);
 //! 9. [`inputs_from_gathered`] — the token matches `[B, S, W]` (and EOS probabilities);
 //! 10. [`TokenLosses::from_rows`] — the cross-entropy's column (each row divided by `n`);
@@ -45,7 +45,7 @@ use super::dispatch::Path;
 use super::hidden_pass::hidden_rows;
 use super::kernels::composed::{self, gather_columns};
 use super::kernels::layout::RowLayout;
-use super::kernels::row_op::{GatherIds, RowOp};
+use super::kernels::row::op::{GatherIds, RowOp};
 use super::kernels::softcap;
 use super::references::{ReferenceSide, ReferenceTokens};
 use super::{forms, length};

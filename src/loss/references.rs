@@ -8,7 +8,7 @@
 
 use super::config::constant;
 use super::host;
-use super::kernels::row_op::GatherIds;
+use super::kernels::row::op::GatherIds;
 use super::products::{extend_ngram_match, prod_last_dim};
 use crate::ngram::reference_ngram_masks;
 use candle_core::{bail, DType, Device, Result, Tensor};

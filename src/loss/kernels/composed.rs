@@ -1,7 +1,7 @@
 //! The kernels' row computations as composed candle ops: what devices without the crate's
 //! kernels run, and the reference the kernels are tested against. The same numbers to rounding.
 
-use super::cpu::CrossEntropyTerms;
+use crate::loss::kernels::cpu::CrossEntropyTerms;
 use candle_core::{DType, Result, Tensor, D};
 
 /// `probs[b, i, ids[b, k]]`: `[B, S, K]` from `[B, S, V]` probabilities and u32 `[B, K]` ids.

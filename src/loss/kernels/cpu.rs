@@ -1,4 +1,4 @@
-//! The CPU row kernels, on raw slices: the `cpu_fwd` of the row op ([`super::row_op::RowOp`])
+//! The CPU row kernels, on raw slices: the `cpu_fwd` of the row op ([`crate::loss::kernels::row::op::RowOp`])
 //! and the blocks of the hidden-state loss run these. Each pass writes rows of
 //! [`RowLayout`]'s columns (`[Z | x | ce | max | sum | weight]`), whose widths and offsets it
 //! takes from there.
@@ -17,9 +17,9 @@
 //! half and the Jacobian of its backward. f32 uses a vectorisable `exp` (Cephes' polynomial,
 //! about 1 ulp); f64 the standard library's.
 
-pub(crate) use super::float::KernelFloat;
-use super::gemm::{matmul, MatMut, MatRef};
-use super::layout::{RowLayout, CE_COLUMNS};
+pub(crate) use crate::loss::kernels::float::KernelFloat;
+use crate::loss::kernels::gemm::{matmul, MatMut, MatRef};
+use crate::loss::kernels::layout::{RowLayout, CE_COLUMNS};
 use candle_core::Result;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -548,7 +548,7 @@ wide_vectors! {
 /// The row pass over the rows `first_row..` of the batch, whose logits are `logits`, into `out`
 /// (one output row per logits row): `[x_0 … x_{K−1} | ce | max | sum | weight]` with
 /// `x_k = softmax(logits[r])[ids[r / rows_per_batch, k]]` (none when `width` = 0) and the
-/// cross-entropy columns ([`CE_COLUMNS`](super::layout::CE_COLUMNS)). Errors on NaN or Inf in `logits`.
+/// cross-entropy columns ([`CE_COLUMNS`](crate::loss::kernels::layout::CE_COLUMNS)). Errors on NaN or Inf in `logits`.
 pub(crate) fn forward_rows_into<T: KernelFloat>(
     logits: &[T],
     vocab: usize,

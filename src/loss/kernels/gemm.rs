@@ -5,7 +5,7 @@
 //! rows, a vocabulary tile of columns, a transpose — and products that add into an existing
 //! buffer (the weight gradient summed over blocks): both are strides and a flag to `gemm`.
 
-use super::float::KernelFloat;
+use crate::loss::kernels::float::KernelFloat;
 use gemm::Parallelism;
 
 /// A `rows × cols` view of `data`: element `(i, j)` is `data[i * row_stride + j * col_stride]`.

@@ -1,34 +1,35 @@
-//! The loss's kernels, one concern a file: the custom op over the logits
-//! ([`row_op::RowOp`], with its backward op, the ids it gathers at and the CPU ops' f32/f64
-//! dispatch), the one owner of its per-row output layout ([`layout::RowLayout`]), its CPU
-//! slice kernels ([`cpu`]) and CUDA kernels (`cuda`, `kernels.cu`, behind the `cuda`
-//! feature), the same rows as composed candle ops ([`composed`]), the hidden-state op
-//! ([`hidden`]) with its CPU and composed blocks, logit soft-capping ([`softcap`]), the CTC
-//! n-gram op, and `log_softmax` with its backward ([`log_softmax`]). This file only
-//! declares the modules.
+//! The loss's kernels by family, each family a folder with its op, its CPU and CUDA sides and its
+//! composed twin side by side, over a shared bottom:
+//!
+//! - the shared bottom: the float types and the CPU ops' dtype dispatch ([`float`]), the row
+//!   ops' per-row output layout ([`layout::RowLayout`]), the CPU slice kernels every family
+//!   computes with ([`cpu`]: softmax statistics, the row pass over slices, its backward) and the
+//!   same row math as composed candle ops ([`composed`]), the CPU matrix products ([`gemm`]), logit soft-capping ([`softcap`]), the launch plans' shared types
+//!   (`launch`, with `cuda` or `cuda-emu`), the CUDA module machinery (`cuda`, feature `cuda`)
+//!   and the emulator of the CUDA execution model (`emu`, tests with `cuda-emu`);
+//! - [`row`]: the custom op over the logits (`row::op::RowOp`, its backward, the ids it gathers
+//!   at), its CUDA side (`kernels.cu`, `ce_options.cu`) and `log_softmax`;
+//! - [`hidden`]: the hidden-state op (`hidden::op::HiddenRowsOp`) with its CPU and composed
+//!   blocks, which run the bottom's row kernels on tiles of logits;
+//! - [`ctc`]: the CTC loss's op (`ctc::op::CtcOp`) with its CUDA side (`ctc.cu`) and composed
+//!   twin, and the n-gram programs of the BLEU loss on CTC outputs (`ctc::ngrams`) with theirs.
+//!
+//! A family imports only the shared bottom, never another family. This file only declares the
+//! modules.
 
 pub(crate) mod composed;
 pub(crate) mod cpu;
-pub(crate) mod ctc_composed;
-pub(crate) mod ctc_cpu;
-#[cfg(feature = "cuda-unverified")]
-pub(crate) mod ctc_cuda;
-#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
-pub(crate) mod ctc_launch;
-pub(crate) mod ctc_ngrams;
-pub(crate) mod ctc_ngrams_composed;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(all(test, feature = "cuda-emu"))]
 mod emu;
 pub(crate) mod float;
 pub(crate) mod gemm;
-pub(crate) mod hidden;
-pub(crate) mod hidden_composed;
-pub(crate) mod hidden_cpu;
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 pub(crate) mod launch;
 pub(crate) mod layout;
-pub(crate) mod log_softmax;
-pub(crate) mod row_op;
 pub(crate) mod softcap;
+
+pub(crate) mod ctc;
+pub(crate) mod hidden;
+pub(crate) mod row;

@@ -5,7 +5,7 @@
 //! ([`SoftcapBackward`]) one pass over the output and its gradient. Its composed reference
 //! (and what other devices run) is `composed::softcap`.
 
-use super::float::{contiguous_slice, dispatch_float, KernelFloat};
+use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -76,7 +76,7 @@ pub(crate) fn softcap(logits: &Tensor, cap: f64, cpu_kernels: bool) -> Result<Te
     if cpu_kernels {
         logits.contiguous()?.apply_op1(SoftcapOp { cap })
     } else {
-        super::composed::softcap(logits, cap)
+        crate::loss::kernels::composed::softcap(logits, cap)
     }
 }
 

@@ -7,8 +7,8 @@
 
 use super::module::{EmuModule, ThreadOrder};
 use super::tests::{compare, compile, module, run, spread, Float, Guarded, SOURCE};
-use crate::loss::kernels::ctc_cpu::{CtcAlignments, CtcOp};
-use crate::loss::kernels::ctc_launch::{self, CtcArgs, CtcInputs, CtcWorkspace};
+use crate::loss::kernels::ctc::launch::{self, CtcArgs, CtcInputs, CtcWorkspace};
+use crate::loss::kernels::ctc::op::{CtcAlignments, CtcOp};
 use candle_core::{Device, Tensor, Var};
 
 /// One batch: its sizes, each element's target and input length, and the settings.
@@ -211,12 +211,12 @@ fn emulated_on<T: Float>(
     let mut alpha = Guarded::filled("alpha", args.table_len(), nan64);
     let mut ptrs = inputs();
     if args.from_logits {
-        let plan = ctc_launch::ctc_lse(T::KIND, &args, ptrs.x, ptrs.input_lengths, out.ptr())
-            .map_err(e)?;
+        let plan =
+            launch::ctc_lse(T::KIND, &args, ptrs.x, ptrs.input_lengths, out.ptr()).map_err(e)?;
         run(module, &plan, order)?;
         ptrs = inputs();
     }
-    let plan = ctc_launch::ctc_alpha(T::KIND, &args, ptrs, out.ptr(), alpha.ptr()).map_err(e)?;
+    let plan = launch::ctc_alpha(T::KIND, &args, ptrs, out.ptr(), alpha.ptr()).map_err(e)?;
     run(module, &plan, order)?;
     let mut grad_out = Guarded::new("grad_out", grad_out);
     let mut beta = Guarded::filled("beta", args.beta_len(), nan64);
@@ -229,7 +229,7 @@ fn emulated_on<T: Float>(
         gamma: gamma.ptr(),
         scale: scale.ptr(),
     };
-    let plan = ctc_launch::ctc_beta(
+    let plan = launch::ctc_beta(
         T::KIND,
         &args,
         inputs(),
@@ -238,7 +238,7 @@ fn emulated_on<T: Float>(
     )
     .map_err(e)?;
     run(module, &plan, order)?;
-    let plan = ctc_launch::ctc_grad_rows(
+    let plan = launch::ctc_grad_rows(
         T::KIND,
         &args,
         inputs(),

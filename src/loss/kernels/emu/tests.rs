@@ -8,13 +8,14 @@
 
 use super::module::{EmuModule, ThreadOrder};
 use crate::loss::kernels::cpu::CrossEntropyTerms;
-use crate::loss::kernels::ctc_launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
-use crate::loss::kernels::launch::{
-    self, row_args, BackwardBuffers, BackwardInput, FloatKind, Launch, RowArgsIn,
-    RowPassFwdBuffers, KERNEL_FAMILIES, OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
-};
+use crate::loss::kernels::ctc::launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
+use crate::loss::kernels::launch::{self as shared_launch, FloatKind, Launch};
 use crate::loss::kernels::layout::Pass;
-use crate::loss::kernels::row_op::{GatherIds, RowOp};
+use crate::loss::kernels::row::launch::{
+    self, row_args, BackwardBuffers, BackwardInput, RowArgsIn, RowPassFwdBuffers, KERNEL_FAMILIES,
+    OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
+};
+use crate::loss::kernels::row::op::{GatherIds, RowOp};
 use crate::loss::kernels::softcap;
 use candle_core::{DType, Device, Tensor, Var, WithDType};
 use std::ffi::c_void;
@@ -24,11 +25,11 @@ use std::sync::OnceLock;
 /// options kernels, which NVRTC compiles as two modules, each after `kernels.cu`
 /// (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`).
 pub(super) const SOURCE: &str = concat!(
-    include_str!("../kernels.cu"),
+    include_str!("../row/kernels.cu"),
     "\n",
-    include_str!("../ctc.cu"),
+    include_str!("../ctc/ctc.cu"),
     "\n",
-    include_str!("../ce_options.cu")
+    include_str!("../row/ce_options.cu")
 );
 
 /// The source compiled once for the emulator, for every test of this process.
@@ -771,7 +772,7 @@ fn check_all(module: &EmuModule, cases: &[Case], orders: &[ThreadOrder]) -> Resu
 #[test]
 fn the_source_block_size_and_parameter_kinds_match_the_plans() {
     let module = module();
-    assert_eq!(module.define("BLOCK"), Some(launch::BLOCK as i64));
+    assert_eq!(module.define("BLOCK"), Some(shared_launch::BLOCK as i64));
     assert_eq!(module.define("CTC_BLOCK"), Some(CTC_BLOCK as i64));
     // The emulator's one module holds the text of each module NVRTC compiles, unchanged.
     let options = OPTIONS_SOURCE.split_at(CTC_SOURCE.find("\n#line 2 \"ctc.cu\"").unwrap());
@@ -843,7 +844,7 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
                     EmuModule::plan_kinds(plan),
                     "{name}: the plan's parameter kinds against the compiled kernel's"
                 );
-                assert_eq!(plan.dims.block, (launch::BLOCK, 1, 1));
+                assert_eq!(plan.dims.block, (shared_launch::BLOCK, 1, 1));
                 assert_eq!(plan.dims.grid, (args.rows as u32, 1, 1));
             }
         }
@@ -1184,17 +1185,17 @@ fn sixteen_bit_conversions_are_halfs_bit_for_bit() {
         let plan = Launch {
             family: "convert_16bit",
             float,
-            dims: launch::LaunchDims {
-                grid: (n.div_ceil(launch::BLOCK as usize) as u32, 1, 1),
-                block: (launch::BLOCK, 1, 1),
+            dims: shared_launch::LaunchDims {
+                grid: (n.div_ceil(shared_launch::BLOCK as usize) as u32, 1, 1),
+                block: (shared_launch::BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             },
             params: vec![
-                launch::Param::Buffer(wide_buf.ptr()),
-                launch::Param::Buffer(narrow_buf.ptr()),
-                launch::Param::Buffer(widened.ptr()),
-                launch::Param::Buffer(narrowed.ptr()),
-                launch::Param::U32(n as u32),
+                shared_launch::Param::Buffer(wide_buf.ptr()),
+                shared_launch::Param::Buffer(narrow_buf.ptr()),
+                shared_launch::Param::Buffer(widened.ptr()),
+                shared_launch::Param::Buffer(narrowed.ptr()),
+                shared_launch::Param::U32(n as u32),
             ],
         };
         run(&module, &plan, ThreadOrder::Forward).unwrap_or_else(|e| panic!("{e}"));

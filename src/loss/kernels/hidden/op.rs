@@ -3,12 +3,12 @@
 //! `[Z | x | ce | …]`: the self-match columns (paired form), the softmax gathered at the ids,
 //! the row's weighted cross-entropy term (0 without targets), then, from the CPU kernels, their
 //! row statistics — without storing the `[B, S, V]` logits, forward or backward. One op for
-//! every device: its CPU kernels ([`super::hidden_cpu`]) or, on any device, composed candle ops
-//! ([`super::hidden_composed`]), with `cpu_fwd`, `cuda_fwd`, `metal_fwd` and `bwd` side by
+//! every device: its CPU kernels ([`crate::loss::kernels::hidden::cpu`]) or, on any device, composed candle ops
+//! ([`crate::loss::kernels::hidden::composed`]), with `cpu_fwd`, `cuda_fwd`, `metal_fwd` and `bwd` side by
 //! side.
 
-use super::hidden_composed::ComposedBlocks;
-use super::hidden_cpu::CpuBlocks;
+use crate::loss::kernels::hidden::composed::ComposedBlocks;
+use crate::loss::kernels::hidden::cpu::CpuBlocks;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
 /// The hidden-state op, on its CPU kernels or on composed candle ops.

@@ -1,6 +1,6 @@
 //! The CTC loss as composed candle ops: the forward recursion `α` in log space, one step per
 //! frame on `[B, S]` tensors, with candle's autograd for the gradient. What devices without the
-//! CTC kernel run, and the reference the kernel ([`super::ctc_cpu`]) is tested against. Correct,
+//! CTC kernel run, and the reference the kernel ([`crate::loss::kernels::ctc::op`]) is tested against. Correct,
 //! not fast: `T'` steps of a few small ops each.
 //!
 //! "Zero" in log space is a large finite negative number here ([`LOG_ZERO`]), not `-inf`: a
@@ -9,7 +9,7 @@
 //! element whose log-likelihood is below `LOG_ZERO / 2` has no alignment: its loss is `+inf` (or
 //! 0 under `zero_infinity`) with a zero gradient, as in the kernel.
 
-use super::ctc_cpu::{can_skip, CtcAlignments};
+use crate::loss::kernels::ctc::op::{can_skip, CtcAlignments};
 use candle_core::{DType, Device, Result, Shape, Tensor, D};
 
 /// `log 0` in the composed recursion: far below any log-likelihood of a possible alignment

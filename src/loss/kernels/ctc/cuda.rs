@@ -8,9 +8,9 @@
 //! The alignments reach the device as u32 tensors uploaded from the op's checked host copy (a
 //! host-to-device copy, no synchronisation).
 
-use super::ctc_launch::{self, CtcArgs, CtcInputs, CtcWorkspace, CTC_FAMILIES, CTC_SOURCE};
-use super::cuda::{alloc, contiguous_view, run, Buf, KernelModule};
-use super::launch::FloatKind;
+use super::launch::{self, CtcArgs, CtcInputs, CtcWorkspace, CTC_FAMILIES, CTC_SOURCE};
+use crate::loss::kernels::cuda::{alloc, contiguous_view, run, Buf, KernelModule};
+use crate::loss::kernels::launch::FloatKind;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::CudaView;
 use candle_core::cuda_backend::CudaStorageSlice;
@@ -30,7 +30,7 @@ pub(crate) fn ctc_kernels_loaded(device: &Device) -> bool {
     let Device::Cuda(cuda_device) = device else {
         return false;
     };
-    super::cuda::load(&CTC_MODULE, cuda_device)
+    crate::loss::kernels::cuda::load(&CTC_MODULE, cuda_device)
 }
 
 /// The alignments on the device, as the kernels read them: u32 targets `[B, L]` (padded: row
@@ -151,7 +151,7 @@ pub(crate) fn forward(
             if args.batch > 0 && args.frames > 0 {
                 with_alignments(alignments, |targets, input_lengths, target_lengths| {
                     if args.from_logits {
-                        let plan = ctc_launch::ctc_lse(
+                        let plan = launch::ctc_lse(
                             $float,
                             args,
                             Buf::Floats(&x),
@@ -166,7 +166,7 @@ pub(crate) fn forward(
                         input_lengths: Buf::Ids(input_lengths),
                         target_lengths: Buf::Ids(target_lengths),
                     };
-                    let plan = ctc_launch::ctc_alpha(
+                    let plan = launch::ctc_alpha(
                         $float,
                         args,
                         inputs,
@@ -223,7 +223,7 @@ pub(crate) fn backward(
                         gamma: Buf::Work(&mut gamma),
                         scale: Buf::Work(&mut scale),
                     };
-                    let plan = ctc_launch::ctc_beta(
+                    let plan = launch::ctc_beta(
                         $float,
                         args,
                         inputs(),
@@ -231,7 +231,7 @@ pub(crate) fn backward(
                         workspace,
                     )?;
                     run(&CTC_MODULE, &device, plan)?;
-                    let plan = ctc_launch::ctc_grad_rows(
+                    let plan = launch::ctc_grad_rows(
                         $float,
                         args,
                         inputs(),
@@ -253,4 +253,16 @@ pub(crate) fn backward(
             x.dtype()
         ),
     })
+}
+
+/// NVRTC compiles the CTC module (`kernels.cu` then `ctc.cu`): `scripts/build-cuda.sh test
+/// --release --features cuda,cuda-unverified --lib kernels`.
+#[cfg(test)]
+mod tests {
+    use crate::loss::kernels::cuda::nvrtc_check;
+
+    #[test]
+    fn nvrtc_compiles_every_kernel_family() {
+        nvrtc_check::compiles_every_family(&super::CTC_MODULE, false);
+    }
 }

@@ -1,6 +1,6 @@
-//! The CPU side of the hidden-state op ([`super::hidden::HiddenRowsOp`]): the logits
+//! The CPU side of the hidden-state op ([`crate::loss::kernels::hidden::op::HiddenRowsOp`]): the logits
 //! `H Wᵀ + b` of a block of rows computed on raw slices (gemm), passed through the row kernels
-//! of [`super::cpu`] and dropped; the backward recomputes the logits, runs the row kernels'
+//! of [`crate::loss::kernels::cpu`] and dropped; the backward recomputes the logits, runs the row kernels'
 //! backward for their gradient `G`, and turns that into `dH = G W`, `dW += Gᵀ H`,
 //! `db += Σ_rows G` — in vocabulary tiles when it is exact and row by row
 //! ([`CpuBlocks::backward_vocab_tiles`]), else in the forward's blocks of whole rows. With
@@ -9,16 +9,16 @@
 //! `HiddenConfig`'s documentation. The rows' outputs have the row op's columns
 //! ([`RowLayout`], held by [`RowSpec`]).
 
-use super::cpu::{
+use crate::loss::host::CpuView;
+use crate::loss::kernels::cpu::{
     backward_rows_into, backward_rows_tile_into, forward_rows_into, row_gradient_coefficients,
     row_max_checked, self_match_backward_into, self_match_forward_into, vocab_sized_buffer,
     CrossEntropyTerms, Gathered, TargetRows,
 };
-use super::float::{contiguous_slice, dispatch_float, KernelFloat};
-use super::gemm::{matmul, MatMut, MatRef};
-use super::layout::RowLayout;
-use super::softcap::{softcap_backward_in_place, softcap_in_place};
-use crate::loss::host::CpuView;
+use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
+use crate::loss::kernels::gemm::{matmul, MatMut, MatRef};
+use crate::loss::kernels::layout::RowLayout;
+use crate::loss::kernels::softcap::{softcap_backward_in_place, softcap_in_place};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;

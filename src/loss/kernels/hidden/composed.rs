@@ -1,13 +1,13 @@
 //! The hidden-state op's rows as composed candle ops, for devices without its CPU kernels:
 //! the outputs are computed detached, block by block, and attached to `hidden`, the weight and
-//! the bias by the op ([`super::hidden::HiddenRowsOp`]), whose backward recomputes each block
+//! the bias by the op ([`crate::loss::kernels::hidden::op::HiddenRowsOp`]), whose backward recomputes each block
 //! as candle ops and back-propagates through that block alone — so this path keeps the
 //! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact. A row
 //! holds [`RowLayout`]'s columns without the kernels' statistics (`[Z | x | ce]`).
 
-use super::composed::{softcap, token_metrics};
-use super::cpu::CrossEntropyTerms;
-use super::layout::RowLayout;
+use crate::loss::kernels::composed::{softcap, token_metrics};
+use crate::loss::kernels::cpu::CrossEntropyTerms;
+use crate::loss::kernels::layout::RowLayout;
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Storage, Tensor, Var, D};
 

@@ -10,8 +10,10 @@
 //! `g_v`, whatever reaches it); a row holding NaN or `+inf`, or only `-inf`, is NaN throughout,
 //! and so is its gradient.
 
-use super::cpu::{row_softmax_stats, vocab_sized_buffer, wide_vectors, LANES};
-use super::float::{contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat};
+use crate::loss::kernels::cpu::{row_softmax_stats, vocab_sized_buffer, wide_vectors, LANES};
+use crate::loss::kernels::float::{
+    contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat,
+};
 use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, DType, InplaceOp2, Layout, Result, Shape,
     Tensor, D,

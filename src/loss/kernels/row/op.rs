@@ -1,9 +1,9 @@
 //! The loss's custom op over the logits, [`RowOp`], whose three passes share one backward op,
 //! [`RowOpBackward`], of the same shape; the per-row output of each pass is
-//! [`RowLayout`](super::layout::RowLayout)'s (`[x | ce | max | sum | weight]`, the same after
+//! [`RowLayout`](crate::loss::kernels::layout::RowLayout)'s (`[x | ce | max | sum | weight]`, the same after
 //! the self-match `Z` columns, or every probability for [`Pass::Softmax`]).
 //!
-//! Each op has its `cpu_fwd` (the slice kernels of [`cpu`](super::cpu)) and its `cuda_fwd`
+//! Each op has its `cpu_fwd` (the slice kernels of [`cpu`](crate::loss::kernels::cpu)) and its `cuda_fwd`
 //! (the `cuda` module, `kernels.cu`, behind the `cuda` feature, given the op's
 //! parameters as a `cuda::RowArgsIn`, so that it imports nothing of this file)
 //! side by side; the forward op's `bwd` only applies the backward op. Whether the kernels or
@@ -12,15 +12,15 @@
 //! check nothing themselves, except that the CPU kernels report a non-finite logit they meet in
 //! their pass. Also here: [`GatherIds`] and [`cuda_kernels_loaded`].
 
-use super::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
 #[cfg(feature = "cuda")]
 use super::cuda;
-use super::float::{contiguous_slice, dispatch_float, KernelFloat};
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 use super::launch;
-use super::layout::{Pass, RowLayout};
-use super::softcap;
 use crate::loss::host::CpuView;
+use crate::loss::kernels::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
+use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
+use crate::loss::kernels::layout::{Pass, RowLayout};
+use crate::loss::kernels::softcap;
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor,
 };
@@ -33,7 +33,7 @@ pub(crate) fn cuda_kernels_loaded(device: &candle_core::Device) -> bool {
     let candle_core::Device::Cuda(cuda_device) = device else {
         return false;
     };
-    cuda::load(&cuda::ROW_MODULE, cuda_device)
+    crate::loss::kernels::cuda::load(&cuda::ROW_MODULE, cuda_device)
 }
 
 /// Without the `cuda` feature, CUDA tensors take the composed ops.
@@ -51,7 +51,7 @@ pub(crate) fn options_kernels_loaded(device: &candle_core::Device) -> bool {
     let candle_core::Device::Cuda(cuda_device) = device else {
         return false;
     };
-    cuda::load(&cuda::OPTIONS_MODULE, cuda_device)
+    crate::loss::kernels::cuda::load(&cuda::OPTIONS_MODULE, cuda_device)
 }
 
 /// Without `cuda-unverified`, the options run composed ops off the CPU.

@@ -36,8 +36,10 @@
 //! The backward recomputes the programs storing their states, sweeps them in reverse
 //! (the adjoint of each recursion above), and applies the softmax's Jacobian.
 
-use super::cpu::{self, wide_vectors, LANES};
-use super::float::{contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat};
+use crate::loss::kernels::cpu::{self, wide_vectors, LANES};
+use crate::loss::kernels::float::{
+    contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat,
+};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor,
 };

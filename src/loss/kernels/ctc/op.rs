@@ -19,8 +19,8 @@
 //! ([`CtcAlignments`]); it checks only the values it reads (NaN and `+inf`, and from logits any
 //! infinity).
 
-use super::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
-use super::float::{contiguous_slice, dispatch_float, KernelFloat};
+use crate::loss::kernels::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
+use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -94,7 +94,7 @@ enum OpAlignments {
     /// Left on the device, never read by the host (the CUDA kernels with `check_values` off):
     /// an element out of range gets a NaN loss and NaN gradients (`ctc.cu`).
     #[cfg(feature = "cuda-unverified")]
-    Device(Arc<super::ctc_cuda::DeviceAlignments>),
+    Device(Arc<crate::loss::kernels::ctc::cuda::DeviceAlignments>),
 }
 
 /// One element's view of the input: its frames, emissions and states.
@@ -248,10 +248,10 @@ impl CtcOp {
     }
 
     /// The op over alignments left on the device (CUDA only: no host copy of the targets or
-    /// lengths; see [`DeviceAlignments::unchecked`](super::ctc_cuda::DeviceAlignments::unchecked)).
+    /// lengths; see [`DeviceAlignments::unchecked`](crate::loss::kernels::ctc::cuda::DeviceAlignments::unchecked)).
     #[cfg(feature = "cuda-unverified")]
     pub(crate) fn on_device(
-        alignments: super::ctc_cuda::DeviceAlignments,
+        alignments: crate::loss::kernels::ctc::cuda::DeviceAlignments,
         from_logits: bool,
     ) -> Self {
         Self {
@@ -301,19 +301,21 @@ impl CtcOp {
         shape: &Shape,
         device: &candle_core::CudaDevice,
     ) -> Result<(
-        super::ctc_launch::CtcArgs,
-        Arc<super::ctc_cuda::DeviceAlignments>,
+        crate::loss::kernels::ctc::launch::CtcArgs,
+        Arc<crate::loss::kernels::ctc::cuda::DeviceAlignments>,
     )> {
         let (batch, frames, vocab) = shape.dims3()?;
         let device_alignments = match &self.alignments {
-            OpAlignments::Host(host) => Arc::new(super::ctc_cuda::DeviceAlignments::upload(
-                (&host.targets, &host.input_lengths),
-                (host.blank, host.zero_infinity),
-                &candle_core::Device::Cuda(device.clone()),
-            )?),
+            OpAlignments::Host(host) => {
+                Arc::new(crate::loss::kernels::ctc::cuda::DeviceAlignments::upload(
+                    (&host.targets, &host.input_lengths),
+                    (host.blank, host.zero_infinity),
+                    &candle_core::Device::Cuda(device.clone()),
+                )?)
+            }
             OpAlignments::Device(on_device) => on_device.clone(),
         };
-        let args = super::ctc_launch::CtcArgs {
+        let args = crate::loss::kernels::ctc::launch::CtcArgs {
             batch,
             frames,
             vocab,
@@ -452,7 +454,7 @@ impl CustomOp1 for CtcOp {
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (args, alignments) = self.cuda_args(layout.shape(), storage.device())?;
-        let out = super::ctc_cuda::forward(&args, &alignments, storage, layout)?;
+        let out = crate::loss::kernels::ctc::cuda::forward(&args, &alignments, storage, layout)?;
         Ok((out, Shape::from((args.batch, args.width()))))
     }
 
@@ -511,7 +513,7 @@ impl CustomOp3 for CtcOpBackward {
         grad_layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (args, alignments) = self.0.cuda_args(x_layout.shape(), x.device())?;
-        let grad = super::ctc_cuda::backward(
+        let grad = crate::loss::kernels::ctc::cuda::backward(
             &args,
             &alignments,
             (x, x_layout),

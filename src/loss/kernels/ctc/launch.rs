@@ -1,6 +1,6 @@
 //! The launch plans of the CTC loss's CUDA kernels (`ctc.cu`), over any back-end's buffers: the
 //! CUDA op (`ctc_cuda.rs`, feature `cuda-unverified`) and the emulator tests run the same plans
-//! (see [`launch`](super::launch) for the shared types).
+//! (see [`launch`](crate::loss::kernels::launch) for the shared types).
 //!
 //! Forward: `ctc_lse` (from logits: each frame's log-sum-exp into the output's columns
 //! `1..=T`), then `ctc_alpha` (the forward recursion, the loss into column 0). Backward:
@@ -9,12 +9,15 @@
 //! `[B, L]`, u32 `input_lengths` and `target_lengths` `[B]`, the output `[B, width]`, and the f64
 //! workspaces sized by [`CtcArgs`].
 
-use super::launch::{dim_u32, FloatKind, Launch, LaunchDims, Param};
+use crate::loss::kernels::launch::{dim_u32, FloatKind, Launch, LaunchDims, Param};
 use candle_core::{bail, Result};
 
 /// The CUDA source of the CTC kernels: `kernels.cu` (whose helpers they use), then `ctc.cu`.
-pub(crate) const CTC_SOURCE: &str =
-    concat!(include_str!("kernels.cu"), "\n", include_str!("ctc.cu"));
+pub(crate) const CTC_SOURCE: &str = concat!(
+    include_str!("../row/kernels.cu"),
+    "\n",
+    include_str!("ctc.cu")
+);
 
 /// Threads per block; must equal `CTC_BLOCK` in `ctc.cu`.
 pub(crate) const CTC_BLOCK: u32 = 256;

@@ -1,9 +1,9 @@
-//! The expected n-gram statistics of CTC outputs ([`super::ctc_ngrams`]) as composed candle ops:
+//! The expected n-gram statistics of CTC outputs ([`crate::loss::kernels::ctc::ngrams`]) as composed candle ops:
 //! the same programs, frame by frame, on `[B, K]` and `[B, V]` tensors, with candle's autograd
 //! for the backward. The reference the CPU kernel is tested against, and what runs on devices
 //! without it. Its output has the op's layout, `[B, 1 + N + N·W]`.
 
-use super::ctc_ngrams::{CtcNgramPlan, NO_NODE};
+use crate::loss::kernels::ctc::ngrams::{CtcNgramPlan, NO_NODE};
 use candle_core::{DType, Device, IndexOp, Result, Tensor, D};
 
 /// The statistics of `logits` (float `[B, T', V]`) under `plan`; `frame_mask` is `[B, T']` in the
