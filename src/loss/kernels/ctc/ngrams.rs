@@ -831,8 +831,229 @@ fn element_forward<T: KernelFloat>(
     true
 }
 
+/// The adjoints of the programs' ends, from the gradient of an element's output row: per node
+/// (summed over the slots that read it), of `E[L]`, and of `P(L = ℓ)` for `ℓ = 0..=C`.
+struct EndAdjoints<T> {
+    node: Vec<T>,
+    length: T,
+    count: Vec<T>,
+}
+
+/// [`EndAdjoints`] of `element` from `grad_out` and the programs' `ends`.
+fn end_adjoints<T: KernelFloat>(
+    plan: &CtcNgramPlan,
+    element: &ElementPlan,
+    grad_out: &[T],
+    ends: &Ends<T>,
+) -> EndAdjoints<T> {
+    let orders = plan.max_order;
+    let counts = plan.top_count().map_or(0, |c| c + 1);
+    let mut node = vec![T::ZERO; element.nodes.len()];
+    for (&slot, &g) in element.slots.iter().zip(&grad_out[1 + orders..]) {
+        if slot != NO_NODE {
+            node[slot as usize] += g;
+        }
+    }
+    let totals = raw_totals(ends.length, &ends.probability_of_count, orders);
+    let mut length = grad_out[0];
+    let mut count = vec![T::ZERO; counts];
+    for (order, (&total, &g)) in (1..=orders).zip(totals.iter().zip(&grad_out[1..=orders])) {
+        if total <= T::ZERO {
+            continue; // floored at 0: no gradient
+        }
+        length += g;
+        for (c, a) in count.iter_mut().enumerate().take(order - 1) {
+            *a += g * T::from_f64((order - 1 - c) as f64);
+        }
+    }
+    EndAdjoints {
+        node,
+        length,
+        count,
+    }
+}
+
+/// One frame's rows for the reverse sweep: `q_t`, `q_{t−1}` and `q_{t+1}` (zeros beyond the
+/// element's frames) and the blank's probability `b`.
+struct FrameRows<'a, T> {
+    q: &'a [T],
+    previous: &'a [T],
+    next: &'a [T],
+    blank: T,
+}
+
+/// The length program's state before a frame, as the forward kept it: `Gap_c`, `S_c` and the
+/// runs `In_c(·, v)`.
+struct LengthLayers<'a, T> {
+    gap: &'a [T],
+    sums: &'a [T],
+    runs: &'a [T],
+}
+
+/// The length program's adjoints carried backwards: `In_c(·, v)`'s as `runs + count[c]` (the
+/// common part kept apart, so that each frame updates it once rather than at every `v`), and
+/// the scratch of each frame's entering adjoints.
+struct LengthAdjoints<'a, T> {
+    runs: &'a mut [T],
+    count: &'a mut [T],
+    entering: &'a mut [T],
+}
+
+/// One frame of `E[L]`'s term and the count-capped length program in reverse, writing the
+/// frame's dense gradient into `g`: returns `Σ_v q_v g_v` of that dense part when the fused pass
+/// computes it, and the blank's gradient from the counts.
+fn length_frame_reverse<T: KernelFloat>(
+    (plan, vocab): (&CtcNgramPlan, usize),
+    frame: &FrameRows<'_, T>,
+    before: LengthLayers<'_, T>,
+    (length_adjoint, adjoints): (T, &mut LengthAdjoints<'_, T>),
+    g: &mut [T],
+) -> (Option<T>, T) {
+    let top = plan.top_count().unwrap_or(0);
+    let counts = plan.top_count().map_or(0, |c| c + 1);
+    let run_width = top * vocab;
+    let (qt, previous, next, b) = (frame.q, frame.previous, frame.next, frame.blank);
+    if counts == 0 {
+        let (dot, _, _) = frame_reverse(
+            g,
+            qt,
+            previous,
+            next,
+            length_adjoint,
+            &[],
+            &[],
+            (T::ZERO, T::ZERO),
+            &mut [],
+            &mut [],
+            (T::ZERO, T::ZERO),
+        );
+        return (Some(dot), T::ZERO);
+    }
+    let LengthAdjoints {
+        runs: adjoint,
+        count: count_adjoint,
+        entering: entering_adjoint,
+    } = adjoints;
+    let mut blank_gradient = T::ZERO;
+    for c in 0..counts {
+        blank_gradient += count_adjoint[c] * (before.gap[c] + before.sums[c]);
+    }
+    let entering = |c: usize| before.gap[c - 1] + before.sums[c - 1];
+    entering_adjoint.fill(T::ZERO);
+    let mut dense_dot = None;
+    if top <= FUSED_TOP {
+        let (before_1, before_2) = before.runs.split_at(vocab.min(run_width));
+        let (adjoint_1, adjoint_2) = adjoint.split_at_mut(vocab.min(run_width));
+        let at = |c: usize, x: &[T]| if top >= c { x[c] } else { T::ZERO };
+        let (dot, s1, s2) = frame_reverse(
+            g,
+            qt,
+            previous,
+            next,
+            length_adjoint,
+            before_1,
+            before_2,
+            (
+                if top >= 1 { entering(1) } else { T::ZERO },
+                if top >= 2 { entering(2) } else { T::ZERO },
+            ),
+            adjoint_1,
+            adjoint_2,
+            (at(1, count_adjoint), at(2, count_adjoint)),
+        );
+        dense_dot = Some(dot);
+        entering_adjoint[1] = s1;
+        if top >= 2 {
+            entering_adjoint[2] = s2;
+        }
+    } else {
+        length_gradient(g, previous, next, length_adjoint);
+        for c in 1..counts {
+            let (own, lower) = count_rows(before.runs, c, vocab);
+            entering_adjoint[c] = run_adjoint(
+                qt,
+                own,
+                lower,
+                entering(c),
+                &mut adjoint[(c - 1) * vocab..c * vocab],
+                count_adjoint[c],
+                g,
+            );
+        }
+        for c in 1..counts.saturating_sub(1) {
+            let (own, above) = adjoint.split_at_mut(c * vocab);
+            for (x, &y) in own[(c - 1) * vocab..].iter_mut().zip(&above[..vocab]) {
+                *x -= y;
+            }
+        }
+    }
+    // Before the frame: Gap_c and S_c get b·(their own) + Σ_v x̄_{c+1}; In_c(·, v) gets
+    // x̄_c − x̄_{c+1} and, as its offset, the new count_adjoint[c].
+    for c in 0..counts {
+        count_adjoint[c] = count_adjoint[c] * b + entering_adjoint[c + 1];
+    }
+    (dense_dot, blank_gradient)
+}
+
+/// The n-gram programs' adjoints carried backwards: each node's `In_k`, `Gap_k` and readiness,
+/// and the gradients depth-1 nodes send to the frame before (they read `1 − q_{t−1}`).
+struct NodeAdjoints<T> {
+    input: Vec<T>,
+    gap: Vec<T>,
+    ready: Vec<T>,
+    pending: Vec<(usize, T)>,
+}
+
+/// One frame of the n-gram programs in reverse (`t`: the frame; `in_before`, `gap_before`: the
+/// nodes' states before it), adding the sparse gradients — the ones the frame after sent, then
+/// each node's — to `g`: returns their `Σ_v q_v ·` value, and `blank_gradient` (the blank's
+/// gradient so far this frame) with the nodes' parts added in order.
+fn ngram_frame_reverse<T: KernelFloat>(
+    (t, nodes, node_adjoint): (usize, &[TrieNode], &[T]),
+    frame: &FrameRows<'_, T>,
+    (in_before, gap_before): (&[T], &[T]),
+    (adjoints, mut blank_gradient): (&mut NodeAdjoints<T>, T),
+    g: &mut [T],
+) -> (T, T) {
+    let (qt, b) = (frame.q, frame.blank);
+    let mut sparse_dot = T::ZERO;
+    for (token, value) in adjoints.pending.drain(..) {
+        g[token] += value;
+        sparse_dot += qt[token] * value;
+    }
+    for (k, node) in nodes.iter().enumerate() {
+        let token = node.token as usize;
+        let ready = node_ready(*node, in_before, gap_before, frame.previous);
+        let value = adjoints.input[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
+        g[token] += value;
+        sparse_dot += qt[token] * value;
+        blank_gradient += adjoints.gap[k] * (in_before[k] + gap_before[k]);
+        adjoints.ready[k] = qt[token] * (adjoints.input[k] + node_adjoint[k]);
+        adjoints.input[k] = adjoints.input[k] * qt[token] + adjoints.gap[k] * b;
+        adjoints.gap[k] *= b;
+    }
+    for (k, node) in nodes.iter().enumerate() {
+        if node.is_root() {
+            if t > 0 {
+                adjoints
+                    .pending
+                    .push((node.token as usize, T::ZERO - adjoints.ready[k]));
+            }
+        } else {
+            let parent = node.parent as usize;
+            if !node.repeats_parent {
+                adjoints.input[parent] += adjoints.ready[k];
+            }
+            adjoints.gap[parent] += adjoints.ready[k];
+        }
+    }
+    (sparse_dot, blank_gradient)
+}
+
 /// The backward of one element: `grad_out` (its output row's gradient) to the logits' gradient
-/// `grad` (`[T', V]`, every entry written).
+/// `grad` (`[T', V]`, every entry written): the programs again, keeping every frame's state,
+/// then one reverse sweep over the frames — the length program, the n-gram programs, and the
+/// softmax Jacobian of each frame's gradient.
 fn element_backward<T: KernelFloat>(
     logits: &[T],
     vocab: usize,
@@ -851,29 +1072,14 @@ fn element_backward<T: KernelFloat>(
     };
     let nodes = &element.nodes;
     let k_nodes = nodes.len();
-    let orders = plan.max_order;
     let top = plan.top_count().unwrap_or(0);
     let counts = plan.top_count().map_or(0, |c| c + 1);
     let run_width = top * vocab;
-    // The output's gradient per node (summed over the slots that read it), for E[L], for P(L = ℓ).
-    let mut node_adjoint = vec![T::ZERO; k_nodes];
-    for (&slot, &g) in element.slots.iter().zip(&grad_out[1 + orders..]) {
-        if slot != NO_NODE {
-            node_adjoint[slot as usize] += g;
-        }
-    }
-    let totals = raw_totals(ends.length, &ends.probability_of_count, orders);
-    let mut length_adjoint = grad_out[0];
-    let mut count_adjoint = vec![T::ZERO; counts];
-    for (order, (&total, &g)) in (1..=orders).zip(totals.iter().zip(&grad_out[1..=orders])) {
-        if total <= T::ZERO {
-            continue; // floored at 0: no gradient
-        }
-        length_adjoint += g;
-        for (count, a) in count_adjoint.iter_mut().enumerate().take(order - 1) {
-            *a += g * T::from_f64((order - 1 - count) as f64);
-        }
-    }
+    let EndAdjoints {
+        node: node_adjoint,
+        length: length_adjoint,
+        count: mut count_adjoint,
+    } = end_adjoints(plan, element, grad_out, &ends);
     let Scratch {
         q,
         blank,
@@ -887,151 +1093,66 @@ fn element_backward<T: KernelFloat>(
         ..
     } = s;
     let zeros = &zeros[..vocab];
-    // Adjoints after the frame being undone: nodes' In_k and Gap_k; the length program's
-    // `In_c(·, v)` as `adjoint + count_adjoint[c]` (the common part kept apart, so that each
-    // frame updates it once rather than at every v).
-    let mut in_adjoint = vec![T::ZERO; k_nodes];
-    let mut gap_adjoint = vec![T::ZERO; k_nodes];
-    let mut ready_adjoint = vec![T::ZERO; k_nodes];
     let adjoint = sized(adjoint, run_width);
     adjoint.fill(T::ZERO);
     let mut entering_adjoint = vec![T::ZERO; counts + 1];
-    // Gradients the nodes send to the frame before (depth-1 nodes read `1 − q_{t−1}`).
-    let mut pending: Vec<(usize, T)> = Vec::new();
+    let mut length_adjoints = LengthAdjoints {
+        runs: adjoint,
+        count: &mut count_adjoint,
+        entering: &mut entering_adjoint,
+    };
+    let mut node_adjoints = NodeAdjoints {
+        input: vec![T::ZERO; k_nodes],
+        gap: vec![T::ZERO; k_nodes],
+        ready: vec![T::ZERO; k_nodes],
+        pending: Vec::new(),
+    };
     for t in (0..frames).rev() {
-        let qt = &q[t * vocab..(t + 1) * vocab];
-        let previous = if t == 0 {
-            zeros
-        } else {
-            &q[(t - 1) * vocab..t * vocab]
+        let frame = FrameRows {
+            q: &q[t * vocab..(t + 1) * vocab],
+            previous: if t == 0 {
+                zeros
+            } else {
+                &q[(t - 1) * vocab..t * vocab]
+            },
+            next: if t + 1 < frames {
+                &q[(t + 1) * vocab..(t + 2) * vocab]
+            } else {
+                zeros
+            },
+            blank: blank[t],
         };
-        let next = if t + 1 < frames {
-            &q[(t + 1) * vocab..(t + 2) * vocab]
-        } else {
-            zeros
-        };
-        let b = blank[t];
         let g = &mut grad[t * vocab..(t + 1) * vocab];
-        let mut blank_gradient = T::ZERO;
-        // `Σ_v q_v g_v` of the dense part, when the fused pass computes it.
-        let mut dense_dot = None;
-        // The E[L] term and the length program in reverse.
-        if counts > 0 {
-            let gap_before = &gap[t * counts..(t + 1) * counts];
-            let sums_before = &run_sums[t * counts..(t + 1) * counts];
-            let runs_before = &runs[t * run_width..(t + 1) * run_width];
-            for c in 0..counts {
-                blank_gradient += count_adjoint[c] * (gap_before[c] + sums_before[c]);
-            }
-            let entering = |c: usize| gap_before[c - 1] + sums_before[c - 1];
-            entering_adjoint.fill(T::ZERO);
-            if top <= FUSED_TOP {
-                let (before_1, before_2) = runs_before.split_at(vocab.min(run_width));
-                let (adjoint_1, adjoint_2) = adjoint.split_at_mut(vocab.min(run_width));
-                let at = |c: usize, x: &[T]| if top >= c { x[c] } else { T::ZERO };
-                let (dot, s1, s2) = frame_reverse(
-                    g,
-                    qt,
-                    previous,
-                    next,
-                    length_adjoint,
-                    before_1,
-                    before_2,
-                    (
-                        if top >= 1 { entering(1) } else { T::ZERO },
-                        if top >= 2 { entering(2) } else { T::ZERO },
-                    ),
-                    adjoint_1,
-                    adjoint_2,
-                    (at(1, &count_adjoint), at(2, &count_adjoint)),
-                );
-                dense_dot = Some(dot);
-                entering_adjoint[1] = s1;
-                if top >= 2 {
-                    entering_adjoint[2] = s2;
-                }
-            } else {
-                length_gradient(g, previous, next, length_adjoint);
-                for c in 1..counts {
-                    let (own, lower) = count_rows(runs_before, c, vocab);
-                    entering_adjoint[c] = run_adjoint(
-                        qt,
-                        own,
-                        lower,
-                        entering(c),
-                        &mut adjoint[(c - 1) * vocab..c * vocab],
-                        count_adjoint[c],
-                        g,
-                    );
-                }
-                for c in 1..counts.saturating_sub(1) {
-                    let (own, above) = adjoint.split_at_mut(c * vocab);
-                    for (x, &y) in own[(c - 1) * vocab..].iter_mut().zip(&above[..vocab]) {
-                        *x -= y;
-                    }
-                }
-            }
-            // Before the frame: Gap_c and S_c get b·(their own) + Σ_v x̄_{c+1}; In_c(·, v) gets
-            // x̄_c − x̄_{c+1} and, as its offset, the new count_adjoint[c].
-            for c in 0..counts {
-                count_adjoint[c] = count_adjoint[c] * b + entering_adjoint[c + 1];
-            }
-        } else {
-            let (dot, _, _) = frame_reverse(
-                g,
-                qt,
-                previous,
-                next,
-                length_adjoint,
-                &[],
-                &[],
-                (T::ZERO, T::ZERO),
-                &mut [],
-                &mut [],
-                (T::ZERO, T::ZERO),
-            );
-            dense_dot = Some(dot);
-        }
-        // The sparse parts below add `q_v · value` to the dot as they add to `g`.
-        let mut sparse_dot = T::ZERO;
-        for (token, value) in pending.drain(..) {
-            g[token] += value;
-            sparse_dot += qt[token] * value;
-        }
-        // The n-gram programs in reverse.
-        let in_before = &node_in[t * k_nodes..(t + 1) * k_nodes];
-        let gap_before = &node_gap[t * k_nodes..(t + 1) * k_nodes];
-        for (k, node) in nodes.iter().enumerate() {
-            let token = node.token as usize;
-            let ready = node_ready(*node, in_before, gap_before, previous);
-            let value = in_adjoint[k] * (in_before[k] + ready) + node_adjoint[k] * ready;
-            g[token] += value;
-            sparse_dot += qt[token] * value;
-            blank_gradient += gap_adjoint[k] * (in_before[k] + gap_before[k]);
-            ready_adjoint[k] = qt[token] * (in_adjoint[k] + node_adjoint[k]);
-            in_adjoint[k] = in_adjoint[k] * qt[token] + gap_adjoint[k] * b;
-            gap_adjoint[k] *= b;
-        }
-        for (k, node) in nodes.iter().enumerate() {
-            if node.is_root() {
-                if t > 0 {
-                    pending.push((node.token as usize, T::ZERO - ready_adjoint[k]));
-                }
-            } else {
-                let parent = node.parent as usize;
-                if !node.repeats_parent {
-                    in_adjoint[parent] += ready_adjoint[k];
-                }
-                gap_adjoint[parent] += ready_adjoint[k];
-            }
-        }
+        let before = LengthLayers {
+            gap: &gap[t * counts..(t + 1) * counts],
+            sums: &run_sums[t * counts..(t + 1) * counts],
+            runs: &runs[t * run_width..(t + 1) * run_width],
+        };
+        let (dense_dot, length_blank) = length_frame_reverse(
+            (plan, vocab),
+            &frame,
+            before,
+            (length_adjoint, &mut length_adjoints),
+            g,
+        );
+        let nodes_before = (
+            &node_in[t * k_nodes..(t + 1) * k_nodes],
+            &node_gap[t * k_nodes..(t + 1) * k_nodes],
+        );
+        let (sparse_dot, blank_gradient) = ngram_frame_reverse(
+            (t, nodes, &node_adjoint),
+            &frame,
+            nodes_before,
+            (&mut node_adjoints, length_blank),
+            g,
+        );
         // Through the softmax: dz = q ⊙ (dq − Σ_u q_u dq_u), the blank's entry from its parts.
         let dot = match dense_dot {
             Some(dense) => dense + sparse_dot,
-            None => cpu::dot(qt, g),
-        } + b * blank_gradient;
-        softmax_jacobian(g, qt, dot);
-        g[plan.blank] = b * (blank_gradient - dot);
+            None => cpu::dot(frame.q, g),
+        } + frame.blank * blank_gradient;
+        softmax_jacobian(g, frame.q, dot);
+        g[plan.blank] = frame.blank * (blank_gradient - dot);
     }
 }
 
