@@ -317,7 +317,14 @@ fn the_kernels_import_no_loss_configuration_and_no_dispatch() {
         if file.starts_with("kernels/") {
             for forbidden in [
                 "config.rs",
-                "checked.rs",
+                "checked/mod.rs",
+                "checked/logits.rs",
+                "checked/hidden.rs",
+                "checked/hypotheses.rs",
+                "checked/targets.rs",
+                "checked/calls.rs",
+                "checked/stats.rs",
+                "checked/ctc.rs",
                 "dispatch.rs",
                 "pipeline.rs",
                 "mod.rs",
@@ -383,8 +390,18 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "forms.rs",
         "score.rs",
     ],
-    // The one choice of path and the one validation.
-    &["dispatch.rs", "checked.rs"],
+    // The one choice of path and the one validation, by kind of input.
+    &[
+        "dispatch.rs",
+        "checked/logits.rs",
+        "checked/hidden.rs",
+        "checked/hypotheses.rs",
+        "checked/targets.rs",
+        "checked/calls.rs",
+        "checked/stats.rs",
+        "checked/ctc.rs",
+        "checked/mod.rs",
+    ],
     // The passes.
     &["pipeline.rs", "hidden_pass.rs", "ctc_pass.rs"],
     // The reduction: local or over a data-parallel group, then the score.
