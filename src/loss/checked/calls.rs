@@ -76,7 +76,8 @@ fn softcap_with_blocks(cfg: &CrossEntropyConfig, input: &Hypotheses<'_>) -> Resu
 
 /// The arguments of a training step's loss on logits or hidden states, checked: the input, the
 /// targets, and `bleu_weight` (returned):
-/// [`ce_bleu_from_logits`](crate::loss::ce_bleu_from_logits), [`ce_bleu_from_hidden`](crate::loss::ce_bleu_from_hidden) and their data-parallel forms.
+/// [`ce_bleu_from_logits`](crate::loss::ce_bleu_from_logits),
+/// [`ce_bleu_from_hidden`](crate::loss::ce_bleu_from_hidden) and their data-parallel forms.
 pub(crate) fn training_call<'a>(
     input: Hypotheses<'_>,
     hyp_lengths: Option<&Tensor>,

@@ -8,9 +8,9 @@ use crate::loss::score;
 use candle_core::{bail, Result};
 
 /// The arguments of [`loss_from_stats`](crate::loss::loss_from_stats), checked: the config;
-/// `matches` and `totals` float `[B, N]` with `N = max_order` and `B >= 1`, `hyp_len` and `ref_len` float
-/// `[B]`, all on one device; every value finite and `>= 0` ([`stats_values`]). Each message
-/// starts with `loss_from_stats: `.
+/// `matches` and `totals` float `[B, N]` with `N = max_order` and `B >= 1`, `hyp_len` and
+/// `ref_len` float `[B]`, all on one device; every value finite and `>= 0` ([`stats_values`]).
+/// Each message starts with `loss_from_stats: `.
 pub(crate) fn stats_call(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<()> {
     let BleuStats {
         matches,
