@@ -4,7 +4,8 @@
 //! and scores them; and [`loss_from_stats`], the loss from statistics a caller gives (checked,
 //! then reduced and scored as the one path does).
 
-use super::checked::{stats_call, Hypotheses};
+use super::checked::hypotheses::Hypotheses;
+use super::checked::stats::stats_call;
 use super::config::{BleuLossConfig, BleuLossOutput, BleuStats};
 use super::dispatch::Path;
 use super::reduce::Reducer;

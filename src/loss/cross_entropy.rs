@@ -8,7 +8,7 @@
 //! the reference ids, so that one custom op carries both the cross-entropy terms and the BLEU
 //! token matches, and its backward receives both gradients in one call.
 
-use super::checked::Hypotheses;
+use super::checked::hypotheses::Hypotheses;
 use super::config::{CrossEntropyConfig, CrossEntropyOutput};
 use super::dispatch::Path;
 use super::reduce::Reducer;

@@ -8,7 +8,7 @@
 //! backward). Elsewhere, and in the `_composed` references, composed candle ops run the forward
 //! recursion and candle's autograd gives the gradient. The same numbers to rounding.
 
-use super::checked::{ctc_call, ctc_decode_call, CheckedCtc, CtcTargets};
+use super::checked::ctc::{ctc_call, ctc_decode_call, CheckedCtc, CtcTargets};
 use super::config::{constant, CtcConfig, CtcReduction};
 use super::dispatch::Path;
 use super::host;

@@ -3,7 +3,7 @@
 //! [`ctc_expected_counts`] (docs/loss.md, §17). Each checks its arguments once (`checked`) and
 //! runs the CTC pass (`ctc_pass`).
 
-use super::checked::ctc_bleu_call;
+use super::checked::ctc::ctc_bleu_call;
 use super::config::{BleuLossConfig, BleuLossOutput, CtcExpectedCounts};
 use super::ctc_pass::{ctc_counts_pass, ctc_statistics};
 use super::dispatch::Path;

@@ -3,7 +3,7 @@
 //! reference [`ctc_ngram_f_loss_composed`], from the expected counts and totals that the BLEU
 //! loss on CTC outputs computes (docs/loss.md, §17.6).
 
-use super::checked::ctc_bleu_call;
+use super::checked::ctc::ctc_bleu_call;
 use super::config::{BleuLossConfig, CtcNgramFConfig, CtcNgramFOutput, Reduction};
 use super::ctc_pass::{ctc_counts_pass, ctc_statistics};
 use super::dispatch::Path;

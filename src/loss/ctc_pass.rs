@@ -1,9 +1,10 @@
-//! The pass of the BLEU loss on CTC outputs, on checked arguments (`checked::ctc_bleu_call`):
-//! the expected n-gram statistics of the collapsed sequences ([`ctc_counts_pass`]: the CPU
-//! kernel of [`CtcNgramOp`], or the same programs as composed candle ops), then the clipped
-//! matches and the score ([`ctc_statistics`]; the reduction stage scores them), as the expected form clips (docs/loss.md, §17).
+//! The pass of the BLEU loss on CTC outputs, on checked arguments
+//! (`checked::ctc::ctc_bleu_call`): the expected n-gram statistics of the collapsed sequences
+//! ([`ctc_counts_pass`]: the CPU kernel of [`CtcNgramOp`], or the same programs as composed
+//! candle ops), then the clipped matches and the score ([`ctc_statistics`]; the reduction stage
+//! scores them), as the expected form clips (docs/loss.md, §17).
 
-use super::checked::CheckedCtcLogits;
+use super::checked::ctc::CheckedCtcLogits;
 use super::config::{BleuLossConfig, BleuStats, CtcExpectedCounts};
 use super::forms::clip_expected_counts;
 use super::kernels::ctc::ngrams::{CtcNgramOp, CtcNgramPlan};

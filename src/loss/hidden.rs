@@ -17,12 +17,13 @@
 //! element at once (its self-match `P Pᵀ`): its blocks are whole sequences.
 //!
 //! These are wrappers over the one path every loss takes (`run`): the hidden states are one
-//! kind of input ([`Hypotheses::Hidden`](super::checked::Hypotheses)), validated with the
-//! others, and their pass is the hidden-state op (`hidden_pass`, `kernels::hidden::op`): raw slices
+//! kind of input ([`Hypotheses::Hidden`](super::checked::hypotheses::Hypotheses)), validated
+//! with the others, and their pass is the hidden-state op (`hidden_pass`, `kernels::hidden::op`):
+//! raw slices
 //! on the CPU (gemm + the row kernels), candle ops in the same blocks elsewhere — so the GPU
 //! path keeps the `O(block)` memory too.
 
-use super::checked::Hypotheses;
+use super::checked::hypotheses::Hypotheses;
 use super::config::{
     BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, HiddenConfig,
     TrainingLoss, TrainingLossConfig,

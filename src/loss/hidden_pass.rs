@@ -4,7 +4,8 @@
 //! candle ops in the same blocks elsewhere. The row parameters are built here from the checked
 //! arguments; the kernels take them as plain values.
 
-use super::checked::{CheckedHidden, CheckedTargets};
+use super::checked::hidden::CheckedHidden;
+use super::checked::targets::CheckedTargets;
 use super::config::HiddenConfig;
 use super::host::CpuView;
 use super::kernels::composed::{class_weight_tensor, masked_targets};

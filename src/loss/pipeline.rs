@@ -8,16 +8,16 @@
 //! The walk of `hidden` through [`ce_bleu_from_hidden`](super::ce_bleu_from_hidden): one process
 //! (`reduce::Reducer::Local`), the default config (`Corpus`, no z-loss or token accuracy), id
 //! references, the CPU kernels. A stop is a call into another function of the crate on the main
-//! path; the validation (`checked::training_call`), the op's blocks and the statistics' length
-//! models and forms are one stop each, and questions asked on the side (the path, a dtype, a
+//! path; the validation (`checked::calls::training_call`), the op's blocks and the statistics'
+//! length models and forms are one stop each, and questions asked on the side (the path, a dtype, a
 //! layout's columns) are not stops. 18 stops; no file is entered more than twice, and the
 //! reduction hands finished sums down to the score, which calls nothing back:
 //!
 //! 1. `hidden::hidden_input` — `hidden`, `proj` and `blocks` as one `Hypotheses::Hidden`
 //!    (the entry asks `dispatch::Path::for_device` on the side);
 //! 2. `run::training` — the one path;
-//! 3. `checked::training_call` — every argument checked once (`shaped` → `hidden_call`: `hidden`
-//!    as contiguous rows `[B·S, D]` in the compute dtype; `ShapedInput::finish`);
+//! 3. `checked::calls::training_call` — every argument checked once (`shaped` → `hidden_call`:
+//!    `hidden` as contiguous rows `[B·S, D]` in the compute dtype; `ShapedInput::finish`);
 //! 4. `reduce::Reducer::divide` — the cross-entropy's divisor `n`;
 //! 5. `references::References::side` — the reference side (cached);
 //! 6. [`hypothesis_pass`];
@@ -39,7 +39,10 @@
 //! `kernels/hidden`, `pipeline`, `reduce`, `score`. docs/design.md holds the same list and the
 //! data-parallel form's.
 
-use super::checked::{materialised_logits, CheckedHypotheses, CheckedInput, CheckedTargets};
+use super::checked::hidden::materialised_logits;
+use super::checked::hypotheses::CheckedInput;
+use super::checked::logits::CheckedHypotheses;
+use super::checked::targets::CheckedTargets;
 use super::config::{BleuLossConfig, BleuStats, Form};
 use super::dispatch::Path;
 use super::hidden_pass::hidden_rows;

@@ -13,7 +13,7 @@
 //! | quantity | `Local` | `Group` |
 //! |---|---|---|
 //! | cross-entropy | each non-pad row's term divided by this batch's count `n` (`1/n` in the kernels; with class weights `Σ w_t`, the z-term's part still by `n`), summed: the mean | the row terms summed (weight 1), all-reduced with the count (and `Σ w_t` with class weights), divided by the global count (`Σ w_t`); class weights with a z-loss are refused |
-//! | corpus BLEU | the elements' statistics summed ([`score_rows`]), scored | the same sums over the shard, checked (`checked::shard_stats`), all-reduced, scored |
+//! | corpus BLEU | the elements' statistics summed ([`score_rows`]), scored | the same sums over the shard, checked (`checked::stats::shard_stats`), all-reduced, scored |
 //! | `SentenceMean` BLEU | each element's statistics scored, the mean of their losses | the shard's sum of sentence losses and its size, all-reduced, divided |
 //!
 //! The stage hands finished sums down to `score` (`score::neg_log_bleu`), once per loss; the
@@ -22,7 +22,8 @@
 //! `Local` is the single-process loss, bit for bit what it was before the stage existed.
 
 use super::all_reduce::AllReduce;
-use super::checked::{shard_stats, CheckedTargets, Division};
+use super::checked::stats::shard_stats;
+use super::checked::targets::{CheckedTargets, Division};
 use super::config::{
     compute_dtype, constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats,
     CrossEntropyOutput, CrossEntropyReduction, Reduction, TrainingLoss,

@@ -1,7 +1,7 @@
 //! The one path of every loss, whatever its input (probabilities, logits, or hidden states with
 //! the output layer) and wherever its sums are taken (one process, or a data-parallel group):
 //!
-//! 1. validate the arguments once (`checked::*_call`);
+//! 1. validate the arguments once (`checked::calls::*_call`);
 //! 2. set the cross-entropy's divisor (`reduce::Reducer::divide`: `n` for a local mean, with the
 //!    rule that some target counts; 1 for a shard's sum);
 //! 3. one pass over the logits or the hidden states (`pipeline`: the kernel op, the tiled
@@ -12,7 +12,8 @@
 //! The public entry points (`bleu`, `cross_entropy`, `training`, `hidden`, and the
 //! data-parallel ones of `distributed`) are short wrappers over these functions.
 
-use super::checked::{bleu_call, cross_entropy_call, training_call, Hypotheses};
+use super::checked::calls::{bleu_call, cross_entropy_call, training_call};
+use super::checked::hypotheses::Hypotheses;
 use super::config::{
     BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, TrainingLoss,
     TrainingLossConfig,

@@ -8,7 +8,7 @@
 //! term, so that its backward receives both gradients in one call and writes one logits
 //! gradient.
 
-use super::checked::Hypotheses;
+use super::checked::hypotheses::Hypotheses;
 use super::config::{TrainingLoss, TrainingLossConfig};
 use super::dispatch::Path;
 use super::reduce::Reducer;

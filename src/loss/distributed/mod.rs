@@ -126,7 +126,8 @@ pub use mpi_impl::MpiAllReduce;
 pub use nccl_impl::NcclAllReduce;
 pub use thread::ThreadAllReduce;
 
-use super::checked::{shard_stats_shapes, Hypotheses};
+use super::checked::hypotheses::Hypotheses;
+use super::checked::stats::shard_stats_shapes;
 use super::config::{
     constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats, CrossEntropyConfig,
     CrossEntropyOutput, HiddenConfig, TrainingLoss, TrainingLossConfig,
