@@ -1,6 +1,6 @@
 #line 2 "ctc.cu"
-// CUDA kernels of candle-bleu's CTC loss (src/loss/kernels/ctc_cuda.rs; the CPU kernel is
-// ctc_cpu.rs, whose recursions these follow step for step: docs/loss.md, "CTC loss"). Compiled
+// CUDA kernels of candle-bleu's CTC loss (src/loss/kernels/ctc/cuda.rs; the CPU kernel is
+// ctc/op.rs, whose recursions these follow step for step: docs/loss.md, "CTC loss"). Compiled
 // by NVRTC after kernels.cu (whose block reductions and float helpers they use), as one module.
 //
 // Layout: batch-first input x [B, T, V] (log-probabilities, or logits with the log-softmax fused

@@ -1,5 +1,5 @@
 //! The CUDA side of the CTC loss's op (`CtcOp` and `CtcOpBackward`'s `cuda_fwd`, in
-//! `ctc_cpu.rs`): the kernels of `ctc.cu` launched from the plans of `ctc_launch.rs`, the plans
+//! `op.rs`): the kernels of `ctc.cu` launched from the plans of `launch.rs`, the plans
 //! the emulator tests run (docs/gpu.md, "The emulator").
 //!
 //! **Unverified on a GPU**: built only with the `cuda-unverified` feature; without it CUDA

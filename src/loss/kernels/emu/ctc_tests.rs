@@ -3,7 +3,7 @@
 //! and f64, blanks first and last, repeated labels, empty targets, targets too long for their
 //! frames (with and without `zero_infinity`), more states than threads in a block, `-inf`
 //! log-probabilities, and NaN in every padding frame (never read), in several thread orders,
-//! each launch from the plans of `ctc_launch.rs`. Then broken copies of the kernels, caught.
+//! each launch from the plans of `ctc/launch.rs`. Then broken copies of the kernels, caught.
 
 use super::module::{EmuModule, ThreadOrder};
 use super::tests::{compare, compile, module, run, spread, Float, Guarded, SOURCE};

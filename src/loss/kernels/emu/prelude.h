@@ -2,7 +2,7 @@
 // unmodified, run on the CPU as host C++. Included before the kernel source by
 // src/loss/kernels/emu/module.rs, which compiles both with the system C++ compiler into a shared
 // object at run time (as NVRTC compiles the same source on a GPU) and launches its kernels with
-// the grid, block and parameters of the crate's CUDA launch plans (src/loss/kernels/launch.rs).
+// the grid, block and parameters of the crate's CUDA launch plans (src/loss/kernels/row/launch.rs, ctc/launch.rs).
 //
 // The model (docs/gpu.md, "The emulator"):
 // - every thread of a block is a fiber (ucontext) with its own stack; blocks run one after

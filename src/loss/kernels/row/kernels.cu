@@ -1,6 +1,6 @@
-// CUDA kernels of candle-bleu's row op (src/loss/kernels/row_op.rs: the row pass, the self-match
+// CUDA kernels of candle-bleu's row op (src/loss/kernels/row/op.rs: the row pass, the self-match
 // pass, the softmax), compiled at run time with NVRTC for the device's own architecture by
-// src/loss/kernels/cuda.rs. Self-contained: no #include, so NVRTC needs no CUDA headers. The loss
+// src/loss/kernels/row/cuda.rs. Self-contained: no #include, so NVRTC needs no CUDA headers. The loss
 // hands the kernels logits in their compute dtype, f32 or f64 (f16/bf16 are converted first), so
 // the conversions below serve f32 and f64 only.
 //
