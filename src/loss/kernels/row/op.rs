@@ -1,16 +1,17 @@
 //! The loss's custom op over the logits, [`RowOp`], whose three passes share one backward op,
 //! [`RowOpBackward`], of the same shape; the per-row output of each pass is
-//! [`RowLayout`](crate::loss::kernels::layout::RowLayout)'s (`[x | ce | max | sum | weight]`, the same after
-//! the self-match `Z` columns, or every probability for [`Pass::Softmax`]).
+//! [`RowLayout`](crate::loss::kernels::layout::RowLayout)'s (`[x | ce | max | sum | weight]`,
+//! the same after the self-match `Z` columns, or every probability for [`Pass::Softmax`]).
 //!
-//! Each op has its `cpu_fwd` (the slice kernels of [`cpu`](crate::loss::kernels::cpu)) and its `cuda_fwd`
-//! (the `cuda` module, `kernels.cu`, behind the `cuda` feature, given the op's
-//! parameters as a `cuda::RowArgsIn`, so that it imports nothing of this file)
-//! side by side; the forward op's `bwd` only applies the backward op. Whether the kernels or
-//! composed candle ops run is decided in one place, the loss's `dispatch::Path`. The kernels
-//! take plain parameters (ids, targets, `1/n`) that the loss's validation has checked: they
-//! check nothing themselves, except that the CPU kernels report a non-finite logit they meet in
-//! their pass. Also here: [`GatherIds`] and [`cuda_kernels_loaded`].
+//! Each op has its `cpu_fwd` (the slice kernels of [`cpu`](crate::loss::kernels::cpu)) and its
+//! `cuda_fwd` (this family's `cuda` module, `kernels.cu` and `ce_options.cu`, behind the `cuda`
+//! feature, given the op's parameters as a `launch::RowArgsIn`, so that it imports nothing of
+//! this file) side by side; the forward op's `bwd` only applies the backward op. Whether the
+//! kernels or composed candle ops run is decided in one place, the loss's `dispatch::Path`. The
+//! kernels take plain parameters (ids, targets, `1/n`) that the loss's validation has checked:
+//! they check nothing themselves, except that the CPU kernels report a non-finite logit they
+//! meet in their pass. Also here: [`GatherIds`], [`cuda_kernels_loaded`] and
+//! [`options_kernels_loaded`].
 
 #[cfg(feature = "cuda")]
 use super::cuda;
