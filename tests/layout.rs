@@ -372,6 +372,7 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "kernels/emu/module.rs",
         "kernels/emu/tests.rs",
         "kernels/emu/ctc_tests.rs",
+        "kernels/emu/ngram_tests.rs",
         "kernels/row/mod.rs",
         "kernels/row/op.rs",
         "kernels/row/launch.rs",
@@ -388,6 +389,8 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "kernels/ctc/cuda.rs",
         "kernels/ctc/ngrams.rs",
         "kernels/ctc/ngrams_composed.rs",
+        "kernels/ctc/ngrams_launch.rs",
+        "kernels/ctc/ngrams_cuda.rs",
         "kernels/mod.rs",
     ],
     // The statistics.

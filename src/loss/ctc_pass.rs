@@ -12,7 +12,6 @@ use super::kernels::ctc::ngrams_composed::ctc_ngram_expectations_composed;
 use super::length;
 use super::references::{ReferenceSide, References};
 use candle_core::{bail, Result};
-use std::sync::Arc;
 
 /// The expected counts, totals and length of every element's collapsed sequence, up to order
 /// `max_order`, against the id references `refs` laid end to end in rows of `width` positions
@@ -29,10 +28,13 @@ pub(crate) fn ctc_counts_pass(
     };
     let logits = &checked.logits.tensor;
     let (batch, frames, _) = logits.dims3()?;
-    let runs_kernel = checked.logits.path.runs_cpu_kernels(logits.device());
-    // Off the CPU the composed ops read the lengths through the frame mask; the plan's frame
-    // counts are only the kernel's.
-    let frame_counts = match (&checked.frames, runs_kernel) {
+    let runs_kernel = checked
+        .logits
+        .path
+        .runs_ctc_ngram_kernels(logits.device(), max_order);
+    // Off the CPU the composed ops read the lengths through the frame mask, and the CUDA
+    // kernels on the device: the plan's frame counts are then unused.
+    let frame_counts = match (&checked.frames, runs_kernel && logits.device().is_cpu()) {
         (Some(frames), _) => frames.clone(),
         (None, false) => vec![frames; batch],
         (None, true) => bail!("internal: the CPU kernel needs the input lengths on the host"),
@@ -40,9 +42,13 @@ pub(crate) fn ctc_counts_pass(
     let plan = CtcNgramPlan::new(ids, &frame_counts, max_order, blank, width);
     let columns = plan.columns();
     let out = if runs_kernel {
-        logits.contiguous()?.apply_op1(CtcNgramOp {
-            plan: Arc::new(plan),
-        })?
+        let op = CtcNgramOp::new(plan);
+        #[cfg(feature = "cuda-unverified")]
+        let op = match (&checked.frames, &checked.input_lengths) {
+            (None, Some(lengths)) => op.with_device_frames(lengths)?,
+            _ => op,
+        };
+        logits.contiguous()?.apply_op1(op)?
     } else {
         ctc_ngram_expectations_composed(logits, &checked.frame_mask, &plan)?
     };

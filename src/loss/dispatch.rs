@@ -3,6 +3,8 @@
 
 #[cfg(feature = "cuda-unverified")]
 use super::kernels::ctc::cuda::ctc_kernels_loaded;
+#[cfg(feature = "cuda-unverified")]
+use super::kernels::ctc::ngrams_launch::NGRAM_MAX_ORDER;
 use super::kernels::row::op::{cuda_kernels_loaded, options_kernels_loaded};
 use candle_core::Device;
 
@@ -43,6 +45,19 @@ impl Path {
         if self == Path::Kernels && ctc_kernels_loaded(device) {
             return true;
         }
+        self.runs_cpu_kernels(device)
+    }
+
+    /// Whether the n-gram programs of the BLEU loss on CTC outputs run as a kernel on `device`:
+    /// the CPU kernel on the CPU, and with the `cuda-unverified` feature the CUDA kernels
+    /// (`ngrams.cu`, in the CTC module; tested on the emulator, not yet on a GPU) for orders up
+    /// to 8 where they load. Otherwise composed ops.
+    pub(crate) fn runs_ctc_ngram_kernels(self, device: &Device, max_order: usize) -> bool {
+        #[cfg(feature = "cuda-unverified")]
+        if max_order <= NGRAM_MAX_ORDER && self.runs_ctc_kernels(device) {
+            return true;
+        }
+        let _ = max_order;
         self.runs_cpu_kernels(device)
     }
 

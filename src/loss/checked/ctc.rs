@@ -407,6 +407,11 @@ pub(crate) struct CheckedCtcLogits {
     /// `frames[b]`: element `b`'s input length; `None` off the CPU without `check_values`
     /// (the composed ops read the lengths on the device).
     pub frames: Option<Vec<usize>>,
+    /// The caller's `input_lengths` as given (u32, i32 or i64 `[B]` on the logits' device,
+    /// its dtype and shape checked): what the CUDA kernels read on the device when `frames` is
+    /// `None`.
+    #[cfg_attr(not(feature = "cuda-unverified"), allow(dead_code))]
+    pub input_lengths: Option<Tensor>,
     /// `[B, T']` in the compute dtype: 1 at the frames in use, 0 beyond.
     pub frame_mask: Tensor,
 }
@@ -489,6 +494,7 @@ pub(crate) fn ctc_bleu_call(
     Ok(CheckedCtcLogits {
         logits,
         frames: frame_counts,
+        input_lengths: input_lengths.cloned(),
         frame_mask,
     })
 }

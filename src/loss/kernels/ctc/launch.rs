@@ -12,18 +12,30 @@
 use crate::loss::kernels::launch::{dim_u32, FloatKind, Launch, LaunchDims, Param};
 use candle_core::{bail, Result};
 
-/// The CUDA source of the CTC kernels: `kernels.cu` (whose helpers they use), then `ctc.cu`.
+/// The CUDA source of the CTC family's kernels: `kernels.cu` (whose helpers they use), then
+/// `ctc.cu` (the CTC loss) and `ngrams.cu` (the n-gram programs of the BLEU loss on CTC outputs,
+/// planned in `ngrams_launch.rs`).
 pub(crate) const CTC_SOURCE: &str = concat!(
     include_str!("../row/kernels.cu"),
     "\n",
-    include_str!("ctc.cu")
+    include_str!("ctc.cu"),
+    "\n",
+    include_str!("ngrams.cu")
 );
 
 /// Threads per block; must equal `CTC_BLOCK` in `ctc.cu`.
 pub(crate) const CTC_BLOCK: u32 = 256;
 
-/// The kernel families of `ctc.cu`, each instantiated as `<family>_f32` and `_f64`.
-pub(crate) const CTC_FAMILIES: [&str; 4] = ["ctc_lse", "ctc_alpha", "ctc_beta", "ctc_grad_rows"];
+/// The kernel families of `ctc.cu` and `ngrams.cu`, each instantiated as `<family>_f32` and
+/// `_f64`.
+pub(crate) const CTC_FAMILIES: [&str; 6] = [
+    "ctc_lse",
+    "ctc_alpha",
+    "ctc_beta",
+    "ctc_grad_rows",
+    "ctc_ngram_fwd",
+    "ctc_ngram_bwd",
+];
 
 /// The sizes and settings every CTC kernel takes.
 #[derive(Debug, Clone, Copy)]

@@ -150,6 +150,88 @@ impl CtcNgramPlan {
         1 + self.max_order + self.max_order * self.width
     }
 
+    /// The plan as the CUDA kernels read it (`ngrams.cu`, `NgramTrie`): one u32 buffer holding,
+    /// in order, each element's first node `[B + 1]`, each node's token `[K]` and link `[K]`
+    /// (its parent's global index in the low 31 bits, `2^31 − 1` at depth 1, the top bit when
+    /// its token repeats the parent's), each node's first child `[K + 1]` and the children
+    /// `[K]` (ascending), each element's first token group `[B + 1]`, each group's token `[G]`
+    /// and depth-1 node (or `2^31 − 1`) `[G]`, each group's first node `[G + 1]` and the nodes
+    /// `[K]` (ascending), then the slots `[B, N·W]` as global nodes (or `u32::MAX`). Returns
+    /// the buffer, `K` and `G`. Built on the host from the plan, so that no sum on the device
+    /// needs an atomic: a parent gathers its children, a token its nodes.
+    #[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
+    pub(crate) fn trie_buffer(&self) -> (Vec<u32>, usize, usize) {
+        const NONE: u32 = 0x7fff_ffff;
+        const REPEATS: u32 = 0x8000_0000;
+        let batch = self.elements.len();
+        let nodes: usize = self.elements.iter().map(|e| e.nodes.len()).sum();
+        let mut node_start = Vec::with_capacity(batch + 1);
+        let (mut token, mut link) = (Vec::with_capacity(nodes), Vec::with_capacity(nodes));
+        let mut children_of: Vec<Vec<u32>> = vec![Vec::new(); nodes];
+        let mut group_start = Vec::with_capacity(batch + 1);
+        let (mut group_token, mut group_root) = (Vec::new(), Vec::new());
+        let (mut group_node_start, mut group_nodes) = (Vec::new(), Vec::with_capacity(nodes));
+        let mut slots = Vec::with_capacity(batch * self.max_order * self.width);
+        let mut offset = 0u32;
+        for element in &self.elements {
+            node_start.push(offset);
+            group_start.push(group_token.len() as u32);
+            let mut by_token: std::collections::BTreeMap<u32, (u32, Vec<u32>)> =
+                std::collections::BTreeMap::new();
+            for (k, node) in element.nodes.iter().enumerate() {
+                let global = offset + k as u32;
+                token.push(node.token);
+                let entry = by_token.entry(node.token).or_insert((NONE, Vec::new()));
+                entry.1.push(global);
+                if node.is_root() {
+                    entry.0 = global;
+                    link.push(NONE);
+                } else {
+                    let parent = offset + node.parent;
+                    children_of[parent as usize].push(global);
+                    link.push(parent | if node.repeats_parent { REPEATS } else { 0 });
+                }
+            }
+            for (t, (root, members)) in by_token {
+                group_token.push(t);
+                group_root.push(root);
+                group_node_start.push(group_nodes.len() as u32);
+                group_nodes.extend(members);
+            }
+            slots.extend(element.slots.iter().map(|&slot| {
+                if slot == NO_NODE {
+                    u32::MAX
+                } else {
+                    offset + slot
+                }
+            }));
+            offset += element.nodes.len() as u32;
+        }
+        node_start.push(offset);
+        group_start.push(group_token.len() as u32);
+        group_node_start.push(group_nodes.len() as u32);
+        let groups = group_token.len();
+        let mut buffer = node_start;
+        buffer.extend(token);
+        buffer.extend(link);
+        let mut first_child = 0u32;
+        for children in &children_of {
+            buffer.push(first_child);
+            first_child += children.len() as u32;
+        }
+        buffer.push(first_child);
+        let child_count = first_child as usize;
+        buffer.extend(children_of.into_iter().flatten());
+        buffer.extend(std::iter::repeat_n(0, nodes - child_count));
+        buffer.extend(group_start);
+        buffer.extend(group_token);
+        buffer.extend(group_root);
+        buffer.extend(group_node_start);
+        buffer.extend(group_nodes);
+        buffer.extend(slots);
+        (buffer, nodes, groups)
+    }
+
     /// `C`: the largest count whose probability `P(L = C)` the totals need (`N − 2`), or `None`
     /// when `N <= 1`.
     fn top_count(&self) -> Option<usize> {
@@ -161,6 +243,88 @@ impl CtcNgramPlan {
 #[derive(Debug, Clone)]
 pub(crate) struct CtcNgramOp {
     pub plan: Arc<CtcNgramPlan>,
+    /// The CUDA side (`cuda-unverified`): the frame counts left on the device, if the host never
+    /// read them (u32 `[B]`; they replace the plan's), and the plan once uploaded, shared by the
+    /// forward and the backward.
+    #[cfg(feature = "cuda-unverified")]
+    device_frames: Option<Tensor>,
+    #[cfg(feature = "cuda-unverified")]
+    device_plan: Arc<std::sync::OnceLock<super::ngrams_cuda::DeviceNgramPlan>>,
+}
+
+impl CtcNgramOp {
+    pub(crate) fn new(plan: CtcNgramPlan) -> Self {
+        Self {
+            plan: Arc::new(plan),
+            #[cfg(feature = "cuda-unverified")]
+            device_frames: None,
+            #[cfg(feature = "cuda-unverified")]
+            device_plan: Arc::default(),
+        }
+    }
+
+    /// The op with the frame counts on the device (CUDA only): `frames` (u32, i32 or i64 `[B]`,
+    /// never read by the host) converted to u32 there. An element whose count exceeds `T'` (a
+    /// negative count wraps to a large one) gets a NaN row and NaN gradients from the kernels.
+    #[cfg(feature = "cuda-unverified")]
+    pub(crate) fn with_device_frames(self, frames: &Tensor) -> Result<Self> {
+        Ok(Self {
+            device_frames: Some(frames.to_dtype(candle_core::DType::U32)?.contiguous()?),
+            ..self
+        })
+    }
+
+    /// The kernels' sizes for logits of `shape`, and the plan on `device` (uploaded once).
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_plan(
+        &self,
+        shape: &Shape,
+        device: &candle_core::CudaDevice,
+    ) -> Result<(
+        super::ngrams_launch::NgramArgs,
+        super::ngrams_cuda::DeviceNgramPlan,
+    )> {
+        let (batch, frames, vocab) = self.check_shape(shape)?;
+        let on_device = match self.device_plan.get() {
+            Some(uploaded) => uploaded.clone(),
+            None => {
+                let device = candle_core::Device::Cuda(device.clone());
+                let (buffer, nodes, groups) = self.plan.trie_buffer();
+                let len = buffer.len();
+                let frames = match &self.device_frames {
+                    Some(frames) => frames.clone(),
+                    None => Tensor::from_vec(
+                        self.plan
+                            .elements
+                            .iter()
+                            .map(|e| e.frames as u32)
+                            .collect::<Vec<_>>(),
+                        batch,
+                        &device,
+                    )?,
+                };
+                let uploaded = super::ngrams_cuda::DeviceNgramPlan {
+                    trie: Tensor::from_vec(buffer, len, &device)?,
+                    frames,
+                    nodes,
+                    groups,
+                };
+                let _ = self.device_plan.set(uploaded.clone());
+                uploaded
+            }
+        };
+        let args = super::ngrams_launch::NgramArgs {
+            batch,
+            frames,
+            vocab,
+            max_order: self.plan.max_order,
+            width: self.plan.width,
+            blank: self.plan.blank as u32,
+            nodes: on_device.nodes,
+            groups: on_device.groups,
+        };
+        Ok((args, on_device))
+    }
 }
 
 /// The lane sum `Σ_v f(v)` over `len` entries, `f` reading entry `v`.
@@ -1229,6 +1393,17 @@ impl CustomOp1 for CtcNgramOp {
         ))
     }
 
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (args, plan) = self.cuda_plan(layout.shape(), storage.device())?;
+        let out = super::ngrams_cuda::forward(&args, &plan, storage, layout)?;
+        Ok((out, Shape::from((args.batch, args.columns()))))
+    }
+
     fn bwd(&self, logits: &Tensor, _out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
         let grad =
             logits.apply_op2_no_bwd(&grad_out.contiguous()?, &CtcNgramBackward(self.clone()))?;
@@ -1264,6 +1439,24 @@ impl CustomOp2 for CtcNgramBackward {
             Ok(candle_core::WithDType::to_cpu_storage_owned(grad))
         })?;
         Ok((grad, shape.clone()))
+    }
+
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        logits: &candle_core::CudaStorage,
+        logits_layout: &Layout,
+        grad_out: &candle_core::CudaStorage,
+        grad_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (args, plan) = self.0.cuda_plan(logits_layout.shape(), logits.device())?;
+        let grad = super::ngrams_cuda::backward(
+            &args,
+            &plan,
+            (logits, logits_layout),
+            (grad_out, grad_layout),
+        )?;
+        Ok((grad, logits_layout.shape().clone()))
     }
 }
 

@@ -9,4 +9,6 @@
 mod ctc_tests;
 pub(crate) mod module;
 #[cfg(test)]
+mod ngram_tests;
+#[cfg(test)]
 mod tests;

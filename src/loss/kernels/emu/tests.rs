@@ -29,6 +29,8 @@ pub(super) const SOURCE: &str = concat!(
     "\n",
     include_str!("../ctc/ctc.cu"),
     "\n",
+    include_str!("../ctc/ngrams.cu"),
+    "\n",
     include_str!("../row/ce_options.cu")
 );
 
@@ -48,7 +50,7 @@ pub(super) fn compile(source: &str) -> EmuModule {
     EmuModule::compile(
         source,
         (&families, &OPTIONS_16BIT_FAMILIES),
-        &["BLOCK", "CTC_BLOCK"],
+        &["BLOCK", "CTC_BLOCK", "NGRAM_MAX_COUNTS"],
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
