@@ -286,9 +286,11 @@ fn check(dtype: DType, tol: f64) -> Result<usize> {
     Ok(checked)
 }
 
-/// 3 cases × 48 option sets (class weights off and on × 2 label smoothings × 3 reductions ×
-/// z-loss off and on × soft-capping off and on) × the token accuracy asked for or not × 2 paths.
-const SUPPORTED_CHECKS: usize = 3 * 48 * 2 * 2;
+/// 4 cases (the last: two targets whose class weights sum to exactly 1, so the weighted mean's
+/// divisor is 1 while the z-loss stays a mean over the tokens) × 48 option sets (class weights
+/// off and on × 2 label smoothings × 3 reductions × z-loss off and on × soft-capping off and on)
+/// × the token accuracy asked for or not × 2 paths.
+const SUPPORTED_CHECKS: usize = 4 * 48 * 2 * 2;
 
 #[test]
 fn golden_pytorch_f64() -> Result<()> {

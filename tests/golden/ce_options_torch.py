@@ -116,6 +116,11 @@ def logits_case(rng, name, batch, seq, vocab, pads, scale):
     targets = draw_targets(rng, batch, seq, vocab, pads)
     w = class_weights(rng, vocab)
     row_weights = np.round(rng.uniform(0.5, 2.0, (batch, seq)), 3)
+    return logits_results(name, logits, targets, w, row_weights)
+
+
+def logits_results(name, logits, targets, w, row_weights):
+    batch, seq, vocab = logits.shape
     results = []
     for opt in options():
         x = torch.tensor(logits, requires_grad=True)
@@ -192,6 +197,15 @@ def main():
         logits_case(rng, "logits, one pad", 2, 4, 7, [(1, 3)], 2.0),
         logits_case(rng, "logits, large values", 2, 3, 9, [(0, 2), (1, 0)], 6.0),
         hidden_case(rng, "hidden, one pad", 2, 3, 4, 9, [(1, 2)]),
+        # The non-pad targets' class weights sum to exactly 1 (two targets of weight 0.5): the
+        # weighted mean's divisor is 1, and the z-loss is still a mean over the 2 tokens.
+        logits_results(
+            "logits, target weights summing to 1",
+            np.array([[[1.0, 2.0, 0.5, 0.0, -1.0], [0.3, -1.0, 2.0, 0.1, 0.2]]]),
+            np.array([[1, 2]]),
+            np.array([1.0, 0.5, 0.5, 1.0, 1.0]),
+            np.array([[1.0, 1.0]]),
+        ),
     ]
     out = {
         "torch": torch.__version__.split("+")[0],
