@@ -9,7 +9,8 @@
 #   (default 3 rounds, benches/results/ctc-vs-torch, rows ctc_from_logits)
 #
 # PyTorch's rows run when Python has torch (else they are skipped, and the ratios are to the
-# first row). BENCH=path runs an already built bench executable.
+# first row): PYTHON=/path/to/venv/bin/python after `pip install torch==2.15.0` in that venv.
+# BENCH=path runs an already built bench executable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Golden vectors for the cross-entropy options of `candle_bleu::loss` from PyTorch (CPU, f64).
 
-    python3 tests/golden/ce_options_torch.py   # writes tests/golden/ce_options_torch.json
+    python3 -m venv /tmp/venv-torch && /tmp/venv-torch/bin/pip install torch==2.15.0 numpy
+    /tmp/venv-torch/bin/python tests/golden/ce_options_torch.py   # writes ce_options_torch.json
+
+(PyPI's torch wheel brings its CUDA libraries, about 3 GB installed; the generator runs on the
+CPU in f64.)
 
 The options are those of Liger-Kernel's fused cross-entropy and of PyTorch's `F.cross_entropy`:
 
