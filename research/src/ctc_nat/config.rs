@@ -104,6 +104,14 @@ pub struct Config {
     /// step to `pilot.json` in `--out`. No teacher, no test set.
     #[arg(long)]
     pub pilot_distilled: Option<PathBuf>,
+    /// A pilot instead of the study: the teacher (trained or reused as the study would), then,
+    /// for each length penalty `α` of this list, its beam search over a fixed sample of
+    /// [`DISTILL_PILOT_SOURCES`](super::study::DISTILL_PILOT_SOURCES) training sources (every
+    /// k-th) and over the dev set: Σ|target| / Σ|reference| in subwords and the dev BLEU, to
+    /// `distill_pilot.json` in `--out`. The study's `--distill-length-penalty` is then the
+    /// smallest `α` whose training-sample ratio reaches 0.97.
+    #[arg(long, value_delimiter = ',')]
+    pub distill_pilot: Vec<f64>,
     /// Print the plan and its time estimate, then stop (the corpus, tokenizer and test
     /// references are still written to `--out`; nothing is removed or trained).
     #[arg(long)]
@@ -133,6 +141,13 @@ impl Config {
                 "--distill-length-penalty must be finite and >= 0, got {}",
                 self.distill_length_penalty
             );
+        }
+        if let Some(a) = self
+            .distill_pilot
+            .iter()
+            .find(|a| !(a.is_finite() && **a >= 0.0))
+        {
+            bail!("--distill-pilot must hold finite values >= 0, got {a}");
         }
         if let Some(d) = self.blank_penalties.iter().find(|d| !d.is_finite()) {
             bail!("--blank-penalties must be finite, got {d}");

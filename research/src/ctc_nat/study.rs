@@ -29,7 +29,8 @@ use crate::nat::report::{
     NatRecord,
 };
 use crate::nat::teacher::{
-    parse_ids, teacher_and_distilled, DistillRecord, Teacher, TeacherSetup, TeacherStamp,
+    parse_ids, teacher, teacher_and_distilled, DistillRecord, Teacher, TeacherSetup, TeacherStamp,
+    TEACHER,
 };
 use crate::progress::format_duration;
 use crate::stats::best_on_dev;
@@ -336,21 +337,29 @@ impl Study {
             .unwrap_or_else(|| PathBuf::from("runs/translate").join(&self.cfg.common.lang))
     }
 
+    /// What [`teacher_and_distilled`] needs, from the study's settings.
+    fn teacher_setup<'a>(
+        &'a self,
+        translate_run: &'a Path,
+        teacher_dir: &'a Path,
+    ) -> TeacherSetup<'a> {
+        TeacherSetup {
+            config: self.teacher,
+            recipe: self.cfg.recipe(),
+            data: &self.data,
+            translate_run: (self.cfg.teacher == TeacherChoice::Translate).then_some(translate_run),
+            out: &self.out,
+            work: teacher_dir,
+            beam: self.distill_beam,
+            device: &self.device,
+        }
+    }
+
     /// Part 1: the teacher and the distilled targets, the infeasible pairs dropped.
     fn teacher_and_distillation(&self, tracker: &mut Tracker) -> Result<TrainingPairs> {
         let translate_run = self.translate_run();
         let teacher_dir = self.cfg.teacher_dir();
-        let setup = TeacherSetup {
-            config: self.teacher,
-            recipe: self.cfg.recipe(),
-            data: &self.data,
-            translate_run: (self.cfg.teacher == TeacherChoice::Translate)
-                .then_some(translate_run.as_path()),
-            out: &self.out,
-            work: &teacher_dir,
-            beam: self.distill_beam,
-            device: &self.device,
-        };
+        let setup = self.teacher_setup(&translate_run, &teacher_dir);
         let (teacher, distilled) = teacher_and_distilled(&setup, tracker)?;
         let total = |rows: &[Vec<u32>]| rows.iter().map(Vec::len).sum::<usize>() as f64;
         let target_length_ratio = total(&distilled.tgt) / total(&self.data.train.ids.tgt).max(1.0);
@@ -648,6 +657,112 @@ fn run_pilot(study: &Study, distilled: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Training sources the distillation pilot decodes at each `α` (`--distill-pilot`).
+pub const DISTILL_PILOT_SOURCES: usize = 1500;
+/// The distilled targets' length against the references that the pilot's choice must reach.
+pub const DISTILL_TARGET_RATIO: f64 = 0.97;
+
+/// The pilot of `--distill-pilot`: the teacher, then its beam search at each length penalty
+/// `α` over a fixed sample of training sources (every k-th, so that the sample spans the
+/// split) and over the dev set. Writes `distill_pilot.json` in the output folder: per `α`, the
+/// sample's Σ|target| / Σ|reference| in subwords (the quantity the study reports for the full
+/// distillation), the dev set's, the dev BLEU and the seconds; and the chosen `α`, the smallest
+/// whose sample ratio reaches [`DISTILL_TARGET_RATIO`] (none when no `α` does). An earlier
+/// pilot's rows for the same teacher and sample are kept, so that the grid can be extended.
+fn run_distill_pilot(study: &Study, alphas: &[f64]) -> Result<()> {
+    let teacher_steps = study.teacher_steps_left()?;
+    let mut tracker = Tracker::open(&study.out, &[(TEACHER.to_string(), teacher_steps)])?;
+    let translate_run = study.translate_run();
+    let teacher_dir = study.cfg.teacher_dir();
+    let setup = study.teacher_setup(&translate_run, &teacher_dir);
+    let teacher = teacher(&setup, &mut tracker)?;
+    let model = load_model(study.teacher, &teacher.weights, &study.device)?;
+    let train = &study.data.train.ids;
+    let every = train.len().div_ceil(DISTILL_PILOT_SOURCES).max(1);
+    let sample: Vec<usize> = (0..train.len()).step_by(every).collect();
+    let sample_sources: Vec<Vec<u32>> = sample.iter().map(|&i| train.src[i].clone()).collect();
+    let total =
+        |rows: &mut dyn Iterator<Item = &Vec<u32>>| rows.map(Vec::len).sum::<usize>() as f64;
+    let sample_reference = total(&mut sample.iter().map(|&i| &train.tgt[i])).max(1.0);
+    let dev = &study.data.dev;
+    let dev_reference = total(&mut dev.ids.tgt.iter()).max(1.0);
+    let specials = Specials {
+        bos: BOS,
+        eos: EOS,
+        pad: PAD,
+    };
+    let mut rows = Vec::new();
+    for &length_penalty in alphas {
+        let started = Instant::now();
+        let search = Search::Beam(BeamConfig {
+            length_penalty,
+            ..study.distill_beam
+        });
+        let sample_targets = decode_ids(&model, &sample_sources, specials, search, 100)?;
+        let dev_targets = decode_ids(&model, &dev.ids.src, specials, search, 100)?;
+        let dev_texts: Vec<String> = dev_targets
+            .iter()
+            .map(|t| study.data.bpe.decode(t))
+            .collect::<Result<_>>()?;
+        let dev_bleu = bleu(&dev_texts, &dev.references)?;
+        let sample_ratio = total(&mut sample_targets.iter()) / sample_reference;
+        let dev_ratio = total(&mut dev_targets.iter()) / dev_reference;
+        let seconds = started.elapsed().as_secs_f64();
+        println!(
+            "α = {length_penalty}: training sample {sample_ratio:.3}, dev {dev_ratio:.3} of the references' length; dev BLEU {dev_bleu:.2} ({seconds:.0} s)"
+        );
+        rows.push(
+            json!({"length_penalty": length_penalty, "train_sample_ratio": sample_ratio,
+            "dev_ratio": dev_ratio, "dev_bleu": dev_bleu, "seconds": seconds}),
+        );
+    }
+    // Rows of an earlier pilot of the same teacher, beam and sample are kept (those of an α
+    // measured again are replaced), so that a grid can be extended run by run.
+    let path = study.out.join("distill_pilot.json");
+    let mut commands = vec![std::env::args().collect::<Vec<_>>().join(" ")];
+    if let Some(earlier) = load_json::<serde_json::Value>(&path)? {
+        let same = earlier["teacher_sha256"] == json!(teacher.weights_sha256)
+            && earlier["beam"] == json!(study.distill_beam.beam)
+            && earlier["every"] == json!(every);
+        if same {
+            let measured: Vec<f64> = alphas.to_vec();
+            for row in earlier["alphas"].as_array().into_iter().flatten() {
+                let alpha = row["length_penalty"].as_f64().unwrap_or(f64::NAN);
+                if !measured.contains(&alpha) {
+                    rows.push(row.clone());
+                }
+            }
+            let earlier_commands = earlier["commands"]
+                .as_array()
+                .cloned()
+                .unwrap_or_else(|| vec![earlier["command"].clone()]);
+            for command in earlier_commands {
+                if let Some(command) = command.as_str() {
+                    commands.insert(commands.len() - 1, command.to_string());
+                }
+            }
+        }
+    }
+    rows.sort_by(|a, b| {
+        let key = |r: &serde_json::Value| r["length_penalty"].as_f64().unwrap_or(f64::NAN);
+        key(a).total_cmp(&key(b))
+    });
+    let chosen = rows
+        .iter()
+        .find(|r| r["train_sample_ratio"].as_f64().unwrap_or(0.0) >= DISTILL_TARGET_RATIO)
+        .and_then(|r| r["length_penalty"].as_f64());
+    let pilot = json!({"teacher": teacher.origin, "teacher_sha256": teacher.weights_sha256,
+        "beam": study.distill_beam.beam, "train_sample": sample.len(), "every": every,
+        "target_ratio": DISTILL_TARGET_RATIO, "chosen": chosen,
+        "commands": commands, "alphas": rows});
+    save_json(&pilot, &path)?;
+    match chosen {
+        Some(a) => println!("chosen: --distill-length-penalty {a}"),
+        None => println!("no α of the list reaches a ratio of {DISTILL_TARGET_RATIO}"),
+    }
+    Ok(())
+}
+
 /// Runs the study `cfg` describes (see `docs/ctc_nat.md`).
 pub fn run_study(mut cfg: Config) -> Result<()> {
     if cfg.common.quick {
@@ -659,6 +774,9 @@ pub fn run_study(mut cfg: Config) -> Result<()> {
     let cfg = &study.cfg;
     if let Some(distilled) = &cfg.pilot_distilled {
         return run_pilot(&study, distilled);
+    }
+    if !cfg.distill_pilot.is_empty() {
+        return run_distill_pilot(&study, &cfg.distill_pilot);
     }
 
     let teacher_steps = study.teacher_steps_left()?;
