@@ -154,5 +154,44 @@ fn quick_ctc_nat_study_is_reproducible_from_its_files() {
         assert_eq!(a["test_bleu"], b["test_bleu"]);
         assert_eq!(a["dev_bleu"], b["dev_bleu"]);
     }
+
+    // The distillation pilot reuses the trained teacher (nothing is trained), and a second
+    // pilot extends the first one's grid.
+    for alphas in ["2,1", "4"] {
+        let mut pilot_args = args.to_vec();
+        pilot_args.extend(["--distill-pilot", alphas]);
+        let (ok, stdout, stderr) = run_example("ctc_nat", &pilot_args);
+        assert!(
+            ok,
+            "ctc_nat --distill-pilot {alphas} failed\n{stdout}\n{stderr}"
+        );
+    }
+    let lines = std::fs::read_to_string(out.join("log.csv")).unwrap();
+    assert_eq!(lines.lines().count(), log_rows, "the pilot trained");
+    let pilot: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("distill_pilot.json")).unwrap())
+            .unwrap();
+    let rows = pilot["alphas"].as_array().unwrap();
+    let alphas: Vec<f64> = rows
+        .iter()
+        .map(|r| r["length_penalty"].as_f64().unwrap())
+        .collect();
+    assert_eq!(alphas, [1.0, 2.0, 4.0], "{pilot}");
+    assert_eq!(pilot["commands"].as_array().unwrap().len(), 2, "{pilot}");
+    for row in rows {
+        for key in ["train_sample_ratio", "dev_ratio"] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert!(
+            (0.0..=100.0).contains(&row["dev_bleu"].as_f64().unwrap()),
+            "{row}"
+        );
+    }
+    let reaching = rows
+        .iter()
+        .find(|r| r["train_sample_ratio"].as_f64().unwrap() >= 0.97)
+        .map(|r| r["length_penalty"].clone())
+        .unwrap_or(serde_json::Value::Null);
+    assert_eq!(pilot["chosen"], reaching, "{pilot}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -109,7 +109,8 @@ pub struct Config {
     /// [`DISTILL_PILOT_SOURCES`](super::study::DISTILL_PILOT_SOURCES) training sources (every
     /// k-th) and over the dev set: Σ|target| / Σ|reference| in subwords and the dev BLEU, to
     /// `distill_pilot.json` in `--out`. The study's `--distill-length-penalty` is then the
-    /// smallest `α` whose training-sample ratio reaches 0.97.
+    /// smallest `α` whose training-sample ratio reaches 0.97. Like `--plan-only`, it removes
+    /// nothing (no `--resume` needed).
     #[arg(long, value_delimiter = ',')]
     pub distill_pilot: Vec<f64>,
     /// Print the plan and its time estimate, then stop (the corpus, tokenizer and test

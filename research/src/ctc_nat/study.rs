@@ -149,7 +149,8 @@ impl Study {
             common,
             cfg.out(),
             cfg.work(),
-            common.resume || cfg.plan_only,
+            // The plan and the distillation pilot remove nothing (a fresh start would).
+            common.resume || cfg.plan_only || !cfg.distill_pilot.is_empty(),
         )?;
         Ok(Self {
             ctc: TransformerConfig {
