@@ -373,6 +373,7 @@ const LOSS_LAYERS: [&[&str]; 9] = [
         "kernels/emu/tests.rs",
         "kernels/emu/ctc_tests.rs",
         "kernels/emu/ngram_tests.rs",
+        "kernels/emu/log_softmax_tests.rs",
         "kernels/row/mod.rs",
         "kernels/row/op.rs",
         "kernels/row/launch.rs",

@@ -7,6 +7,8 @@
 
 #[cfg(test)]
 mod ctc_tests;
+#[cfg(test)]
+mod log_softmax_tests;
 pub(crate) mod module;
 #[cfg(test)]
 mod ngram_tests;

@@ -31,7 +31,9 @@ pub(super) const SOURCE: &str = concat!(
     "\n",
     include_str!("../ctc/ngrams.cu"),
     "\n",
-    include_str!("../row/ce_options.cu")
+    include_str!("../row/ce_options.cu"),
+    "\n",
+    include_str!("../row/log_softmax.cu")
 );
 
 /// The source compiled once for the emulator, for every test of this process.

@@ -461,6 +461,80 @@ fn self_match_dense(
     Ok((dense, probs))
 }
 
+/// The public `log_softmax`'s forward on CUDA (`log_softmax_fwd`, in the options module): `x`
+/// (f32 or f64, rows of its last dimension) into a new buffer of its shape.
+#[cfg(feature = "cuda-unverified")]
+pub(crate) fn log_softmax_forward(x: &CudaStorage, layout: &Layout) -> Result<CudaStorage> {
+    let device = x.device().clone();
+    let classes = layout.dims().last().copied().unwrap_or(1).max(1);
+    let rows = layout.shape().elem_count() / classes;
+    macro_rules! body {
+        ($slice:expr, $float:expr, $t:ty) => {{
+            let view = contiguous_view($slice, layout, "x")?;
+            let mut y = alloc::<$t>(&device, rows * classes)?;
+            if rows > 0 {
+                let plan = launch::log_softmax_fwd(
+                    $float,
+                    (rows, classes),
+                    Buf::Floats(&view),
+                    Buf::Out(&mut y),
+                )?;
+                run(&OPTIONS_MODULE, &device, plan)?;
+            }
+            CudaStorage::wrap_cuda_slice(y, device.clone())
+        }};
+    }
+    Ok(match &x.slice {
+        CudaStorageSlice::F32(slice) => body!(slice, FloatKind::F32, f32),
+        CudaStorageSlice::F64(slice) => body!(slice, FloatKind::F64, f64),
+        _ => bail!(
+            "candle-bleu log_softmax kernels: `x` must be f32 or f64 here, got {:?}",
+            x.dtype()
+        ),
+    })
+}
+
+/// The public `log_softmax`'s backward on CUDA (`log_softmax_bwd`), in place on `grad` (the
+/// output's gradient, contiguous from its buffer's start) with the forward's output `y`.
+#[cfg(feature = "cuda-unverified")]
+pub(crate) fn log_softmax_backward(
+    grad: &mut CudaStorage,
+    grad_layout: &Layout,
+    y: &CudaStorage,
+    y_layout: &Layout,
+) -> Result<()> {
+    let device = y.device().clone();
+    let classes = y_layout.dims().last().copied().unwrap_or(1).max(1);
+    let rows = y_layout.shape().elem_count() / classes;
+    if grad_layout.start_offset() != 0
+        || !grad_layout.is_contiguous()
+        || grad_layout.shape() != y_layout.shape()
+    {
+        bail!("internal: the log_softmax backward needs a contiguous gradient of the output's shape at its buffer's start");
+    }
+    macro_rules! body {
+        ($t:ty, $float:expr) => {{
+            let y_view = contiguous_view(y.as_cuda_slice::<$t>()?, y_layout, "y")?;
+            let grad = grad.as_cuda_slice_mut::<$t>()?;
+            if rows > 0 {
+                let plan = launch::log_softmax_bwd(
+                    $float,
+                    (rows, classes),
+                    Buf::Out(grad),
+                    Buf::Floats(&y_view),
+                )?;
+                run(&OPTIONS_MODULE, &device, plan)?;
+            }
+            Ok(())
+        }};
+    }
+    match y.dtype() {
+        candle_core::DType::F32 => body!(f32, FloatKind::F32),
+        candle_core::DType::F64 => body!(f64, FloatKind::F64),
+        other => bail!("candle-bleu log_softmax kernels: f32 or f64 here, got {other:?}"),
+    }
+}
+
 /// NVRTC compiles the row op's modules: `scripts/build-cuda.sh test --release --features cuda
 /// --lib kernels` (with `cuda-unverified`, the options module too).
 #[cfg(test)]

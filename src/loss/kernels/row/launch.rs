@@ -22,21 +22,71 @@ pub(crate) const KERNEL_FAMILIES: [&str; 5] = [
 /// The kernel families of `ce_options.cu` (the row op's passes with the cross-entropy's options,
 /// `cuda-unverified` on a GPU), each instantiated as `<family>_f32` and `_f64`.
 #[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
-pub(crate) const OPTIONS_FAMILIES: [&str; 3] =
-    ["row_options_fwd", "row_options_bwd", "jacobian_options_bwd"];
+pub(crate) const OPTIONS_FAMILIES: [&str; 5] = [
+    "row_options_fwd",
+    "row_options_bwd",
+    "jacobian_options_bwd",
+    "log_softmax_fwd",
+    "log_softmax_bwd",
+];
 
 /// The families of `ce_options.cu` also instantiated for 16-bit logits, `<family>_f16` and
 /// `_bf16` (read and written natively, computed in f32): the row pass and its backward.
 #[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
 pub(crate) const OPTIONS_16BIT_FAMILIES: [&str; 2] = ["row_options_fwd", "row_options_bwd"];
 
-/// `kernels.cu` then `ce_options.cu`, which uses its helpers: the options kernels' module.
+/// `kernels.cu` then `ce_options.cu` and `log_softmax.cu` (the public `log_softmax`'s
+/// kernels), which use its helpers: the options kernels' module.
 #[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
 pub(crate) const OPTIONS_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     "\n",
-    include_str!("ce_options.cu")
+    include_str!("ce_options.cu"),
+    "\n",
+    include_str!("log_softmax.cu")
 );
+
+/// `log_softmax_fwd` (`log_softmax.cu`): one block per row of `classes`, `y = x − lse(x)` from
+/// `x` into `y`, both `[rows, classes]` contiguous.
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
+pub(crate) fn log_softmax_fwd<B>(
+    float: FloatKind,
+    (rows, classes): (usize, usize),
+    x: B,
+    y: B,
+) -> Result<Launch<B>> {
+    Ok(Launch {
+        family: "log_softmax_fwd",
+        float,
+        dims: rows_dims(rows)?,
+        params: vec![
+            Param::Buffer(x),
+            Param::Buffer(y),
+            Param::U32(dim_u32(classes, "classes")?),
+        ],
+    })
+}
+
+/// `log_softmax_bwd` (`log_softmax.cu`): one block per row, in place on the output's gradient
+/// `grad`: `grad ← grad − exp(y)·Σ grad`, `y` the forward's output.
+#[cfg(any(feature = "cuda-unverified", all(test, feature = "cuda-emu")))]
+pub(crate) fn log_softmax_bwd<B>(
+    float: FloatKind,
+    (rows, classes): (usize, usize),
+    grad: B,
+    y: B,
+) -> Result<Launch<B>> {
+    Ok(Launch {
+        family: "log_softmax_bwd",
+        float,
+        dims: rows_dims(rows)?,
+        params: vec![
+            Param::Buffer(grad),
+            Param::Buffer(y),
+            Param::U32(dim_u32(classes, "classes")?),
+        ],
+    })
+}
 /// What the kernels read of a row op: its pass, the output layout, the tensors it holds (u32
 /// ids `[B, K]`, their first-occurrence links, targets `[B, S]`) and its cross-entropy terms.
 pub(crate) struct RowArgsIn<'a> {

@@ -28,7 +28,9 @@ use rayon::prelude::*;
 ///   (converted on the way in and out); the result has `x`'s shape and dtype.
 ///
 /// On the CPU one custom op runs the forward and another the backward, each one read of its
-/// rows, rayon over the rows; elsewhere it is [`log_softmax_slow`]. Non-finite values
+/// rows, rayon over the rows; on CUDA with the `cuda-unverified` feature the same ops run CUDA
+/// kernels (`log_softmax.cu`, one block per row; tested on the emulator, not yet on a GPU);
+/// elsewhere it is [`log_softmax_slow`]. Non-finite values
 /// propagate, never an error: a `-inf` entry is a probability of 0 (output `-inf`; its
 /// gradient is the incoming one), and a row holding NaN or `+inf`, or only `-inf`, is NaN in
 /// value and gradient, the other rows unchanged. Errors on an integer
@@ -37,7 +39,7 @@ use rayon::prelude::*;
 /// `ctc_loss(&log_softmax(&x)?, …)` is PyTorch's `F.ctc_loss(F.log_softmax(x, -1), …)`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let compute = checked_dtype(x)?;
-    if !x.device().is_cpu() {
+    if !x.device().is_cpu() && !super::op::options_kernels_loaded(x.device()) {
         return log_softmax_slow(x);
     }
     let y = x.to_dtype(compute)?.contiguous()?.apply_op1(LogSoftmax)?;
@@ -149,12 +151,25 @@ impl CustomOp1 for LogSoftmax {
         Ok((out, layout.shape().clone()))
     }
 
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = super::cuda::log_softmax_forward(storage, layout)?;
+        Ok((y, layout.shape().clone()))
+    }
+
     /// `grad_y` becomes the input's gradient in place when it is what candle's backward hands
     /// each op — the output's gradient taken out of the gradient store, detached, a fresh
     /// contiguous tensor of its own (tracking no op) — which saves a `[.., V]` buffer; else a
     /// copy of it does.
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad_y: &Tensor) -> Result<Option<Tensor>> {
-        let grad = if grad_y.is_contiguous() && !grad_y.track_op() {
+        let grad = if grad_y.is_contiguous()
+            && !grad_y.track_op()
+            && grad_y.layout().start_offset() == 0
+        {
             grad_y.clone()
         } else {
             grad_y.contiguous()?.copy()?
@@ -197,6 +212,17 @@ impl InplaceOp2 for LogSoftmaxBackward {
                 },
             )),
         }
+    }
+
+    #[cfg(feature = "cuda-unverified")]
+    fn cuda_fwd(
+        &self,
+        grad: &mut candle_core::CudaStorage,
+        grad_layout: &Layout,
+        y: &candle_core::CudaStorage,
+        y_layout: &Layout,
+    ) -> Result<()> {
+        super::cuda::log_softmax_backward(grad, grad_layout, y, y_layout)
     }
 }
 
