@@ -33,11 +33,15 @@ def parts(base, run):
     ref = read_lines(os.path.join(base, run["test_ref"]))
     signature = run.get("bleu_signature") or run.get("signature")
     score = BLEU(tokenize=tokenizer_of(signature)).corpus_score(hyp, [ref])
-    log_precision = sum(math.log(p / 100) for p in score.precisions) / 4
+    # BLEU / BP, the geometric mean of the precisions: 0 when one of them is 0.
+    if min(score.precisions) > 0:
+        geo = 100 * math.exp(sum(math.log(p / 100) for p in score.precisions) / 4)
+    else:
+        geo = 0.0
     return {
         "bleu": score.score,
         "bp": score.bp,
-        "geo": 100 * math.exp(log_precision),  # BLEU / BP
+        "geo": geo,
         "p1": score.precisions[0],
         "ratio": score.sys_len / score.ref_len,
         "recall": score.counts[0] / score.ref_len,
@@ -49,18 +53,17 @@ def mean_parts(runs):
     return {k: statistics.mean(r[k] for r in runs) for k in keys}
 
 
-def main(path):
-    results = json.load(open(path))
-    base = os.path.dirname(path)
-    systems = {}
-    for run in results["runs"]:
-        name = run["objective"] if run["objective"] != "teacher" else "teacher " + run["variant"]
-        systems.setdefault(name, []).append(parts(base, run))
-    systems = {name: mean_parts(runs) for name, runs in systems.items()}
-    print(f"== {path} (seed means)")
+def log_ratio(a, b):
+    return math.log(a / b) if a > 0 and b > 0 else float("nan")
+
+
+def report(variant, systems, teachers):
+    """The three tables for the CTC systems decoded as `variant`, beside the copy baseline and
+    the teacher's outputs (`teachers`)."""
+    print(f"\n=== CTC decoding `{variant}`")
     print("| system | BLEU | BP | BLEU / BP | p1 | length ratio | word recall |")
     print("|---|---|---|---|---|---|---|")
-    for name, s in systems.items():
+    for name, s in list(systems.items()) + list(teachers.items()):
         print(f"| {name} | {s['bleu']:.2f} | {s['bp']:.3f} | {s['geo']:.2f} | {s['p1']:.1f} | {s['ratio']:.3f} | {s['recall']:.3f} |")
 
     print("\n== gains over the control `ctc`: the brevity penalty's share of the log-gain")
@@ -69,18 +72,41 @@ def main(path):
     ctc = systems["ctc"]
     for arm in [n for n in systems if n.startswith("ctc+")]:
         a = systems[arm]
-        log_bp, log_geo = math.log(a["bp"] / ctc["bp"]), math.log(a["geo"] / ctc["geo"])
-        print(f"| {arm} | {a['bleu'] - ctc['bleu']:+.2f} | {log_bp:+.4f} | {log_geo:+.4f} | {100 * log_bp / (log_bp + log_geo):.0f} % |")
+        log_bp, log_geo = log_ratio(a["bp"], ctc["bp"]), log_ratio(a["geo"], ctc["geo"])
+        total = log_bp + log_geo
+        share = f"{100 * log_bp / total:.0f} %" if total != 0 and not math.isnan(total) else "n/a"
+        print(f"| {arm} | {a['bleu'] - ctc['bleu']:+.2f} | {log_bp:+.4f} | {log_geo:+.4f} | {share} |")
 
     print("\n== gaps to the teacher, each part changed alone (from -> to)")
     print("| from | to | gap | length alone | precision alone |")
     print("|---|---|---|---|---|")
     for source in [n for n in systems if n.startswith("ctc") or n == "baseline"]:
-        for target in ["teacher greedy", "teacher beam5"]:
-            a, b = systems[source], systems[target]
+        for target in [n for n in teachers if n.startswith("teacher")]:
+            a, b = systems[source], teachers[target]
             length = a["geo"] * b["bp"] - a["bleu"]
             precision = b["geo"] * a["bp"] - a["bleu"]
             print(f"| {source} | {target} | {b['bleu'] - a['bleu']:+.2f} | {length:+.2f} | {precision:+.2f} |")
+
+
+def main(path):
+    results = json.load(open(path))
+    base = os.path.dirname(path)
+    # Seed means per (system, decoding variant): a run with a blank-penalty grid reports each
+    # CTC system twice, at δ = 0 (`greedy`) and at its dev-best δ (`blank-tuned`).
+    by_variant, teachers = {}, {}
+    for run in results["runs"]:
+        if run["objective"] == "teacher":
+            teachers.setdefault("teacher " + run["variant"], []).append(parts(base, run))
+        elif run["objective"] == "copy":
+            teachers.setdefault("copy", []).append(parts(base, run))
+        else:
+            by_variant.setdefault(run["variant"], {}).setdefault(run["objective"], []).append(
+                parts(base, run)
+            )
+    teachers = {name: mean_parts(runs) for name, runs in teachers.items()}
+    print(f"== {path} (seed means)")
+    for variant, systems in by_variant.items():
+        report(variant, {name: mean_parts(runs) for name, runs in systems.items()}, teachers)
 
 
 if __name__ == "__main__":
