@@ -195,3 +195,115 @@ fn quick_ctc_nat_study_is_reproducible_from_its_files() {
     assert_eq!(pilot["chosen"], reaching, "{pilot}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The length-controlled rerun's flags end to end (`--blank-penalties`, `--nmla`,
+/// `--average-last`, `--no-bleu4`, `--distill-length-penalty`): every CTC system reported at
+/// `δ = 0` and at its dev-best `δ`, each output re-scored, the `δ` chosen the first dev-best of
+/// the grid, averaging recorded and chosen on dev, the NMLA arm tested against `ctc`.
+#[test]
+fn quick_length_controlled_study_reports_every_arm_at_both_blank_penalties() {
+    let dir = std::env::temp_dir().join(format!("candle-bleu-ctc-nat-lc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_catalogue(&dir);
+    let (out, work) = (dir.join("out"), dir.join("work"));
+    let args = [
+        "--quick",
+        "--lang",
+        "fr",
+        "--catalogs",
+        dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--work",
+        work.to_str().unwrap(),
+        "--cpu",
+        "--blank-penalties",
+        "0,1",
+        "--nmla",
+        "--average-last",
+        "2",
+        "--no-bleu4",
+        "--distill-length-penalty",
+        "2",
+    ];
+    let (ok, stdout, stderr) = run_example("ctc_nat", &args);
+    assert!(
+        ok,
+        "ctc_nat --quick (rerun flags) failed\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("`blank-tuned`"), "{stdout}");
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["distillation"]["length_penalty"], 2.0);
+    let runs = results["runs"].as_array().unwrap();
+    let references = read_lines_gz(&out.join("test.ref.gz")).unwrap();
+    for run in runs {
+        let file = run["test_hyp"].as_str().unwrap();
+        check_13a_scores(run, &read_lines_gz(&out.join(file)).unwrap(), &references);
+    }
+    let objectives = ["baseline", "ctc", "ctc+bon2", "ctc+nmla2"];
+    for objective in objectives {
+        for variant in ["greedy", "blank-tuned"] {
+            let seeds = runs
+                .iter()
+                .filter(|r| r["objective"] == objective && r["variant"] == variant)
+                .count();
+            assert_eq!(seeds, 2, "{objective} {variant}");
+        }
+    }
+    assert!(runs.iter().all(|r| r["objective"] != "ctc+bleu4"));
+    // Each run's δ is the first dev-best of the grid, and its blank-tuned output uses it.
+    let blank = &results["blank_penalties"];
+    assert_eq!(blank["grid"], serde_json::json!([0.0, 1.0]));
+    let tried = blank["runs"].as_array().unwrap();
+    assert_eq!(tried.len(), objectives.len() * 2);
+    for entry in tried {
+        let by_delta = entry["dev_bleu_by_delta"].as_array().unwrap();
+        assert_eq!(by_delta.len(), 2, "{entry}");
+        let best = by_delta
+            .iter()
+            .map(|d| d[1].as_f64().unwrap())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let delta = by_delta
+            .iter()
+            .find(|d| d[1].as_f64().unwrap() == best)
+            .map(|d| d[0].as_f64().unwrap())
+            .unwrap();
+        let chosen = entry["chosen"].as_str().unwrap();
+        assert!(chosen.ends_with(&format!("δ={delta}")), "{entry}");
+        let tuned = runs
+            .iter()
+            .find(|r| {
+                r["objective"] == entry["objective"]
+                    && r["seed"] == entry["seed"]
+                    && r["variant"] == "blank-tuned"
+            })
+            .unwrap();
+        assert_eq!(tuned["config"], entry["chosen"], "{tuned}");
+    }
+    // Averaging: the last 2 evaluations of every CTC run, kept only when better on dev.
+    let averaging = &results["checkpoint_averaging"];
+    assert_eq!(averaging["last"], 2);
+    let averaged = averaging["runs"].as_array().unwrap();
+    assert!(!averaged.is_empty());
+    for run in averaged {
+        assert!(
+            run["averaged_steps"].as_array().unwrap().len() <= 2,
+            "{run}"
+        );
+        let (avg, single) = (
+            run["dev_bleu"].as_f64().unwrap(),
+            run["single_best_dev_bleu"].as_f64().unwrap(),
+        );
+        assert_eq!(run["selected"].as_bool().unwrap(), avg > single, "{run}");
+    }
+    for key in ["paired_t_vs_ctc", "paired_t_vs_ctc_blank_tuned"] {
+        let tests = results[key]["test_bleu"].as_array().unwrap();
+        let arms: Vec<&str> = tests
+            .iter()
+            .map(|t| t["objective"].as_str().unwrap())
+            .collect();
+        assert_eq!(arms, ["ctc+bon2", "ctc+nmla2"], "{key}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
