@@ -81,3 +81,51 @@ fn a_step_has_a_fixed_number_of_ops_at_or_under_todays() -> Result<()> {
     }
     Ok(())
 }
+
+/// The tracked forward nodes of the BLEU loss on CTC outputs (4-grams) over `[4, frames, 30]`
+/// logits, on its kernel (`CtcNgramOp`: one op for every frame; on CUDA `ngrams.cu`'s one
+/// launch each way with `cuda-unverified`) or on its composed reference (the programs frame by
+/// frame as candle ops).
+fn ctc_bleu_nodes(frames: usize, composed: bool) -> Result<usize> {
+    use candle_bleu::loss::{ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed};
+    let dev = Device::Cpu;
+    let (batch, vocab, blank) = (4, 30, 0u32);
+    let logits = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, frames, vocab), &dev)?)?;
+    let ids: Vec<u32> = (0..batch * 6)
+        .map(|i| (1 + (i * 7) % (vocab - 1)) as u32)
+        .collect();
+    let refs = References::from_ids(&Tensor::from_vec(ids, (batch, 6), &dev)?, u32::MAX)?;
+    let f = if composed {
+        ctc_bleu_loss_from_logits_composed
+    } else {
+        ctc_bleu_loss_from_logits
+    };
+    let out = f(
+        logits.as_tensor(),
+        None,
+        &refs,
+        blank,
+        &BleuLossConfig::default(),
+    )?;
+    Ok(out.loss.sorted_nodes().len())
+}
+
+#[test]
+fn the_bleu_loss_on_ctc_outputs_has_a_fixed_number_of_ops_on_its_kernel() -> Result<()> {
+    let kernel = [8, 16, 32].map(|t| ctc_bleu_nodes(t, false).expect("a loss"));
+    let composed = [8, 16].map(|t| ctc_bleu_nodes(t, true).expect("a loss"));
+    println!("BLEU on CTC outputs, T' = 8, 16, 32: kernel {kernel:?}, composed {composed:?} (T' = 8, 16)");
+    assert!(
+        kernel[0] == kernel[1] && kernel[1] == kernel[2],
+        "the kernel path's op count grows with the frames: {kernel:?}"
+    );
+    assert!(
+        composed[1] > composed[0] + 8 * 4,
+        "the composed programs should take ops per frame and order: {composed:?}"
+    );
+    assert!(
+        kernel[0] * 4 < composed[0],
+        "kernel {kernel:?} against composed {composed:?}"
+    );
+    Ok(())
+}
