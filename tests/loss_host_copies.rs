@@ -239,3 +239,40 @@ fn closest_reference_length_on_the_device() {
         assert_eq!(to_vec1(&out.stats.ref_len), [want, 2.0], "c = {length}");
     }
 }
+
+/// The BLEU loss on CTC outputs with its input lengths. Off the CPU, no copy with
+/// `check_values` off (the lengths stay on the device: the frame mask, or with
+/// `cuda-unverified` the n-gram kernels read them there), and with it on one copy of the
+/// lengths and one of the logits. On the CPU the kernel reads the `B` lengths (one read, the
+/// same with the checks on, which read the logits in place).
+#[test]
+fn the_bleu_loss_on_ctc_outputs_copies_nothing_off_the_cpu_without_value_checks() {
+    use candle_bleu::loss::ctc_bleu_loss_from_logits;
+    let dev = test_device();
+    let refs =
+        References::from_ids(&Tensor::new(&[[1u32, 2, 3], [2, 5, 0]], &dev).unwrap(), PAD).unwrap();
+    let logits = Tensor::randn(0f32, 1.0, (B, 6, V), &dev).unwrap();
+    let lengths = Tensor::new(&[6u32, 4], &dev).unwrap();
+    let blank = 6;
+    let expected = if dev.is_cpu() {
+        [(false, 1), (true, 1)]
+    } else {
+        [(false, 0), (true, 2)]
+    };
+    for (check_values, expected) in expected {
+        let cfg = BleuLossConfig {
+            check_values,
+            ..Default::default()
+        };
+        let (n, out) =
+            copies(|| ctc_bleu_loss_from_logits(&logits, Some(&lengths), &refs, blank, &cfg));
+        assert!(out
+            .loss
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+            .is_finite());
+        assert_eq!(n, expected, "check_values {check_values}");
+    }
+}
