@@ -31,7 +31,15 @@
 //!   bf16 logits in f32): `cross_entropy_from_logits`, `bleu_loss_from_logits` Expected,
 //!   LowerBound and Paired, `ce_bleu_from_logits` Expected — inputs as in `benches/loss.rs`
 //!   (logits N(0, 1), one reference of `T` ids uniform in `[0, V)`, no padding, random targets,
-//!   default configs);
+//!   default configs) — and `cross_entropy_from_logits options` (`ce_options`: class weights in
+//!   `[0.5, 1.5]`, label smoothing 0.1, z-loss 1e-4, the token accuracy, pad 0; on CUDA the
+//!   options kernels with `cuda-unverified`, else composed ops);
+//! - CTC `[B,T',L,V]` = `[32,128,48,8000]` f32 (`benches/ctc.rs`'s shape: logits N(0, 1),
+//!   targets uniform in `[1, V)`, blank 0, full lengths): `ctc_loss_from_logits` and
+//!   `ctc_loss(log_softmax)` (the crate's `log_softmax`; kernels off: `ctc_loss_composed` on
+//!   `log_softmax_slow`), both against PyTorch's `F.ctc_loss(F.log_softmax)` (`ctc`), and
+//!   `ctc_bleu_loss_from_logits` (4-grams, the targets as references; no PyTorch row) — on
+//!   CUDA their kernels only with `cuda-unverified`;
 //! - hidden states `[B,S,D,T,V]` = `[32,64,512,64,32000]` and `[32,64,512,64,128000]` f32:
 //!   `ce_bleu_from_hidden` and `ce_bleu_from_logits(Linear::forward(hidden))`, inputs and config
 //!   as in `benches/hidden.rs` (λ = 0.3, label smoothing 0.1, pad 0, lengths in `[S/2, S]`,
@@ -74,8 +82,11 @@ use anyhow::{anyhow, Context, Result};
 use candle_bleu::loss::{
     bleu_loss_from_logits, bleu_loss_from_logits_composed, ce_bleu_from_hidden,
     ce_bleu_from_logits, ce_bleu_from_logits_composed, cross_entropy_from_logits,
-    cross_entropy_from_logits_composed, BleuLossConfig, CrossEntropyConfig, Form, HiddenConfig,
-    References, TrainingLossConfig, TrainingTargets,
+    cross_entropy_from_logits_composed, ctc_bleu_loss_from_logits,
+    ctc_bleu_loss_from_logits_composed, ctc_loss, ctc_loss_composed, ctc_loss_from_logits,
+    ctc_loss_from_logits_composed, log_softmax, log_softmax_slow, BleuLossConfig,
+    CrossEntropyConfig, CtcConfig, Form, HiddenConfig, References, TrainingLossConfig,
+    TrainingTargets,
 };
 use candle_core::cuda_backend::cudarc::driver::{result as cu, sys, CudaContext};
 use candle_core::cuda_backend::cudarc::nvrtc;
@@ -96,6 +107,9 @@ const LOGITS_SHAPES_QUICK: [([usize; 4], DType); 2] = [
     ([4, 16, 16, 1000], DType::F32),
     ([8, 16, 16, 2000], DType::BF16),
 ];
+/// The CTC rows' `[B, T', L, V]`: the CPU bench's shape (`benches/ctc.rs`), f32.
+const CTC_SHAPES: [[usize; 4]; 1] = [[32, 128, 48, 8000]];
+const CTC_SHAPES_QUICK: [[usize; 4]; 1] = [[4, 32, 8, 500]];
 const HIDDEN_SHAPES: [[usize; 5]; 2] = [[32, 64, 512, 64, 32000], [32, 64, 512, 64, 128000]];
 const HIDDEN_SHAPES_QUICK: [[usize; 5]; 2] = [[4, 16, 64, 16, 1000], [4, 16, 64, 16, 4000]];
 
@@ -511,20 +525,43 @@ fn logits_steps(x: &LogitsInputs) -> Vec<Steps<'_>> {
             Ok(())
         })
     };
-    let steps: [(&'static str, &'static str, Step<'_>); 5] = [
+    let cross_entropy = |cfg: CrossEntropyConfig| -> Step<'_> {
+        Rc::new(move |fast| {
+            let logits = x.var.as_tensor();
+            let loss = if fast {
+                cross_entropy_from_logits(logits, &x.targets, &cfg)?.loss
+            } else {
+                cross_entropy_from_logits_composed(logits, &x.targets, &cfg)?.loss
+            };
+            drop(loss.backward()?);
+            Ok(())
+        })
+    };
+    let vocab = x.var.dim(2).unwrap_or(1);
+    // Liger-Kernel's options at once: class weights (in [0.5, 1.5]), label smoothing 0.1, the
+    // z-loss (1e-4) and the token accuracy, padding 0 (torch_cuda.py's `ce_options`).
+    let options = CrossEntropyConfig {
+        pad_id: Some(0),
+        label_smoothing: 0.1,
+        z_loss: 1e-4,
+        token_accuracy: true,
+        class_weights: Some(
+            (0..vocab)
+                .map(|v| 0.5 + v as f64 / vocab.max(2) as f64)
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let steps: [(&'static str, &'static str, Step<'_>); 6] = [
         (
             "cross_entropy_from_logits",
             "cross_entropy",
-            Rc::new(move |fast| {
-                let (logits, cfg) = (x.var.as_tensor(), CrossEntropyConfig::default());
-                let loss = if fast {
-                    cross_entropy_from_logits(logits, &x.targets, &cfg)?.loss
-                } else {
-                    cross_entropy_from_logits_composed(logits, &x.targets, &cfg)?.loss
-                };
-                drop(loss.backward()?);
-                Ok(())
-            }),
+            cross_entropy(CrossEntropyConfig::default()),
+        ),
+        (
+            "cross_entropy_from_logits options",
+            "ce_options",
+            cross_entropy(options),
         ),
         (
             "bleu_loss_from_logits Expected",
@@ -548,6 +585,118 @@ fn logits_steps(x: &LogitsInputs) -> Vec<Steps<'_>> {
                 } else {
                     ce_bleu_from_logits_composed(x.var.as_tensor(), &targets, &cfg)?
                 };
+                drop(out.loss.backward()?);
+                Ok(())
+            }),
+        ),
+    ];
+    steps
+        .into_iter()
+        .map(|(name, key, step)| Steps {
+            name,
+            key,
+            step,
+            composed_twin: true,
+        })
+        .collect()
+}
+
+/// The CTC rows' inputs: logits N(0, 1) `[B, T', V]`, targets `[B, L]` drawn in `[1, V)` (blank
+/// 0) on the CPU and moved, every input length `T'` and target length `L`; the targets are also
+/// the BLEU rows' references.
+struct CtcInputs {
+    var: Var,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    refs: References,
+}
+
+fn ctc_inputs(device: &Device, [b, t, l, v]: [usize; 4]) -> Result<CtcInputs> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
+    let ids: Vec<u32> = (0..b * l).map(|_| rng.gen_range(1..v as u32)).collect();
+    let targets = Tensor::from_vec(ids, (b, l), device)?;
+    let logits = Tensor::randn(0f32, 1.0, (b, t, v), &Device::Cpu)?.to_device(device)?;
+    Ok(CtcInputs {
+        var: Var::from_tensor(&logits)?,
+        refs: References::from_ids(&targets, u32::MAX)?,
+        targets,
+        input_lengths: Tensor::from_vec(vec![t as u32; b], b, device)?,
+        target_lengths: Tensor::from_vec(vec![l as u32; b], b, device)?,
+    })
+}
+
+/// The CTC rows: the fused CTC loss, PyTorch's idiom `ctc_loss(log_softmax(x))` with the crate's
+/// `log_softmax` (both against torch_cuda.py's `ctc`, `F.ctc_loss(F.log_softmax)`), and the BLEU
+/// loss on CTC outputs (4-grams); each against its composed twin (kernels off).
+fn ctc_steps(x: &CtcInputs) -> Vec<Steps<'_>> {
+    let cfg = Rc::new(CtcConfig::default());
+    let (cfg_fused, cfg_idiom) = (cfg.clone(), cfg);
+    let steps: [(&'static str, &'static str, Step<'_>); 3] = [
+        (
+            "ctc_loss_from_logits",
+            "ctc",
+            Rc::new(move |fast| {
+                let f = if fast {
+                    ctc_loss_from_logits
+                } else {
+                    ctc_loss_from_logits_composed
+                };
+                let loss = f(
+                    x.var.as_tensor(),
+                    &x.targets,
+                    &x.input_lengths,
+                    &x.target_lengths,
+                    &cfg_fused,
+                )?;
+                drop(loss.backward()?);
+                Ok(())
+            }),
+        ),
+        (
+            "ctc_loss(log_softmax)",
+            "ctc",
+            Rc::new(move |fast| {
+                let loss = if fast {
+                    let log_probs = log_softmax(x.var.as_tensor())?;
+                    ctc_loss(
+                        &log_probs,
+                        &x.targets,
+                        &x.input_lengths,
+                        &x.target_lengths,
+                        &cfg_idiom,
+                    )?
+                } else {
+                    let log_probs = log_softmax_slow(x.var.as_tensor())?;
+                    ctc_loss_composed(
+                        &log_probs,
+                        &x.targets,
+                        &x.input_lengths,
+                        &x.target_lengths,
+                        &cfg_idiom,
+                    )?
+                };
+                drop(loss.backward()?);
+                Ok(())
+            }),
+        ),
+        (
+            "ctc_bleu_loss_from_logits",
+            "ctc_bleu4",
+            Rc::new(move |fast| {
+                let f = if fast {
+                    ctc_bleu_loss_from_logits
+                } else {
+                    ctc_bleu_loss_from_logits_composed
+                };
+                let out = f(
+                    x.var.as_tensor(),
+                    Some(&x.input_lengths),
+                    &x.refs,
+                    0,
+                    &BleuLossConfig::default(),
+                )?;
                 drop(out.loss.backward()?);
                 Ok(())
             }),
@@ -1161,6 +1310,38 @@ fn main() -> Result<()> {
             &title,
             &shape,
             dtype_name(dtype),
+            logits_bytes,
+            &rows,
+            &outcomes,
+            &torch,
+            &mut raw,
+        );
+    }
+    let ctc_shapes = if args.quick {
+        CTC_SHAPES_QUICK
+    } else {
+        CTC_SHAPES
+    };
+    for shape in ctc_shapes {
+        let x = ctc_inputs(&device, shape)?;
+        let [b, t, _, v] = shape;
+        let logits_bytes = b * t * v * 4;
+        let rows = rows_of(ctc_steps(&x), &args.kernels, &args.only, "ctc");
+        if rows.is_empty() {
+            continue;
+        }
+        let in_use = memory.in_use()?;
+        check_pool(in_use, logits_bytes);
+        let outcomes = run_group(&device, &memory, &rows, args.warmup, args.repeats);
+        let title = format!(
+            "CTC [B,T',L,V] = {shape:?} f32: logits {:.1} MiB{}",
+            mib(logits_bytes),
+            pool_note(in_use)
+        );
+        report(
+            &title,
+            &shape,
+            "f32",
             logits_bytes,
             &rows,
             &outcomes,

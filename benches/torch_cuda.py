@@ -11,6 +11,10 @@ there against a pure-Python BLEU counter) and `benches/torch_hidden.py`, importe
     expected, lower_bound, paired
                     torch_bleu_loss.bleu_loss(logits, refside, form, from_logits=True)
     ce_expected     torch_bleu_loss.ce_bleu_loss(logits, refside, targets, 1.0)
+    ce_options      F.cross_entropy with class weights in [0.5, 1.5] and label smoothing 0.1,
+                    plus the z-loss 1e-4 · mean lse² and the token accuracy (Liger's options)
+  CTC rows, [B,T',L,V] = [32,128,48,8000] f32 (benches/ctc.rs's shape, blank 0, full lengths):
+    ctc             F.ctc_loss(F.log_softmax(x, -1).transpose(0, 1), …, reduction="mean")
   bf16 logits are cast to f32 inside the loss function (`logits.float()`, part of what is timed
   and compiled; the candle loss computes f16/bf16 in f32 the same way, and autocast would run
   softmax/log_softmax in f32); `--no-upcast` computes in bf16 instead.
@@ -68,7 +72,11 @@ LOGITS_SHAPES = [((32, 64, 64, 32000), "f32"), ((64, 128, 128, 50000), "bf16")]
 LOGITS_SHAPES_QUICK = [((4, 16, 16, 1000), "f32"), ((8, 16, 16, 2000), "bf16")]
 HIDDEN_SHAPES = [(32, 64, 512, 64, 32000), (32, 64, 512, 64, 128000)]
 HIDDEN_SHAPES_QUICK = [(4, 16, 64, 16, 1000), (4, 16, 64, 16, 4000)]
-LOGITS_ROWS = ("cross_entropy", "expected", "lower_bound", "paired", "ce_expected")
+LOGITS_ROWS = ("cross_entropy", "ce_options", "expected", "lower_bound", "paired", "ce_expected")
+# [B, T', L, V]: benches/ctc.rs's shape; the row `ctc` is F.ctc_loss(F.log_softmax(x)).
+CTC_SHAPES = [(32, 128, 48, 8000)]
+CTC_SHAPES_QUICK = [(4, 32, 8, 500)]
+Z_LOSS = 1e-4
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 COMPILE = 'torch.compile(fn, mode="default", dynamic=False)'
 
@@ -165,11 +173,15 @@ def logits_group(shape, dtype_name, device, modes, only, upcast):
                 x = x.float()
             if name == "cross_entropy":
                 return F.cross_entropy(x.reshape(-1, vocab), targets.reshape(-1), ignore_index=tbl.PAD_ID)
+            if name == "ce_options":
+                return ce_options_loss(x.reshape(-1, vocab), targets.reshape(-1), class_weights)
             if name == "ce_expected":
                 return tbl.ce_bleu_loss(x, refside, targets, 1.0, tbl.PAD_ID)[0]
             return tbl.bleu_loss(x, refside, name, from_logits=True)[0]
 
         return loss_fn
+
+    class_weights = 0.5 + torch.arange(vocab, device=device, dtype=torch.float32) / max(vocab, 2)
 
     def clear():
         logits.grad = None
@@ -186,6 +198,49 @@ def logits_group(shape, dtype_name, device, modes, only, upcast):
                 fn(logits).backward()
 
             rows.append(Row(name, mode, list(shape), dtype_name, logits_bytes, clear, call))
+    return rows
+
+
+def ce_options_loss(x, targets, class_weights):
+    """Liger-Kernel's options at once, as cuda.rs's `ce_options`: class weights, label smoothing
+    0.1, the z-loss (Z_LOSS · lse², a mean over the non-pad tokens) and the token accuracy
+    (computed, not differentiated), padding id 0."""
+    ce = F.cross_entropy(x, targets, weight=class_weights, ignore_index=tbl.PAD_ID, label_smoothing=0.1)
+    mask = targets != tbl.PAD_ID
+    lse = torch.logsumexp(x, -1)
+    z = Z_LOSS * (lse * lse * mask).sum() / mask.sum()
+    with torch.no_grad():
+        _accuracy = ((x.argmax(-1) == targets) & mask).sum() / mask.sum()
+    return ce + z
+
+
+def ctc_group(shape, device, modes, only):
+    """F.ctc_loss(F.log_softmax(x, -1)) forward + backward (PyTorch's idiom; time-first inside),
+    blank 0, full lengths, reduction mean: the `ctc` rows of cuda.rs."""
+    if only and "ctc" not in only:
+        return []
+    b, t, l, v = shape
+    gen = torch.Generator().manual_seed(2026)
+    logits = torch.randn(b, t, v, generator=gen).to(device).requires_grad_(True)
+    targets = torch.randint(1, v, (b, l), generator=gen).to(device)
+    input_lengths = torch.full((b,), t, dtype=torch.long, device=device)
+    target_lengths = torch.full((b,), l, dtype=torch.long, device=device)
+
+    def loss_fn(x):
+        log_probs = F.log_softmax(x, -1).transpose(0, 1)
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean")
+
+    def clear():
+        logits.grad = None
+
+    rows = []
+    for mode in modes:
+        fn = loss_fn if mode == "eager" else compiled(loss_fn)
+
+        def call(fn=fn):
+            fn(logits).backward()
+
+        rows.append(Row("ctc", mode, list(shape), "f32", b * t * v * 4, clear, call))
     return rows
 
 
@@ -340,7 +395,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row (the first compiles)")
     parser.add_argument("--modes", default="eager,compile")
     parser.add_argument("--only", default="", help="comma-separated rows or groups: " + ", ".join(
-        LOGITS_ROWS + ("hidden_ce_expected", "logits", "hidden")))
+        LOGITS_ROWS + ("ctc", "hidden_ce_expected", "logits", "hidden")))
     parser.add_argument("--no-upcast", action="store_true", help="compute bf16 logits in bf16")
     parser.add_argument("--json", default="", help="default: benches/results/torch-cuda-<unix time>.json")
     args = parser.parse_args()
@@ -380,7 +435,9 @@ def main() -> None:
     logits_shapes = LOGITS_SHAPES_QUICK if args.quick else LOGITS_SHAPES
     hidden_shapes = HIDDEN_SHAPES_QUICK if args.quick else HIDDEN_SHAPES
     all_rows = []
+    ctc_shapes = CTC_SHAPES_QUICK if args.quick else CTC_SHAPES
     groups = [("logits", shape, dtype) for shape, dtype in logits_shapes] + [
+        ("ctc", shape, "f32") for shape in ctc_shapes] + [
         ("hidden", shape, "f32") for shape in hidden_shapes]
     for kind, shape, dtype in groups:
         try:
@@ -389,6 +446,10 @@ def main() -> None:
                 b, s, _, v = shape
                 title = (f"logits [B,S,T,V] = {list(shape)} {dtype}: logits "
                          f"{b * s * v * DTYPES[dtype].itemsize / 2**20:.1f} MiB")
+            elif kind == "ctc":
+                rows = ctc_group(shape, device, modes, only)
+                b, t, _, v = shape
+                title = f"CTC [B,T',L,V] = {list(shape)} f32: logits {b * t * v * 4 / 2**20:.1f} MiB"
             else:
                 rows = hidden_group(shape, device, modes, only)
                 b, s, _, _, v = shape
