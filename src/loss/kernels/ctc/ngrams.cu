@@ -18,9 +18,12 @@
 // CPU op returns an error instead; an error here would need a device-to-host copy).
 //
 // Workspace (one T buffer, ngram_work's layout, sized by ngrams_launch.rs `NgramArgs`): per
-// element the length program's layers (two in the forward; every frame boundary in the
-// backward, which sweeps them in reverse) and the frame rows, then the nodes' layers and
-// adjoints indexed by global node. The backward keeps each frame's probabilities q_t in the
+// element the length program's vocabulary-wide layers In_c(t, ·) and the frame rows, then the
+// nodes' layers and adjoints indexed by global node. The forward keeps two layers. The backward
+// keeps the scalar and node layers of every frame boundary, but the vocabulary-wide ones only at
+// every `segment`-th boundary (checkpoints), and recomputes a segment's layers from its
+// checkpoint when the reverse sweep enters it: about 2·sqrt(T) layers of C·V instead of T + 1,
+// for one more pass of the runs' recursion. It keeps each frame's probabilities q_t in the
 // gradient buffer's row t until the reverse sweep overwrites it with the gradient, and q_{t+1}
 // in one row of the workspace.
 //
@@ -81,7 +84,9 @@ __device__ __forceinline__ NgramTrie ngram_trie(const u32* trie, u32 batch, u32 
 // backward's layout (every frame boundary kept, the adjoints); else the forward's (two layers).
 template <typename T> struct NgramWork {
     T* q;            // forward: two frame rows of V
-    T* runs;         // layers of C·V: In_c(·, v), c = 1..C
+    T* runs;         // two alternating layers of C·V: In_c(·, v), c = 1..C
+    T* checkpoints;  // backward: the layers at boundaries 0, segment, 2·segment, … (C·V each)
+    T* segment_runs; // backward: the layers of the segment being swept (segment of C·V)
     T* run_adjoint;  // backward: C·V, In_c's adjoints less their common part
     T* next;         // backward: q_{t+1} (then q_t) over V
     T* gap;          // layers of C + 1: Gap_c
@@ -97,20 +102,30 @@ template <typename T> struct NgramWork {
     T* node_end;
 };
 
+// The backward's checkpoints for `frames_max` frames in segments of `segment`.
+__device__ __forceinline__ u64 ngram_checkpoints(u32 frames_max, u32 segment) {
+    return (u64)frames_max / segment + 1;
+}
+
 template <typename T>
 __device__ NgramWork<T> ngram_work(T* work, u32 b, u32 batch, u32 frames_max, u32 vocab,
-                                   u32 counts, u32 nodes, bool keep_all) {
+                                   u32 counts, u32 nodes, bool keep_all, u32 segment) {
     const u64 top = counts ? counts - 1 : 0;
     const u64 layers = keep_all ? (u64)frames_max + 1 : 2;
     const u64 rows = keep_all ? 0 : 2;
-    const u64 per_element = rows * vocab + layers * top * vocab +
+    const u64 run_layers = 2 + (keep_all ? ngram_checkpoints(frames_max, segment) + segment : 0);
+    const u64 per_element = rows * vocab + run_layers * top * vocab +
                             (keep_all ? top * vocab + vocab + frames_max : 0) + 2 * layers * counts;
     NgramWork<T> w;
     T* p = work + (u64)b * per_element;
     w.q = p;
     p += rows * vocab;
     w.runs = p;
-    p += layers * top * vocab;
+    p += 2 * top * vocab;
+    w.checkpoints = p;
+    p += keep_all ? ngram_checkpoints(frames_max, segment) * top * vocab : 0;
+    w.segment_runs = p;
+    p += keep_all ? (u64)segment * top * vocab : 0;
     w.run_adjoint = p;
     p += keep_all ? top * vocab : 0;
     w.next = p;
@@ -201,11 +216,15 @@ template <typename T>
 __device__ bool ngram_programs(const T* __restrict__ z, u32 frames, u32 vocab, u32 blank,
                                u32 counts, const NgramTrie& trie, u32 k0, u32 k1, u32 nodes,
                                T* __restrict__ q_rows, const NgramWork<T>& w, bool keep_all,
-                               T& length) {
+                               u32 segment, T& length) {
     const u32 top = counts ? counts - 1 : 0;
     const u64 run_width = (u64)top * vocab;
-    // Before the first frame nothing is emitted: count 0, as after a blank.
-    for (u64 i = threadIdx.x; i < run_width; i += BLOCK) w.runs[i] = T(0);
+    // Before the first frame nothing is emitted: count 0, as after a blank. Each thread owns the
+    // columns v = threadIdx.x + k·BLOCK of every vocabulary-wide layer, here and below.
+    for (u64 i = threadIdx.x; i < run_width; i += BLOCK) {
+        w.runs[i] = T(0);
+        if (keep_all) w.checkpoints[i] = T(0);
+    }
     if (threadIdx.x < counts) {
         w.gap[threadIdx.x] = threadIdx.x == 0 ? T(1) : T(0);
         w.sums[threadIdx.x] = T(0);
@@ -227,8 +246,11 @@ __device__ bool ngram_programs(const T* __restrict__ z, u32 frames, u32 vocab, u
         if (bt != bt) return false;
         if (keep_all && threadIdx.x == 0) w.blank[t] = bt;
         // The vocabulary: E[L]'s term and In_c(t, v) = q (In_c(t-1, v) + entering_c - In_{c-1}(t-1, v)).
-        const T* runs_a = w.runs + a * run_width;
-        T* runs_b = w.runs + next * run_width;
+        const T* runs_a = w.runs + (u64)(t & 1u) * run_width;
+        T* runs_b = w.runs + (u64)((t + 1) & 1u) * run_width;
+        T* checkpoint = keep_all && (t + 1) % segment == 0
+                            ? w.checkpoints + (u64)((t + 1) / segment) * run_width
+                            : nullptr;
         const T* gap_a = w.gap + a * counts;
         const T* sums_a = w.sums + a * counts;
         T entering[NGRAM_MAX_COUNTS + 1];
@@ -246,6 +268,7 @@ __device__ bool ngram_programs(const T* __restrict__ z, u32 frames, u32 vocab, u
                 const T own = runs_a[(u64)(c - 1) * vocab + v];
                 const T x = p * (own + entering[c] - lower);
                 runs_b[(u64)(c - 1) * vocab + v] = x;
+                if (checkpoint) checkpoint[(u64)(c - 1) * vocab + v] = x;
                 acc[c] += x;
                 lower = own;
             }
@@ -301,11 +324,11 @@ __device__ void ctc_ngram_fwd(const T* __restrict__ logits, const u32* __restric
     T* row = out + (u64)b * columns;
     const u32 frames = frames_of[b];
     T length = T(0);
-    const NgramWork<T> w = ngram_work(work, b, batch, frames_max, vocab, counts, nodes, false);
+    const NgramWork<T> w = ngram_work(work, b, batch, frames_max, vocab, counts, nodes, false, 1u);
     if (frames > frames_max ||
         !ngram_programs(logits + (u64)b * frames_max * vocab, frames, vocab, blank, counts, trie,
                         trie.node_start[b], trie.node_start[b + 1], nodes, (T*)nullptr, w, false,
-                        length)) {
+                        1u, length)) {
         for (u64 i = threadIdx.x; i < columns; i += BLOCK) row[i] = quiet_nan<T>();
         return;  // the whole block: no barrier follows
     }
@@ -337,7 +360,7 @@ __device__ void ctc_ngram_bwd(const T* __restrict__ logits, const u32* __restric
                               const u32* __restrict__ trie_buffer, const T* __restrict__ grad_out,
                               T* __restrict__ grad, T* __restrict__ work, u32 batch,
                               u32 frames_max, u32 vocab, u32 max_order, u32 width, u32 blank,
-                              u32 nodes, u32 groups) {
+                              u32 nodes, u32 groups, u32 segment) {
     __shared__ T ngram_count_adjoint[NGRAM_MAX_COUNTS + 1];
     const u32 b = blockIdx.x;
     const NgramTrie trie = ngram_trie(trie_buffer, batch, nodes, groups);
@@ -354,10 +377,10 @@ __device__ void ctc_ngram_bwd(const T* __restrict__ logits, const u32* __restric
     for (u64 i = (u64)frames * vocab + threadIdx.x; i < (u64)frames_max * vocab; i += BLOCK)
         g_b[i] = T(0);  // frames past the input length change no statistic
     const u32 k0 = trie.node_start[b], k1 = trie.node_start[b + 1];
-    const NgramWork<T> w = ngram_work(work, b, batch, frames_max, vocab, counts, nodes, true);
+    const NgramWork<T> w = ngram_work(work, b, batch, frames_max, vocab, counts, nodes, true, segment);
     T length;
     if (!ngram_programs(logits + (u64)b * frames_max * vocab, frames, vocab, blank, counts, trie,
-                        k0, k1, nodes, g_b, w, true, length)) {
+                        k0, k1, nodes, g_b, w, true, segment, length)) {
         for (u64 i = threadIdx.x; i < (u64)frames * vocab; i += BLOCK) g_b[i] = quiet_nan<T>();
         return;  // the whole block: no barrier follows
     }
@@ -395,7 +418,29 @@ __device__ void ctc_ngram_bwd(const T* __restrict__ logits, const u32* __restric
         T* g = g_b + (u64)t * vocab;  // q_t until the dense pass below overwrites it
         const T* prev = t == 0 ? nullptr : g_b + (u64)(t - 1) * vocab;
         const T bt = w.blank[t];
-        const T* runs_t = w.runs + (u64)t * run_width;
+        // Entering a segment (its last frame, the first the sweep meets): its layers again, from
+        // its checkpoint and the rows q_u (still in g_b: u < t), each thread its own columns.
+        const u32 t0 = t / segment * segment;
+        if (t == frames - 1 || (t + 1) % segment == 0) {
+            const T* start = w.checkpoints + (u64)(t0 / segment) * run_width;
+            for (u32 v = threadIdx.x; v < vocab; v += BLOCK) {
+                for (u32 c = 1; c <= top; ++c)
+                    w.segment_runs[(u64)(c - 1) * vocab + v] = start[(u64)(c - 1) * vocab + v];
+                for (u32 u = t0; u < t; ++u) {
+                    const T p = g_b[(u64)u * vocab + v];
+                    const T* before = w.segment_runs + (u64)(u - t0) * run_width;
+                    T* after = w.segment_runs + (u64)(u - t0 + 1) * run_width;
+                    T lower = T(0);
+                    for (u32 c = 1; c <= top; ++c) {
+                        const T entering = w.gap[(u64)u * counts + c - 1] + w.sums[(u64)u * counts + c - 1];
+                        const T own = before[(u64)(c - 1) * vocab + v];
+                        after[(u64)(c - 1) * vocab + v] = p * (own + entering - lower);
+                        lower = own;
+                    }
+                }
+            }
+        }
+        const T* runs_t = w.segment_runs + (u64)(t - t0) * run_width;
         const T* gap_t = w.gap + (u64)t * counts;
         const T* sums_t = w.sums + (u64)t * counts;
         T entering[NGRAM_MAX_COUNTS + 1];
@@ -506,9 +551,9 @@ __device__ void ctc_ngram_bwd(const T* __restrict__ logits, const u32* __restric
     extern "C" __global__ void __launch_bounds__(BLOCK) ctc_ngram_bwd_##SUFFIX(                  \
         const T* logits, const u32* frames, const u32* trie, const T* grad_out, T* grad,         \
         T* work, u32 batch, u32 frames_max, u32 vocab, u32 max_order, u32 width, u32 blank,      \
-        u32 nodes, u32 groups) {                                                                 \
+        u32 nodes, u32 groups, u32 segment) {                                                    \
         ctc_ngram_bwd<T>(logits, frames, trie, grad_out, grad, work, batch, frames_max, vocab,   \
-                         max_order, width, blank, nodes, groups);                                \
+                         max_order, width, blank, nodes, groups, segment);                       \
     }
 
 NGRAM_INSTANTIATE(f32, float)

@@ -4,8 +4,10 @@
 //! types).
 //!
 //! Forward: `ctc_ngram_fwd`, one launch, one block per element: the output `[B, 1 + N + N·W]`.
-//! Backward: `ctc_ngram_bwd`, one launch: the programs again, keeping every frame boundary, and
-//! the reverse sweep into the gradient `[B, T, V]`. Buffers: the logits, u32 frame counts `[B]`,
+//! Backward: `ctc_ngram_bwd`, one launch: the programs again, keeping every frame boundary's
+//! scalar and node states and every [`NgramArgs::segment`]-th one's vocabulary-wide states, and
+//! the reverse sweep into the gradient `[B, T, V]`, recomputing a segment's states as it enters
+//! it. Buffers: the logits, u32 frame counts `[B]`,
 //! the u32 trie buffer (`CtcNgramPlan::trie_buffer`) and one workspace in the logits' dtype,
 //! sized by [`NgramArgs::workspace_len`].
 
@@ -46,18 +48,36 @@ impl NgramArgs {
         self.max_order.saturating_sub(1)
     }
 
+    /// The backward's segment: the frames between two checkpoints of the vocabulary-wide
+    /// layers, `⌈√T'⌉` (at least 1), so that it keeps about `2·√T'` of them instead of `T' + 1`.
+    pub(crate) fn segment(&self) -> usize {
+        let mut segment = (self.frames as f64).sqrt().ceil() as usize;
+        while segment * segment < self.frames {
+            segment += 1;
+        }
+        segment.max(1)
+    }
+
     /// Elements of the workspace, as `ngram_work` in `ngrams.cu` lays it out: per element, the
-    /// length program's layers (`C·V` runs and `C + 1` gaps and sums each; two in the forward,
-    /// `T' + 1` in the backward) with, in the forward, two frame rows and, in the backward, the
-    /// runs' adjoints, the row `q_{t+1}` and the blank's probabilities; then the nodes' layers,
-    /// their expected counts and, in the backward, their adjoints.
+    /// length program's vocabulary-wide layers (`C·V` each: two alternating, and in the
+    /// backward `⌊T'/segment⌋ + 1` checkpoints and one segment's worth), its scalar layers
+    /// (`C + 1` gaps and sums each; two in the forward, `T' + 1` in the backward) with, in the
+    /// forward, two frame rows and, in the backward, the runs' adjoints, the row `q_{t+1}` and
+    /// the blank's probabilities; then the nodes' layers, their expected counts and, in the
+    /// backward, their adjoints.
     pub(crate) fn workspace_len(&self, backward: bool) -> usize {
         let (v, counts, k) = (self.vocab, self.counts(), self.nodes);
         let top = counts.saturating_sub(1);
         let layers = if backward { self.frames + 1 } else { 2 };
         let rows = if backward { 0 } else { 2 };
+        let segment = self.segment();
+        let run_layers = 2 + if backward {
+            self.frames / segment + 1 + segment
+        } else {
+            0
+        };
         let per_element = rows * v
-            + layers * top * v
+            + run_layers * top * v
             + if backward {
                 top * v + v + self.frames
             } else {
@@ -165,6 +185,7 @@ pub(crate) fn ctc_ngram_bwd<B>(
         Param::Buffer(work),
     ];
     params.extend(args.scalars()?);
+    params.push(Param::U32(dim_u32(args.segment(), "segment")?));
     Ok(Launch {
         family: "ctc_ngram_bwd",
         float,

@@ -4,8 +4,9 @@
 //! general ones), the blank first, inside and last, references with repeated tokens and shared
 //! prefixes, several references per element, elements with no frame, frames and a vocabulary
 //! wider than a block, more trie nodes than threads, and NaN in every padding frame (never
-//! read), in several thread orders, each launch from the plans of `ctc/ngrams_launch.rs`. Then
-//! out-of-range frame counts and non-finite logits, and broken copies of the kernels, caught.
+//! read), in several thread orders, each launch from the plans of `ctc/ngrams_launch.rs` (whose
+//! backward segments of `⌈√T'⌉` frames give every case several checkpoints). Then out-of-range
+//! frame counts and non-finite logits, and broken copies of the kernels, caught.
 
 use super::module::{EmuModule, ThreadOrder};
 use super::tests::{compile, module, run, spread, Float, Guarded, SOURCE};
@@ -386,6 +387,11 @@ fn broken_copies_of_the_ngram_kernels_are_caught() {
             "a child's readiness not passed to its parent's gap",
             "                gap_adjoint += r;\n",
             "",
+        ),
+        (
+            "a segment recomputed from the first checkpoint",
+            "            const T* start = w.checkpoints + (u64)(t0 / segment) * run_width;",
+            "            const T* start = w.checkpoints;",
         ),
     ];
     let small = cases();
