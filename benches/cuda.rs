@@ -43,9 +43,11 @@
 //! - hidden states `[B,S,D,T,V]` = `[32,64,512,64,32000]` and `[32,64,512,64,128000]` f32:
 //!   `ce_bleu_from_hidden` and `ce_bleu_from_logits(Linear::forward(hidden))`, inputs and config
 //!   as in `benches/hidden.rs` (λ = 0.3, label smoothing 0.1, pad 0, lengths in `[S/2, S]`,
-//!   tied weight N(0, 1/D), default blocks). `ce_bleu_from_hidden` has no CUDA kernel (composed
-//!   blocks on CUDA in either build) and no `_composed` twin: one row, `kern` "-"; the logits row
-//!   beside it runs `ce_bleu_from_logits` (on) or `ce_bleu_from_logits_composed` (off).
+//!   tied weight N(0, 1/D), default blocks). `ce_bleu_from_hidden` runs blocks of rows: in this
+//!   bench's build (`cuda-unverified`) the row op's CUDA kernels on each block's cuBLAS logits,
+//!   composed ops on each block without the feature; it has no `_composed` twin: one row, `kern`
+//!   "-"; the logits row beside it runs `ce_bleu_from_logits` (on) or
+//!   `ce_bleu_from_logits_composed` (off).
 //!
 //! Per shape, each row runs `--warmup` untimed steps (NVRTC compile and cuBLAS set-up included),
 //! one untimed memory step, then `--repeats` rounds that alternate the rows; every step ends

@@ -326,6 +326,16 @@ mod tests {
         }
     }
 
+    /// `f` with the hidden-state op's rows computed by the row op on each block
+    /// (`HiddenRowsKind::RowOpBlocks`, CUDA's path) on the CPU's kernel path.
+    fn with_row_op_blocks<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+        use crate::loss::hidden_pass::ROW_OP_BLOCKS_ON_CPU;
+        ROW_OP_BLOCKS_ON_CPU.with(|on| on.set(true));
+        let out = f();
+        ROW_OP_BLOCKS_ON_CPU.with(|on| on.set(false));
+        out
+    }
+
     #[test]
     fn the_composed_blocks_equal_the_kernels() -> Result<()> {
         let fx = fixture()?;
@@ -424,11 +434,18 @@ mod tests {
                                 ])
                             };
                             let (kernels, composed) = (run(Path::Kernels)?, run(Path::Composed)?);
-                            for (k, (a, b)) in kernels.iter().zip(&composed).enumerate() {
+                            let row_op_blocks = with_row_op_blocks(|| run(Path::Kernels))?;
+                            for (k, ((a, b), c)) in kernels
+                                .iter()
+                                .zip(&composed)
+                                .zip(&row_op_blocks)
+                                .enumerate()
+                            {
                                 let what = format!(
                                     "entry {k}, {form:?} {length:?} {reduction:?}, block {block_elements}, bias {bias}"
                                 );
-                                assert_close(b, a, &what);
+                                assert_close(b, a, &format!("composed, {what}"));
+                                assert_close(c, a, &format!("row-op blocks, {what}"));
                                 checked += 1;
                             }
                         }
@@ -437,6 +454,83 @@ mod tests {
             }
         }
         assert_eq!(checked, 3 * 3 * 2 * 2 * 2 * 3);
+        Ok(())
+    }
+
+    /// The row op on each block (CUDA's path) with every cross-entropy option — z-loss, token
+    /// accuracy, class weights, a soft cap (read by the row pass, applied to the block for the
+    /// self-match pass) — equals the CPU kernels: values, metrics and gradients.
+    #[test]
+    fn the_row_op_blocks_take_the_cross_entropy_options() -> Result<()> {
+        let fx = fixture()?;
+        let weights: std::sync::Arc<[f64]> = vec![0.5, 1.0, 2.0, 1.5, 0.25, 1.0, 3.0].into();
+        let options = [
+            ("z-loss and accuracy", 1e-2, true, None, None),
+            ("class weights", 0.0, false, Some(weights.clone()), None),
+            ("soft cap", 0.0, false, None, Some(1.5)),
+            ("all", 1e-2, true, Some(weights), Some(1.5)),
+        ];
+        let mut checked = 0;
+        for (name, z_loss, token_accuracy, class_weights, softcap) in options {
+            for form in [Form::Expected, Form::Paired] {
+                for block_elements in [HiddenConfig::DEFAULT_BLOCK_ELEMENTS, 2 * VOCAB] {
+                    let hidden_cfg = HiddenConfig {
+                        block_elements,
+                        ..Default::default()
+                    };
+                    let cfg = TrainingLossConfig {
+                        bleu_weight: 0.6,
+                        ce: CrossEntropyConfig {
+                            pad_id: Some(0),
+                            label_smoothing: 0.1,
+                            z_loss,
+                            token_accuracy,
+                            class_weights: class_weights.clone(),
+                            softcap,
+                            ..Default::default()
+                        },
+                        bleu: BleuLossConfig {
+                            form,
+                            ..Default::default()
+                        },
+                    };
+                    let targets = TrainingTargets::new(&fx.targets, &fx.refs);
+                    let run = || {
+                        evaluate(
+                            |h, p| {
+                                let input = hidden_input(h, p, &hidden_cfg);
+                                let out = run::training(
+                                    input,
+                                    &targets,
+                                    &cfg,
+                                    Path::Kernels,
+                                    Reducer::Local,
+                                )?;
+                                let mut all = vec![out.loss, out.cross_entropy, out.bleu.loss];
+                                all.extend(out.z_loss);
+                                all.extend(out.token_accuracy);
+                                Ok(all)
+                            },
+                            &fx,
+                            true,
+                        )
+                    };
+                    let kernels = run()?;
+                    let row_op_blocks = with_row_op_blocks(run)?;
+                    assert_eq!(
+                        kernels.len(),
+                        3 + usize::from(z_loss != 0.0) + usize::from(token_accuracy) + 3
+                    );
+                    assert_close(
+                        &row_op_blocks,
+                        &kernels,
+                        &format!("{name}, {form:?}, block {block_elements}"),
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 2 * 2);
         Ok(())
     }
 

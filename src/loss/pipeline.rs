@@ -312,8 +312,7 @@ pub(crate) fn hypothesis_pass(
             ReferenceTokens::Ids(ids) => {
                 let paired = cfg.form == Form::Paired;
                 let gather = gather_ids(side)?;
-                let (out, layout) =
-                    hidden_rows(checked, Some(&gather.ids), targets, paired, blocks)?;
+                let (out, layout) = hidden_rows(checked, Some(gather), targets, paired, blocks)?;
                 let self_match = layout.self_match_part(&out)?;
                 let gathered = layout.gathered_part(&out)?;
                 let inputs = inputs_from_gathered(&gathered, ids.dim(1)?, self_match, cfg)?;

@@ -1,15 +1,29 @@
-//! The hidden-state op's rows as composed candle ops, for devices without its CPU kernels:
+//! The hidden-state op's rows as blocks of candle ops, for devices without its CPU kernels:
 //! the outputs are computed detached, block by block, and attached to `hidden`, the weight and
 //! the bias by the op ([`crate::loss::kernels::hidden::op::HiddenRowsOp`]), whose backward recomputes each block
 //! as candle ops and back-propagates through that block alone — so this path keeps the
-//! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact. A row
-//! holds [`RowLayout`]'s columns without the kernels' statistics (`[Z | x | ce]`).
+//! `O(block)` memory too. `filter_below` does not apply here: the gradients are exact.
+//!
+//! What a block computes from its logits is a [`BlockRows`]: [`ComposedRows`] here (a row holds
+//! [`RowLayout`]'s columns without the kernels' statistics, `[Z | x | ce]`), or, given by the
+//! loss's hidden pass, which sees every family, the row op's kernels on the block.
 
 use crate::loss::kernels::composed::{softcap, token_metrics};
 use crate::loss::kernels::cpu::CrossEntropyTerms;
 use crate::loss::kernels::layout::RowLayout;
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Storage, Tensor, Var, D};
+
+/// What a block of rows computes from its logits, differentiably: the per-row outputs.
+pub(crate) trait BlockRows: Send + Sync {
+    /// The outputs `[n, C]` of rows `start..start + n` of the `[B·S]` rows from their logits
+    /// `[n, V]`. A block holds whole elements when the outputs pair positions (the self-match
+    /// columns).
+    fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor>;
+
+    /// The hidden-state op's name with these rows.
+    fn op_name(&self) -> &'static str;
+}
 
 /// The rows' outputs as candle ops, for devices without the CPU kernels:
 /// `[Z (paired form) | x | ce]` per row, the kernels' layout without their statistics
@@ -33,9 +47,12 @@ pub(crate) struct ComposedRows {
     pub layout: RowLayout,
 }
 
-impl ComposedRows {
-    /// The outputs of rows `start..start + n` from their logits `[n, V]`.
-    pub(crate) fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor> {
+impl BlockRows for ComposedRows {
+    fn op_name(&self) -> &'static str {
+        "candle-bleu-loss-from-hidden-composed"
+    }
+
+    fn rows(&self, logits: &Tensor, start: usize) -> Result<Tensor> {
         let capped;
         let logits = match self.softcap {
             Some(cap) => {
@@ -121,22 +138,23 @@ fn linear(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Ten
     }
 }
 
-/// The composed path's outputs, computed detached block by block and attached to `hidden`,
-/// the weight and the bias: the forward hands back the stored outputs; the backward
-/// recomputes each block as candle ops and back-propagates through that block alone.
+/// The blocks' outputs, computed detached block by block and attached to `hidden`, the weight
+/// and the bias: the forward hands back the stored outputs; the backward recomputes each
+/// block's logits and rows as candle ops and back-propagates through that block alone.
 pub(crate) struct ComposedBlocks {
     out: Tensor,
-    rows: ComposedRows,
+    rows: Box<dyn BlockRows>,
     block_rows: usize,
 }
 
 impl ComposedBlocks {
-    /// Computes the outputs of every block of `block_rows` rows, detached, as candle ops.
+    /// Computes the outputs of every block of `block_rows` rows, detached: the logits `[n, V]`
+    /// by one matmul (cuBLAS on CUDA) and the bias, then `rows`.
     pub(crate) fn forward(
         hidden: &Tensor,
         weight: &Tensor,
         bias: Option<&Tensor>,
-        rows: ComposedRows,
+        rows: Box<dyn BlockRows>,
         block_rows: usize,
     ) -> Result<Self> {
         let (hidden, weight) = (hidden.detach(), weight.detach());
@@ -159,6 +177,11 @@ impl ComposedBlocks {
             rows,
             block_rows,
         })
+    }
+
+    /// The hidden-state op's name with these blocks' rows.
+    pub(crate) fn op_name(&self) -> &'static str {
+        self.rows.op_name()
     }
 
     fn stored(&self) -> (candle_core::StorageRef<'_>, &Layout) {

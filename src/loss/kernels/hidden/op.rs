@@ -3,9 +3,10 @@
 //! `[Z | x | ce | …]`: the self-match columns (paired form), the softmax gathered at the ids,
 //! the row's weighted cross-entropy term (0 without targets), then, from the CPU kernels, their
 //! row statistics — without storing the `[B, S, V]` logits, forward or backward. One op for
-//! every device: its CPU kernels ([`crate::loss::kernels::hidden::cpu`]) or, on any device, composed candle ops
-//! ([`crate::loss::kernels::hidden::composed`]), with `cpu_fwd`, `cuda_fwd`, `metal_fwd` and `bwd` side by
-//! side.
+//! every device: its CPU kernels ([`crate::loss::kernels::hidden::cpu`]) or, on any device,
+//! blocks of candle ops ([`crate::loss::kernels::hidden::composed`]: each block's logits by a
+//! matmul, then its rows as composed ops or through the row op's kernels), with `cpu_fwd`,
+//! `cuda_fwd`, `metal_fwd` and `bwd` side by side.
 
 use crate::loss::kernels::hidden::composed::ComposedBlocks;
 use crate::loss::kernels::hidden::cpu::CpuBlocks;
@@ -22,7 +23,8 @@ pub(crate) struct HiddenRowsOp {
 pub(crate) enum HiddenBlocks {
     /// Raw slices on the CPU, computed in `cpu_fwd`.
     Cpu(CpuBlocks),
-    /// Composed candle ops on any device, computed before the op and handed back by it.
+    /// Blocks of candle ops on any device (composed rows, or the row op's kernels on each
+    /// block), computed before the op and handed back by it.
     Composed(ComposedBlocks),
 }
 
@@ -37,9 +39,9 @@ pub(crate) fn bias_input(bias: Option<&Tensor>, dtype: DType, device: &Device) -
 
 impl CustomOp3 for HiddenRowsOp {
     fn name(&self) -> &'static str {
-        match self.blocks {
+        match &self.blocks {
             HiddenBlocks::Cpu(_) => "candle-bleu-loss-from-hidden",
-            HiddenBlocks::Composed(_) => "candle-bleu-loss-from-hidden-composed",
+            HiddenBlocks::Composed(blocks) => blocks.op_name(),
         }
     }
 
