@@ -276,3 +276,50 @@ fn the_bleu_loss_on_ctc_outputs_copies_nothing_off_the_cpu_without_value_checks(
         assert_eq!(n, expected, "check_values {check_values}");
     }
 }
+
+/// The cross-entropy and a training step read no target to the host with the value checks off
+/// (the count stays on the device), and one small copy per call off the CPU with them on (in
+/// place on the CPU) or with class weights, whose mean needs `Σ w_t`.
+#[test]
+fn the_cross_entropy_reads_its_targets_only_with_value_checks_or_class_weights() {
+    use candle_bleu::loss::{
+        ce_bleu_from_logits, cross_entropy_from_logits, CrossEntropyConfig, TrainingLossConfig,
+        TrainingTargets,
+    };
+    let dev = test_device();
+    let (logits, _) = inputs();
+    let targets = Tensor::new(&[[1u32, 2, 3, 0, 0], [2, 5, 6, 1, 0]], &dev).unwrap();
+    let refs = References::from_ids(&targets, PAD).unwrap();
+    let per_check = u64::from(!dev.is_cpu());
+    for (check_values, class_weights, expected) in [
+        (false, None, 0),
+        (true, None, per_check),
+        (false, Some(vec![1.0; V].into()), per_check),
+    ] {
+        let ce = CrossEntropyConfig {
+            pad_id: Some(PAD),
+            check_values,
+            class_weights,
+            ..Default::default()
+        };
+        let what = format!(
+            "check_values {check_values}, class weights {}",
+            ce.class_weights.is_some()
+        );
+        assert_eq!(
+            copies(|| cross_entropy_from_logits(&logits, &targets, &ce)).0,
+            expected,
+            "cross_entropy_from_logits, {what}"
+        );
+        let cfg = TrainingLossConfig {
+            ce,
+            ..Default::default()
+        };
+        let step_targets = TrainingTargets::new(&targets, &refs);
+        assert_eq!(
+            copies(|| ce_bleu_from_logits(&logits, &step_targets, &cfg)).0,
+            expected,
+            "ce_bleu_from_logits, {what}"
+        );
+    }
+}

@@ -255,6 +255,16 @@ pub struct CrossEntropyConfig {
     /// equal maxima, as `argmax` picks it), computed in the loss's own pass
     /// ([`CrossEntropyOutput::token_accuracy`]). Default `false`: nothing is computed.
     pub token_accuracy: bool,
+    /// Off the CPU, also read the targets to the host (one small copy, which stalls a GPU
+    /// stream) to check their values and count them: a target `>= V` that is not `pad_id`, and
+    /// a mean over only padding, are then errors. Default `false`: nothing is read; the count
+    /// stays on the device, a target `>= V` makes the loss NaN (the mean, the sum, or that
+    /// position's loss; no kernel reads outside its row) and a mean over only padding is NaN,
+    /// as PyTorch's `F.cross_entropy` gives. Class weights always read the targets (the
+    /// weighted mean's `Σ w_t`). On the CPU the targets are always checked, in place. In a
+    /// training step (`ce_bleu_*`) either this or `BleuLossConfig::check_values` turns the
+    /// read on.
+    pub check_values: bool,
 }
 
 /// The cross-entropy and what it reports besides

@@ -213,7 +213,7 @@ pub(crate) fn hidden_rows(
         let ids = ids.map(|ids| read(ids, "ids")).transpose()?;
         let (rows_targets, terms, inv_count, z_ratio) = match targets {
             Some(t) => (
-                Some(read(t.targets, "targets")?),
+                Some(read(&t.targets, "targets")?),
                 t.terms.clone(),
                 t.inv_count(),
                 t.z_ratio(),
@@ -259,7 +259,7 @@ pub(crate) fn hidden_rows(
                 .transpose()?,
             targets: targets
                 .map(|t| -> Result<(Tensor, Tensor)> {
-                    let (safe, mask) = masked_targets(t.targets, t.terms.pad_id)?;
+                    let (safe, mask) = masked_targets(&t.targets, t.terms.pad_id)?;
                     let weights = mask.to_dtype(inputs.dtype)?.affine(t.inv_count(), 0.0)?;
                     Ok((safe.flatten_all()?, weights.flatten_all()?))
                 })

@@ -183,7 +183,14 @@ pub(crate) fn logits_pass(
         }
     };
     let (_, seq, _) = logits.tensor.dims3()?;
-    let terms = targets.map(|t| (t.targets, t.terms.clone(), t.inv_count(), t.z_ratio()));
+    let terms = targets.map(|t| {
+        (
+            t.targets.as_ref(),
+            t.terms.clone(),
+            t.inv_count(),
+            t.z_ratio(),
+        )
+    });
     let op = RowOp::rows(self_match, ids, terms)?.with_softcap(softcap)?;
     let layout = op.layout(seq)?;
     let out = op.apply(&logits.tensor)?;
@@ -206,7 +213,7 @@ fn composed_logits_pass(
     let cross_entropy = targets
         .map(|t| -> Result<TokenLosses> {
             let metrics = if t.terms.metrics() {
-                let (safe_targets, mask) = composed::masked_targets(t.targets, t.terms.pad_id)?;
+                let (safe_targets, mask) = composed::masked_targets(&t.targets, t.terms.pad_id)?;
                 let mask = mask.to_dtype(logits.dtype())?;
                 let (z, correct) =
                     composed::token_metrics(logits, &safe_targets, &mask, t.terms.z_loss)?;
@@ -215,7 +222,7 @@ fn composed_logits_pass(
                 None
             };
             Ok(TokenLosses {
-                terms: composed::token_cross_entropy(logits, t.targets, &t.terms, t.z_ratio())?,
+                terms: composed::token_cross_entropy(logits, &t.targets, &t.terms, t.z_ratio())?,
                 divided: false,
                 metrics,
             })

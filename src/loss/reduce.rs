@@ -23,7 +23,7 @@
 
 use super::all_reduce::AllReduce;
 use super::checked::stats::shard_stats;
-use super::checked::targets::{CheckedTargets, Division};
+use super::checked::targets::{CheckedTargets, Division, TargetCount};
 use super::config::{
     compute_dtype, constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats,
     CrossEntropyOutput, CrossEntropyReduction, Reduction, TrainingLoss,
@@ -64,19 +64,30 @@ impl Reducer<'_> {
                 division: Division::None,
                 ..targets
             }),
+            (Reducer::Local, CrossEntropyReduction::Mean)
+                if matches!(targets.count, TargetCount::Device { .. }) =>
+            {
+                // Unread: the count divides on the device (a batch of only padding gives NaN).
+                Ok(CheckedTargets {
+                    division: Division::MeanOnDevice,
+                    ..targets
+                })
+            }
             (Reducer::Local, CrossEntropyReduction::Mean) => {
-                if targets.count == 0 {
+                let (count, weight_sum) = match targets.count {
+                    TargetCount::Host { count, weight_sum } => (count, weight_sum),
+                    TargetCount::Device { .. } => bail!("internal: a device count in a host mean"),
+                };
+                if count == 0 {
                     bail!(
                         "every one of the {} `targets` is `pad_id` ({:?}): the mean cross-entropy over no positions is undefined",
                         targets.targets.elem_count(),
                         targets.terms.pad_id,
                     );
                 }
-                if targets.terms.class_weights.is_some() && targets.weight_sum <= 0.0 {
+                if targets.terms.class_weights.is_some() && weight_sum <= 0.0 {
                     bail!(
-                        "the `class_weights` of the {} non-pad `targets` sum to {}: the weighted mean over them is undefined",
-                        targets.count,
-                        targets.weight_sum,
+                        "the `class_weights` of the {count} non-pad `targets` sum to {weight_sum}: the weighted mean over them is undefined",
                     );
                 }
                 let division = if targets.terms.class_weights.is_some() {
@@ -114,12 +125,12 @@ impl Reducer<'_> {
                 _ => None,
             };
             return Ok(CrossEntropyOutput {
-                loss: per_position(&losses.terms)?,
+                loss: poisoned(&per_position(&losses.terms)?, targets)?,
                 z_loss,
                 token_accuracy: local_accuracy(metrics, targets)?,
             });
         }
-        let share = token_sum(&losses, targets.divisor())?;
+        let share = token_sum(&losses, targets)?;
         match self {
             Reducer::Local => {
                 let (z_loss, token_accuracy) = losses
@@ -187,7 +198,7 @@ impl Reducer<'_> {
         cfg: &BleuLossConfig,
         bleu_weight: f64,
     ) -> Result<TrainingLoss> {
-        let share = token_sum(&losses, targets.divisor())?;
+        let share = token_sum(&losses, targets)?;
         let metrics = losses.metrics.as_ref();
         let (cross_entropy, bleu_loss, (z_loss, token_accuracy)) = match self {
             Reducer::Local => (
@@ -228,15 +239,43 @@ impl Reducer<'_> {
     }
 }
 
-/// The cross-entropy's token terms summed, a scalar: divided by `divisor` unless each term is
-/// divided already ([`TokenLosses::divided`]).
-pub(crate) fn token_sum(losses: &TokenLosses, divisor: f64) -> Result<Tensor> {
+/// The cross-entropy's token terms summed, a scalar: divided by `targets`' divisor unless each
+/// term is divided already ([`TokenLosses::divided`]), then by the count on the device for
+/// [`Division::MeanOnDevice`]; NaN where a target was out of the vocabulary ([`poisoned`]).
+pub(crate) fn token_sum(losses: &TokenLosses, targets: &CheckedTargets) -> Result<Tensor> {
+    let sum = token_sum_by(losses, targets.divisor())?;
+    let sum = match (&targets.count, targets.division) {
+        (TargetCount::Device { count, .. }, Division::MeanOnDevice) => {
+            sum.div(&count.to_dtype(sum.dtype())?)?
+        }
+        _ => sum,
+    };
+    poisoned(&sum, targets)
+}
+
+/// The token terms summed, divided by `divisor` unless each term is divided already.
+pub(crate) fn token_sum_by(losses: &TokenLosses, divisor: f64) -> Result<Tensor> {
     let sum = losses.terms.sum_all()?;
     if losses.divided {
         Ok(sum)
     } else {
         sum / divisor
     }
+}
+
+/// `loss` (a scalar, or `[B, S]` per position) made NaN where a target counted on the device
+/// was out of the vocabulary: plus `sqrt(−m)` (0, or NaN where `m = 1`; `[B, S]`, or their
+/// maximum for a scalar). Unchanged for targets read on the host, which refused such a target.
+fn poisoned(loss: &Tensor, targets: &CheckedTargets) -> Result<Tensor> {
+    let TargetCount::Device { out_of_vocab, .. } = &targets.count else {
+        return Ok(loss.clone());
+    };
+    let marks = if loss.rank() == 0 {
+        out_of_vocab.max_all()?
+    } else {
+        out_of_vocab.reshape(loss.shape())?
+    };
+    loss + marks.neg()?.sqrt()?.to_dtype(loss.dtype())?
 }
 
 /// Each position's term, `[B, S]`, from `[B, S, 1]` or `[B, S]` terms (with a divisor of 1:
@@ -301,15 +340,16 @@ pub(crate) fn global_sums(
 fn cross_entropy_parts(share: &Tensor, targets: &CheckedTargets) -> Result<Vec<Tensor>> {
     let dtype = sum_dtype(share.device());
     // Made in `dtype` on the host: no f64 tensor on a device without f64 (Metal).
-    let count = constant(vec![targets.count as f64], 1, dtype, share.device())?;
+    let count = match &targets.count {
+        TargetCount::Host { count, .. } => constant(vec![*count as f64], 1, dtype, share.device())?,
+        TargetCount::Device { count, .. } => count.to_dtype(dtype)?.reshape(1)?,
+    };
     let mut parts = vec![share.to_dtype(dtype)?.reshape(1)?, count];
     if weighted_mean(targets) {
-        parts.push(constant(
-            vec![targets.weight_sum],
-            1,
-            dtype,
-            share.device(),
-        )?);
+        let TargetCount::Host { weight_sum, .. } = targets.count else {
+            bail!("internal: class weights without their Σ w_t read on the host");
+        };
+        parts.push(constant(vec![weight_sum], 1, dtype, share.device())?);
     }
     Ok(parts)
 }
@@ -326,12 +366,12 @@ fn local_metrics(
     targets: &CheckedTargets,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     // The z-term's mean divides by the count, also under class weights (as Liger's does).
-    let z_divisor = match targets.reduction {
-        CrossEntropyReduction::Mean => targets.count as f64,
-        _ => 1.0,
-    };
     let z_loss = if targets.terms.z_loss != 0.0 {
-        Some((m.z.sum_all()? / z_divisor)?)
+        let sum = m.z.sum_all()?;
+        Some(match targets.reduction {
+            CrossEntropyReduction::Mean => divided_by_count(&sum, targets)?,
+            _ => sum,
+        })
     } else {
         None
     };
@@ -346,16 +386,24 @@ fn local_accuracy(
 ) -> Result<Option<Tensor>> {
     match metrics {
         Some(m) if targets.terms.token_accuracy => {
-            if targets.count == 0 {
+            if targets.host_count() == Some(0) {
                 bail!(
                     "`token_accuracy` over no positions: every one of the {} `targets` is `pad_id` ({:?})",
                     targets.targets.elem_count(),
                     targets.terms.pad_id,
                 );
             }
-            Ok(Some((m.correct.sum_all()? / targets.count as f64)?))
+            Ok(Some(divided_by_count(&m.correct.sum_all()?, targets)?))
         }
         _ => Ok(None),
+    }
+}
+
+/// `sum / n`, with `n` the host count or the device's (NaN over only padding there).
+fn divided_by_count(sum: &Tensor, targets: &CheckedTargets) -> Result<Tensor> {
+    match &targets.count {
+        TargetCount::Host { count, .. } => sum / *count as f64,
+        TargetCount::Device { count, .. } => sum.div(&count.to_dtype(sum.dtype())?),
     }
 }
 
@@ -373,7 +421,8 @@ fn metric_parts(metrics: Option<&TokenMetrics>) -> Result<Vec<Tensor>> {
 /// The group's z-loss part and token accuracy from the globally summed [`metric_parts`]
 /// (`parts`, empty without metrics) and the global count, in `out_dtype`. The accuracy divides
 /// by the count: under `Mean` the cross-entropy has refused a count of 0 already; under `Sum`
-/// it is read here (one copy to the host) and 0 is refused.
+/// it is read here (one copy to the host) and 0 is refused — unless the targets were counted on
+/// the device (value checks off), where nothing is read and a count of 0 gives NaN.
 fn group_metrics(
     parts: &[Tensor],
     count: &Tensor,
@@ -389,7 +438,7 @@ fn group_metrics(
         (true, _) => Some(z.div(count)?.squeeze(0)?.to_dtype(out_dtype)?),
     };
     let token_accuracy = if targets.terms.token_accuracy {
-        if targets.reduction == CrossEntropyReduction::Sum {
+        if targets.reduction == CrossEntropyReduction::Sum && targets.host_count().is_some() {
             let value = host::to_scalar::<f32>(&count.to_dtype(DType::F32)?.sum_all()?)?;
             if value <= 0.0 {
                 bail!(
@@ -415,6 +464,10 @@ fn group_cross_entropy(
     match (targets.reduction, parts) {
         (CrossEntropyReduction::Sum, [sum, ..]) => sum.squeeze(0)?.to_dtype(out_dtype),
         (_, [sum, _, weight_sum]) => global_mean(sum, weight_sum, out_dtype),
+        // Counted on the device: no read to refuse a global count of 0 (NaN then).
+        (_, [sum, count]) if targets.host_count().is_none() => {
+            sum.div(count)?.squeeze(0)?.to_dtype(out_dtype)
+        }
         (_, [sum, count]) => global_mean(sum, count, out_dtype),
         _ => bail!("internal: {} cross-entropy parts", parts.len()),
     }

@@ -14,13 +14,14 @@
 
 use super::checked::calls::{bleu_call, cross_entropy_call, training_call};
 use super::checked::hypotheses::Hypotheses;
+use super::checked::targets::TargetCount;
 use super::config::{
     BleuLossConfig, BleuLossOutput, CrossEntropyConfig, CrossEntropyOutput, TrainingLoss,
     TrainingLossConfig,
 };
 use super::dispatch::Path;
 use super::pipeline::{cross_entropy_pass, hypothesis_pass, statistics};
-use super::reduce::{token_sum, Reducer};
+use super::reduce::{token_sum_by, Reducer};
 use super::references::{References, TrainingTargets};
 use candle_core::{bail, Result, Tensor};
 
@@ -92,13 +93,20 @@ pub(crate) fn cross_entropy_sum_and_count(
             "`class_weights` with `z_loss` in `cross_entropy_sum_and_count`: the weighted mean divides by Σ w_t and the z-term by the count of targets, so no one count makes sum / count the loss; use one of them"
         );
     }
+    // The count is returned as a number: read on the host.
+    let cfg = &CrossEntropyConfig {
+        check_values: true,
+        ..cfg.clone()
+    };
     let (input, targets) = cross_entropy_call(input, targets, cfg, path)?;
     // A divisor of 1: the pass sums the row terms (what a group's shard does). `weight_sum`
     // is the count without class weights.
-    let count = targets.weight_sum;
+    let TargetCount::Host { weight_sum, .. } = targets.count else {
+        bail!("internal: targets read for their count were not counted on the host");
+    };
     Ok((
-        token_sum(&cross_entropy_pass(&input, &targets)?, 1.0)?,
-        count,
+        token_sum_by(&cross_entropy_pass(&input, &targets)?, 1.0)?,
+        weight_sum,
     ))
 }
 
@@ -110,8 +118,10 @@ mod tests {
     //! worker the single-process gradient of its own shard's inputs — the composed path
     //! included, which the data-parallel tests (on the CPU, the kernels) do not reach.
     use super::*;
-    use crate::loss::config::HiddenConfig;
+    use crate::loss::checked::targets::COUNT_TARGETS_ON_DEVICE;
+    use crate::loss::config::{CrossEntropyReduction, HiddenConfig};
     use crate::loss::distributed::ThreadAllReduce;
+    use crate::loss::host::host_copies;
     use candle_core::{Device, Var};
     use candle_nn::Linear;
 
@@ -136,7 +146,10 @@ mod tests {
         (start, len): (usize, usize),
         path: Path,
         reducer: Reducer,
+        device_count: bool,
     ) -> Result<([f64; 3], Vec<f64>)> {
+        // What a GPU does with the value checks off: the targets counted on the device.
+        COUNT_TARGETS_ON_DEVICE.with(|on| on.set(device_count));
         let hidden = values(&[BATCH, SEQ, DIM], 1.5, 0.1)?.narrow(0, start, len)?;
         let weight = values(&[VOCAB, DIM], 1.0, 0.4)?;
         let bias = values(&[VOCAB], 0.5, 0.7)?;
@@ -194,9 +207,23 @@ mod tests {
 
     #[test]
     fn a_group_of_two_gives_the_single_process_numbers_on_every_path() -> Result<()> {
-        for path in [Path::Kernels, Path::Composed] {
-            for hidden_input in [false, true] {
-                let (single, single_grad) = shard(hidden_input, (0, BATCH), path, Reducer::Local)?;
+        for (path, hidden_input, device_count) in [Path::Kernels, Path::Composed]
+            .into_iter()
+            .flat_map(|p| [false, true].map(|h| (p, h)))
+            .flat_map(|(p, h)| [false, true].map(|d| (p, h, d)))
+        {
+            {
+                let (single, single_grad) =
+                    shard(hidden_input, (0, BATCH), path, Reducer::Local, device_count)?;
+                let (host, host_grad) =
+                    shard(hidden_input, (0, BATCH), path, Reducer::Local, false)?;
+                for (a, b) in single
+                    .iter()
+                    .zip(&host)
+                    .chain(single_grad.iter().zip(&host_grad))
+                {
+                    assert!((a - b).abs() < 1e-12, "{path:?}, hidden {hidden_input}: counted on the device {a} vs on the host {b}");
+                }
                 // Worker 1's shard holds only padding targets (element 3).
                 let ranges = [(0, 3), (3, 1)];
                 let workers = std::thread::scope(|s| {
@@ -205,7 +232,13 @@ mod tests {
                         .zip(ranges)
                         .map(|(reduce, range)| {
                             s.spawn(move || {
-                                shard(hidden_input, range, path, Reducer::Group(&reduce))
+                                shard(
+                                    hidden_input,
+                                    range,
+                                    path,
+                                    Reducer::Group(&reduce),
+                                    device_count,
+                                )
                             })
                         })
                         .collect();
@@ -216,7 +249,7 @@ mod tests {
                 })?;
                 let per_element = single_grad.len() / BATCH;
                 for ((scalars, grad), (start, len)) in workers.iter().zip(ranges) {
-                    let what = format!("{path:?}, hidden {hidden_input}, shard {start}+{len}");
+                    let what = format!("{path:?}, hidden {hidden_input}, device count {device_count}, shard {start}+{len}");
                     for (a, b) in scalars.iter().zip(&single) {
                         assert!((a - b).abs() < 1e-12, "{what}: {scalars:?} vs {single:?}");
                     }
@@ -227,6 +260,120 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The cross-entropy with its targets counted on the device (a GPU's path with the value
+    /// checks off), run on the CPU: the host-counted numbers for every reduction and option,
+    /// from logits and hidden states, on the kernels and the composed ops, with no read to the
+    /// host; a target out of the vocabulary gives NaN (the mean, the sum, that position) instead
+    /// of an error, and a mean over only padding NaN.
+    #[test]
+    fn targets_counted_on_the_device_give_the_host_numbers_and_nan_for_bad_ones() -> Result<()> {
+        let dev = Device::Cpu;
+        let logits = values(&[2, 3, VOCAB], 2.0, 0.3)?;
+        let hidden = values(&[2, 3, DIM], 1.5, 0.1)?;
+        let proj = Linear::new(
+            values(&[VOCAB, DIM], 1.0, 0.4)?,
+            Some(values(&[VOCAB], 0.5, 0.7)?),
+        );
+        let blocks = HiddenConfig::default();
+        let good = Tensor::new(&[[1u32, 2, 0], [3, 0, 6]], &dev)?;
+        let bad = Tensor::new(&[[1u32, 2, 0], [3, 9, 6]], &dev)?;
+        let padding = Tensor::new(&[[0u32, 0, 0], [0, 0, 0]], &dev)?;
+        let mut checked = 0;
+        for (hidden_input, path) in [
+            (false, Path::Kernels),
+            (false, Path::Composed),
+            (true, Path::Kernels),
+            (true, Path::Composed),
+        ] {
+            for reduction in [
+                CrossEntropyReduction::Mean,
+                CrossEntropyReduction::Sum,
+                CrossEntropyReduction::None,
+            ] {
+                for (z_loss, token_accuracy, softcap) in
+                    [(0.0, false, None), (1e-2, true, Some(3.0))]
+                {
+                    let cfg = CrossEntropyConfig {
+                        pad_id: Some(0),
+                        label_smoothing: 0.1,
+                        reduction,
+                        z_loss,
+                        token_accuracy,
+                        softcap,
+                        ..Default::default()
+                    };
+                    let run = |targets: &Tensor, on_device: bool| -> Result<(Vec<Vec<f64>>, u64)> {
+                        COUNT_TARGETS_ON_DEVICE.with(|on| on.set(on_device));
+                        let x = Var::from_tensor(if hidden_input { &hidden } else { &logits })?;
+                        let input = if hidden_input {
+                            Hypotheses::Hidden {
+                                hidden: x.as_tensor(),
+                                proj: &proj,
+                                blocks: &blocks,
+                            }
+                        } else {
+                            Hypotheses::Logits(x.as_tensor())
+                        };
+                        let before = host_copies();
+                        let out = cross_entropy(input, targets, &cfg, path, Reducer::Local);
+                        let copies = host_copies() - before;
+                        COUNT_TARGETS_ON_DEVICE.with(|on| on.set(false));
+                        let out = out?;
+                        let grad = out.loss.sum_all()?.backward()?;
+                        let mut all = vec![out.loss.flatten_all()?.to_vec1::<f64>()?];
+                        for t in out.z_loss.iter().chain(&out.token_accuracy) {
+                            all.push(t.flatten_all()?.to_vec1::<f64>()?);
+                        }
+                        all.push(
+                            grad.get(x.as_tensor())
+                                .expect("a gradient")
+                                .flatten_all()?
+                                .to_vec1::<f64>()?,
+                        );
+                        Ok((all, copies))
+                    };
+                    let what = format!("hidden {hidden_input}, {path:?}, {reduction:?}, z {z_loss}, accuracy {token_accuracy}");
+                    let (host, _) = run(&good, false)?;
+                    let (device, copies) = run(&good, true)?;
+                    assert_eq!(copies, 0, "{what}: reads to the host");
+                    assert_eq!(host.len(), device.len(), "{what}");
+                    for (a, b) in host.iter().flatten().zip(device.iter().flatten()) {
+                        assert!(
+                            (a - b).abs() <= 1e-12 * (1.0 + a.abs()),
+                            "{what}: host {a} vs device {b}"
+                        );
+                    }
+                    // Target 9 >= V = 7 at [1, 1]: an error when read, NaN when not.
+                    let err = run(&bad, false).unwrap_err().to_string();
+                    assert!(err.contains("out of the vocabulary"), "{what}: {err}");
+                    let (poisoned, _) = run(&bad, true)?;
+                    let loss = &poisoned[0];
+                    match reduction {
+                        CrossEntropyReduction::None => {
+                            for (k, value) in loss.iter().enumerate() {
+                                assert_eq!(
+                                    value.is_nan(),
+                                    k == 4,
+                                    "{what}: position {k} = {value}"
+                                );
+                            }
+                        }
+                        _ => assert!(loss[0].is_nan(), "{what}: {loss:?}"),
+                    }
+                    if reduction == CrossEntropyReduction::Mean {
+                        let err = run(&padding, false).unwrap_err().to_string();
+                        assert!(err.contains("pad_id"), "{what}: {err}");
+                        let (only_padding, _) = run(&padding, true)?;
+                        assert!(only_padding[0][0].is_nan(), "{what}: {:?}", only_padding[0]);
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 3 * 2);
         Ok(())
     }
 }

@@ -49,7 +49,7 @@ pub(crate) fn cross_entropy_call<'a>(
     let path = path.for_options(input.device(), beyond_plain_kernels(cfg));
     softcap_with_blocks(cfg, &input)?;
     let shaped = shaped(input, path, false)?;
-    let targets = input_targets(&shaped.shape(), targets, cfg)?;
+    let targets = input_targets(&shaped.shape(), targets, cfg, cfg.check_values)?;
     Ok((shaped.finish(false, cfg.softcap)?, targets))
 }
 
@@ -98,7 +98,9 @@ pub(crate) fn training_call<'a>(
     let shaped = shaped(input, path, cfg.bleu.check_values)?;
     let targets = {
         let shape = shaped.shape();
-        let targets = input_targets(&shape, targets, &cfg.ce)?;
+        // Either config's `check_values` reads the targets (one small copy off the CPU).
+        let check_targets = cfg.ce.check_values || cfg.bleu.check_values;
+        let targets = input_targets(&shape, targets, &cfg.ce, check_targets)?;
         bleu_arguments(&shape, hyp_lengths, refs, &cfg.bleu)?;
         targets
     };

@@ -10,22 +10,36 @@ use crate::loss::references::References;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// Checked cross-entropy targets: u32 `[B, S]` on the hypotheses' device, each `< V` or the
-/// padding id.
+/// padding id — the caller's tensor, or, when the values were not read
+/// ([`TargetCount::Device`]), a copy made on the device with every out-of-vocabulary target
+/// replaced by a valid id, so that no kernel reads outside a row.
 pub(crate) struct CheckedTargets<'a> {
-    pub targets: &'a Tensor,
+    pub targets: std::borrow::Cow<'a, Tensor>,
     pub terms: CrossEntropyTerms,
-    /// `n`, the number of non-pad targets; 0 is refused by the reduction stage
-    /// (`reduce::Reducer::divide`) on the sum it reduces over, not here.
-    pub count: usize,
-    /// `Σ w_t` over the non-pad targets with class weights (`n` without them): the weighted
-    /// mean's denominator.
-    pub weight_sum: f64,
+    /// `n`, the number of non-pad targets, read on the host or left on the device. A host 0 is
+    /// refused by the reduction stage (`reduce::Reducer::divide`) on the sum it reduces over,
+    /// not here.
+    pub count: TargetCount,
     /// Which mean the reduction stage takes, set by it (`reduce::Reducer::divide`): the mean
     /// over this batch (divided by `n`, or `Σ w_t` with class weights), or none (a sum, each
     /// position's loss, a data-parallel shard's sum). [`Division::None`] until then.
     pub division: Division,
     /// How the token losses are reduced.
     pub reduction: CrossEntropyReduction,
+}
+
+/// The count of non-pad targets.
+pub(crate) enum TargetCount {
+    /// Read on the host (on the CPU in place, elsewhere one small copy): `n`, and `Σ w_t` over
+    /// the non-pad targets with class weights (`n` without them), the weighted mean's
+    /// denominator.
+    Host { count: usize, weight_sum: f64 },
+    /// Left on the device — off the CPU with the value checks off and no class weights — so
+    /// that the loss makes no device-to-host copy: `n` as an f32 scalar, and f32 `[B, S]` with
+    /// 1 where a non-pad target is `>= V` (replaced in [`CheckedTargets::targets`]; the
+    /// reduction stage makes the loss NaN there instead of reading outside the row). A batch of
+    /// only padding then gives a NaN mean rather than an error.
+    Device { count: Tensor, out_of_vocab: Tensor },
 }
 
 /// The mean the reduction stage takes of the cross-entropy's row terms, said explicitly (never
@@ -38,16 +52,30 @@ pub(crate) enum Division {
     Mean,
     /// The mean over this batch weighted by class weights: divided by `Σ w_t`.
     WeightedMean,
+    /// The mean over this batch's non-pad targets counted on the device
+    /// ([`TargetCount::Device`]): the rows are summed with weight 1 and the sum divided by the
+    /// count tensor.
+    MeanOnDevice,
 }
 
 impl CheckedTargets<'_> {
     /// What each non-pad row's term is divided by: `n`, `Σ w_t`, or 1, as
     /// [`Self::division`] says.
     pub(crate) fn divisor(&self) -> f64 {
-        match self.division {
-            Division::None => 1.0,
-            Division::Mean => self.count as f64,
-            Division::WeightedMean => self.weight_sum,
+        match (self.division, &self.count) {
+            (Division::None | Division::MeanOnDevice, _) => 1.0,
+            (Division::Mean, TargetCount::Host { count, .. }) => *count as f64,
+            (Division::WeightedMean, TargetCount::Host { weight_sum, .. }) => *weight_sum,
+            // `Reducer::divide` never pairs a host mean with a device count.
+            (Division::Mean | Division::WeightedMean, TargetCount::Device { .. }) => f64::NAN,
+        }
+    }
+
+    /// `n` read on the host, or `None` where it stayed on the device.
+    pub(crate) fn host_count(&self) -> Option<usize> {
+        match self.count {
+            TargetCount::Host { count, .. } => Some(count),
+            TargetCount::Device { .. } => None,
         }
     }
 
@@ -59,18 +87,23 @@ impl CheckedTargets<'_> {
     /// The z-term's row weight over the cross-entropy's: `Σ w_t / n` for a local weighted
     /// mean (the z-term's mean divides by the count, as Liger's does), 1 otherwise.
     pub(crate) fn z_ratio(&self) -> f64 {
-        match self.division {
-            Division::WeightedMean if self.count > 0 => self.weight_sum / self.count as f64,
+        match (self.division, &self.count) {
+            (Division::WeightedMean, TargetCount::Host { count, weight_sum }) if *count > 0 => {
+                weight_sum / *count as f64
+            }
             _ => 1.0,
         }
     }
 }
 
 /// The cross-entropy's targets checked against the hypotheses' `[B, S, V]`.
+/// Off the CPU the values are read (one small copy) only with `check_values` or class weights;
+/// otherwise they stay on the device ([`TargetCount::Device`]).
 pub(super) fn input_targets<'a>(
     shape: &HypothesisShape,
     targets: &'a Tensor,
     cfg: &CrossEntropyConfig,
+    check_values: bool,
 ) -> Result<CheckedTargets<'a>> {
     // "the [B, S] of `logits` [2, 3, 7]"; the hidden states' own description names both.
     let described = match shape.name {
@@ -87,6 +120,7 @@ pub(super) fn input_targets<'a>(
         &described,
         shape.device,
         cfg,
+        check_values,
     )
 }
 
@@ -173,8 +207,9 @@ pub(super) fn reference_arguments(hyp: &HypothesisShape, refs: &References) -> R
 /// argument `name`, described in `described`), the label smoothing, and the values: each
 /// `< V` or the padding id; counts the non-pad ones (the rule that at least one counts is the
 /// reduction stage's, on the sum it reduces over). On the CPU the values are read in place;
-/// elsewhere the largest non-pad target and the count come back in one small counted copy (in
-/// u32: no f64, which Metal lacks).
+/// elsewhere, with `check_values` (or class weights, whose `Σ w_t` the mean needs), the
+/// largest non-pad target and the count come back in one small counted copy (in u32: no f64,
+/// which Metal lacks); without, nothing is read ([`device_count`]).
 fn checked_targets<'a>(
     targets: &'a Tensor,
     (batch, seq, vocab): (usize, usize, usize),
@@ -182,6 +217,7 @@ fn checked_targets<'a>(
     described: &str,
     device: &Device,
     cfg: &CrossEntropyConfig,
+    check_values: bool,
 ) -> Result<CheckedTargets<'a>> {
     if targets.dtype() != DType::U32 || targets.dims() != [batch, seq] {
         bail!(
@@ -246,6 +282,23 @@ fn checked_targets<'a>(
         }
         Ok((count, weight_sum))
     };
+    let terms = CrossEntropyTerms {
+        pad_id,
+        label_smoothing: eps,
+        class_weights: cfg.class_weights.clone(),
+        z_loss: cfg.z_loss,
+        token_accuracy: cfg.token_accuracy,
+    };
+    if counts_on_device(targets.device(), check_values) && class_weights.is_none() {
+        let (safe_targets, count) = device_count(targets, vocab, pad_id)?;
+        return Ok(CheckedTargets {
+            targets: std::borrow::Cow::Owned(safe_targets),
+            terms,
+            count,
+            division: Division::None,
+            reduction: cfg.reduction,
+        });
+    }
     let (count, weight_sum) = if targets.device().is_cpu() {
         host::with_cpu_slice::<u32, _>(targets, scan)?
     } else if class_weights.is_some() {
@@ -273,21 +326,63 @@ fn checked_targets<'a>(
         (count as usize, 0.0)
     };
     Ok(CheckedTargets {
-        targets,
-        terms: CrossEntropyTerms {
-            pad_id,
-            label_smoothing: eps,
-            class_weights: cfg.class_weights.clone(),
-            z_loss: cfg.z_loss,
-            token_accuracy: cfg.token_accuracy,
-        },
-        count,
-        weight_sum: if class_weights.is_some() {
-            weight_sum
-        } else {
-            count as f64
+        targets: std::borrow::Cow::Borrowed(targets),
+        terms,
+        count: TargetCount::Host {
+            count,
+            weight_sum: if class_weights.is_some() {
+                weight_sum
+            } else {
+                count as f64
+            },
         },
         division: Division::None,
         reduction: cfg.reduction,
     })
+}
+
+/// Whether targets on `device` are counted on the device, unread: off the CPU without
+/// `check_values` (and, in the crate's unit tests, on the CPU when
+/// [`COUNT_TARGETS_ON_DEVICE`] is set, to test that path where CI runs).
+fn counts_on_device(device: &Device, check_values: bool) -> bool {
+    #[cfg(test)]
+    if COUNT_TARGETS_ON_DEVICE.with(|on| on.get()) && !check_values {
+        return true;
+    }
+    !device.is_cpu() && !check_values
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: count the targets on the device on the CPU too ([`counts_on_device`]).
+    pub(crate) static COUNT_TARGETS_ON_DEVICE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The targets counted where they are, with no copy to the host: the non-pad targets in the
+/// vocabulary counted (f32 scalar), the non-pad ones `>= V` marked (f32 `[B, S]`) and replaced
+/// by the padding id (or 0 without one) in the returned copy, which the passes read instead.
+/// Eight small ops on the device.
+fn device_count(
+    targets: &Tensor,
+    vocab: usize,
+    pad_id: Option<u32>,
+) -> Result<(Tensor, TargetCount)> {
+    let vocab = u32::try_from(vocab).unwrap_or(u32::MAX);
+    let in_vocab = targets.lt(vocab)?;
+    let not_pad = match pad_id {
+        Some(pad) => targets.ne(pad)?,
+        None => targets.ones_like()?.to_dtype(DType::U8)?,
+    };
+    let counted = (&in_vocab * &not_pad)?;
+    let out_of_vocab = (&not_pad - &counted)?;
+    let fill = Tensor::full(pad_id.unwrap_or(0), targets.shape(), targets.device())?;
+    let safe_targets = out_of_vocab.where_cond(&fill, targets)?;
+    let count = counted.to_dtype(DType::F32)?.sum_all()?;
+    Ok((
+        safe_targets,
+        TargetCount::Device {
+            count,
+            out_of_vocab: out_of_vocab.to_dtype(DType::F32)?,
+        },
+    ))
 }
