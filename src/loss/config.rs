@@ -257,7 +257,8 @@ pub struct CrossEntropyConfig {
     pub token_accuracy: bool,
     /// Off the CPU, also read the targets to the host (one small copy, which stalls a GPU
     /// stream) to check their values and count them: a target `>= V` that is not `pad_id`, and
-    /// a mean over only padding, are then errors. Default `false`: nothing is read; the count
+    /// a mean over only padding, are then errors. Default `false`: nothing is read (with the
+    /// `cuda-unverified` feature; without it, off the CPU the targets are still read); the count
     /// stays on the device, a target `>= V` makes the loss NaN (the mean, the sum, or that
     /// position's loss; no kernel reads outside its row) and a mean over only padding is NaN,
     /// as PyTorch's `F.cross_entropy` gives. Class weights always read the targets (the
