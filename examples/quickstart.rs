@@ -47,6 +47,13 @@ fn main() -> Result<()> {
         Device::cuda_if_available(0)?
     };
     println!("device: {:?}", device.location());
+    // With `cuda-unverified`: keep freed memory in the CUDA memory pool between steps (as
+    // PyTorch's caching allocator does), said here rather than set silently.
+    #[cfg(feature = "cuda-unverified")]
+    if device.is_cuda() {
+        let previous = candle_bleu::cuda_pool::set_pool_release_threshold(&device, u64::MAX)?;
+        println!("CUDA memory pool: release threshold {previous} -> max");
+    }
     let mut rng = StdRng::seed_from_u64(0);
     let (batch, seq, vocab) = (4, 6, 10);
     // References [B, R, T]: up to two per sentence; trailing PAD is padding, and a row of

@@ -1,6 +1,7 @@
 //! Device selection for every research example, candle-examples'
 //! convention: the GPU the binary was built for (`--features cuda` or `--features metal`) when
-//! one is available, else the CPU; `--cpu` forces the CPU.
+//! one is available, else the CPU; `--cpu` forces the CPU. With `cuda-unverified` a CUDA
+//! device's memory pool keeps freed memory (`candle_bleu::cuda_pool`), said on stdout.
 
 use candle_core::{utils, Device, DeviceLocation};
 
@@ -30,5 +31,23 @@ pub fn device(cpu: bool) -> Device {
         DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     };
     println!("device: {name}");
+    keep_freed_memory(&device);
     device
+}
+
+/// Raises a CUDA device's memory-pool release threshold to keep every freed byte, as PyTorch's
+/// caching allocator does (candle's default, 0, hands freed memory back to the driver at each
+/// synchronisation and allocates it again the next step), and says so on stdout; nothing on
+/// other devices or without `cuda-unverified` (the knob has not yet run on a GPU).
+fn keep_freed_memory(device: &Device) {
+    #[cfg(feature = "cuda-unverified")]
+    if device.is_cuda() {
+        match candle_bleu::cuda_pool::set_pool_release_threshold(device, u64::MAX) {
+            Ok(previous) => println!(
+                "CUDA memory pool: release threshold raised from {previous} bytes to the maximum (freed memory is kept for the next step)"
+            ),
+            Err(e) => eprintln!("CUDA memory pool: the release threshold was left as it is ({e})"),
+        }
+    }
+    let _ = device;
 }
