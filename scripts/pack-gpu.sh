@@ -16,13 +16,16 @@
 #   bins/cuda/bench_cuda   the `cuda` bench, --features cuda,nccl,cuda-unverified: it adds the
 #                          host/device timing per step (CUDA events), not yet run on a GPU
 #   bins/cuda/ctc_loss_unverified, ctc_bleu_unverified, ctc_fmeasure_unverified,
-#   ce_options_unverified, cuda_kernels_unverified,
+#   ce_options_unverified, cuda_kernels_unverified, loss_host_copies_unverified,
 #   lib_unit_unverified    tests/ctc_loss.rs, tests/ctc_bleu.rs, tests/ctc_fmeasure.rs,
-#                          tests/ce_options.rs, tests/cuda_kernels.rs and the unit tests,
+#                          tests/ce_options.rs, tests/cuda_kernels.rs,
+#                          tests/loss_host_copies.rs and the unit tests,
 #                          --features cuda,nccl,cuda-unverified: the CTC loss on its CUDA kernels
 #                          (ctc.cu, no host copy of the targets), the BLEU loss and NMLA's
 #                          F-measure on CTC outputs on theirs (ngrams.cu), the cross-entropy's
-#                          options and f16/bf16 logits on ce_options.cu
+#                          options and f16/bf16 logits on ce_options.cu, the hidden-state
+#                          path through the row op's kernels, the cross-entropy's targets
+#                          counted on the device (no host copy)
 #
 # The builds go through scripts/build-cuda.sh (target/cuda; incremental: seconds when already
 # built) and the binaries are the exact ones cargo reports (--message-format=json), not globbed
@@ -84,12 +87,13 @@ pick bench_cuda bench cuda "$listing"
 echo "pack-gpu: building the unverified kernels' tests (--features cuda,nccl,cuda-unverified)" >&2
 listing="$(executables test --no-run --release -p candle-bleu \
     --features cuda,nccl,cuda-unverified --lib --test ctc_loss --test ce_options \
-    --test cuda_kernels --test ctc_bleu --test ctc_fmeasure)"
+    --test cuda_kernels --test ctc_bleu --test ctc_fmeasure --test loss_host_copies)"
 pick ctc_loss_unverified test ctc_loss "$listing"
 pick ctc_bleu_unverified test ctc_bleu "$listing"
 pick ctc_fmeasure_unverified test ctc_fmeasure "$listing"
 pick ce_options_unverified test ce_options "$listing"
 pick cuda_kernels_unverified test cuda_kernels "$listing"
+pick loss_host_copies_unverified test loss_host_copies "$listing"
 pick lib_unit_unverified lib candle_bleu "$listing"
 if [[ "${EXAMPLES:-1}" != 0 ]]; then
     listing="$(executables build --release -p candle-bleu-research --features cuda,nccl \
