@@ -17,8 +17,26 @@ use candle_bleu::loss::{
 };
 use candle_core::{Device, Result, Tensor, Var};
 
+/// The forward graph's ops that write memory of their own, the logits' storage aside: nodes
+/// sharing a storage with another are views (`reshape`, `narrow`, `unsqueeze`, a broadcast, a
+/// transpose), which launch nothing on CUDA. Each other node is one kernel launch there (or
+/// more: a custom op may launch several), so this is the forward's launch count to within those.
+fn launching_nodes(loss: &Tensor) -> usize {
+    let mut storages = std::collections::HashSet::new();
+    for node in loss.sorted_nodes() {
+        let (storage, _) = node.storage_and_layout();
+        storages.insert(&*storage as *const candle_core::Storage as usize);
+    }
+    storages.len() - 1
+}
+
 /// The tracked forward nodes of a CE + BLEU step of `form` on `[batch, seq, 50]` logits.
 fn forward_nodes(form: Form, (batch, seq): (usize, usize)) -> Result<usize> {
+    Ok(forward_graph(form, (batch, seq))?.sorted_nodes().len())
+}
+
+/// The loss of a CE + BLEU step of `form` on `[batch, seq, 50]` logits.
+fn forward_graph(form: Form, (batch, seq): (usize, usize)) -> Result<Tensor> {
     let dev = Device::Cpu;
     let vocab = 50;
     let logits = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, seq, vocab), &dev)?)?;
@@ -43,7 +61,31 @@ fn forward_nodes(form: Form, (batch, seq): (usize, usize)) -> Result<usize> {
         &TrainingTargets::new(&targets, &refs),
         &cfg,
     )?;
-    Ok(step.loss.sorted_nodes().len())
+    Ok(step.loss)
+}
+
+/// Of the tracked ops, those that launch a kernel on CUDA (views aside): the measure the issue's
+/// target of ≤ 20 launches per step counts, held at today's forward counts as ceilings.
+#[test]
+fn a_steps_forward_launches_at_or_under_todays() -> Result<()> {
+    // Today's counts (2026-11-29) at [B, S] = [4, 12]: the forward alone.
+    for (form, ceiling) in [
+        (Form::Expected, 45),
+        (Form::LowerBound, 57),
+        (Form::Paired, 100),
+    ] {
+        let loss = forward_graph(form, (4, 12))?;
+        let (nodes, launches) = (loss.sorted_nodes().len(), launching_nodes(&loss));
+        println!(
+            "{form:?}: {launches} of {nodes} tracked forward ops write memory (launch on CUDA)"
+        );
+        assert!(launches < nodes, "{form:?}: views should not count");
+        assert!(
+            launches <= ceiling,
+            "{form:?}: {launches} forward launches, more than today's {ceiling}"
+        );
+    }
+    Ok(())
 }
 
 #[test]
