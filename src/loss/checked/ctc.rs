@@ -222,7 +222,8 @@ fn ctc_targets(
 /// The arguments of a CTC loss on `name` (`log_probs`, or `logits` when `from_logits`),
 /// checked: the input, the targets and both lengths, each input length `>= 1`, `cfg.blank`.
 /// Where the CUDA kernels run with `cfg.check_values` off (`cuda-unverified`), the targets and
-/// lengths stay on the device: their dtypes, shapes and device are checked, not their values.
+/// lengths stay on the device: their dtypes, shapes and device are checked, not their values;
+/// and an f16/bf16 input stays in its dtype (elsewhere it is converted to f32).
 /// The frames within the input lengths are checked for NaN and `+inf` (and `-inf` from logits)
 /// where the path's kernel does not find them in its own pass: on the CPU in place, off it
 /// only with `cfg.check_values` (one counted copy).
@@ -277,7 +278,9 @@ pub(crate) fn ctc_call(
             cfg.zero_infinity,
         )?;
         return Ok(CheckedCtc {
-            input: input.to_dtype(dtype)?.contiguous()?,
+            // f16/bf16 as they are: the kernels read them natively (no f32 copy of the input)
+            // and write the gradient in their dtype; the losses come back in f32.
+            input: input.contiguous()?,
             targets: CtcTargets::Device(alignments),
             path,
         });

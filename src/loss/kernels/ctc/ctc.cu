@@ -15,6 +15,11 @@
 // `check_values`) may be out of range: an element whose alignment inputs are (ctc_element_in_range)
 // gets a NaN loss and NaN gradients in all its frames, and no read outside the buffers.
 //
+// Dtypes: f32 and f64 inputs are computed in their own type; f16 and bf16 inputs (float16.cu's
+// storage) are read as they are and computed in float — the output in f32, the input's gradient
+// in its own type, each element rounded once — so the training path makes no f32 copy of a
+// 16-bit input (the n-gram programs of ngrams.cu take f32 or f64 only).
+//
 // Workspaces (allocated by the launcher, [B, T, S_max] doubles with S_max = 2L + 1): alpha, and
 // in the backward the state occupancies gamma; two beta rows [B, 2, S_max]; the per-element
 // gradient scale [B]. Values the CPU kernel refuses (NaN or +inf input within the input lengths,
@@ -74,23 +79,24 @@ __device__ __forceinline__ double ctc_log_add3(double a, double b, double c) {
 }
 
 // The emission log y_t(l'_s) in double: x - lse from logits (lse as stored in the output, so that
-// forward and backward see the same numbers), x from log-probabilities.
-template <typename T>
-__device__ __forceinline__ double ctc_emission(const T* __restrict__ x_t, const T* __restrict__ out_b,
+// forward and backward see the same numbers), x from log-probabilities. `S` is the input's
+// storage type (f16/bf16 read as they are, float16.cu), `T` the output's and the arithmetic's.
+template <typename S, typename T>
+__device__ __forceinline__ double ctc_emission(const S* __restrict__ x_t, const T* __restrict__ out_b,
                                                u32 from_logits, u32 t, u32 label) {
-    const double v = (double)x_t[label];
+    const double v = (double)to_acc(x_t[label]);
     return from_logits ? v - (double)out_b[1 + t] : v;
 }
 
 // alpha [frames, S] of element b into `alpha` (rows of s_max), -inf off the window; returns
 // log p(l | x) to every thread.
-template <typename T>
-__device__ double ctc_alpha_rows(const T* __restrict__ x, const u32* __restrict__ target,
+template <typename S, typename T>
+__device__ double ctc_alpha_rows(const S* __restrict__ x, const u32* __restrict__ target,
                                  const T* __restrict__ out_b, double* __restrict__ alpha,
                                  u32 frames, u32 states, u32 s_max, u32 vocab, u32 blank,
                                  u32 from_logits) {
     for (u32 t = 0; t < frames; ++t) {
-        const T* x_t = x + (unsigned long long)t * vocab;
+        const S* x_t = x + (unsigned long long)t * vocab;
         double* row = alpha + (unsigned long long)t * s_max;
         u32 lo, hi;
         ctc_window(states, frames, t, lo, hi);
@@ -120,8 +126,8 @@ __device__ double ctc_alpha_rows(const T* __restrict__ x, const u32* __restrict_
 
 // One block per frame row (b, t): out[b, 1 + t] = log Σ_v exp(x[b, t, v]) (NaN if a logit is not
 // finite), 0 past the input length.
-template <typename T>
-__device__ void ctc_lse(const T* __restrict__ x, const u32* __restrict__ input_lengths,
+template <typename S, typename T>
+__device__ void ctc_lse(const S* __restrict__ x, const u32* __restrict__ input_lengths,
                         T* __restrict__ out, u32 frames_max, u32 vocab) {
     const unsigned long long r = blockIdx.x;
     const u32 b = (u32)(r / frames_max), t = (u32)(r % frames_max);
@@ -138,8 +144,8 @@ __device__ void ctc_lse(const T* __restrict__ x, const u32* __restrict__ input_l
 
 // One block per element b: the loss out[b, 0] = -log p(l | x) (+inf, or 0 with zero_infinity,
 // when no alignment has a probability).
-template <typename T>
-__device__ void ctc_alpha(const T* __restrict__ x, const u32* __restrict__ targets,
+template <typename S, typename T>
+__device__ void ctc_alpha(const S* __restrict__ x, const u32* __restrict__ targets,
                           const u32* __restrict__ input_lengths,
                           const u32* __restrict__ target_lengths, T* __restrict__ out,
                           double* __restrict__ alpha, u32 frames_max, u32 vocab, u32 target_max,
@@ -172,8 +178,8 @@ __device__ void ctc_alpha(const T* __restrict__ x, const u32* __restrict__ targe
 // in `beta`), and the occupancies gamma_t(s) = exp(alpha + beta - log p) into `gamma` ([T, S_max]
 // per element, 0 off the window and past the input length); scale[b] = the upstream gradient of
 // the loss, or 0 for an infinite loss (whose gradient is 0, as on the CPU).
-template <typename T>
-__device__ void ctc_beta(const T* __restrict__ x, const u32* __restrict__ targets,
+template <typename S, typename T>
+__device__ void ctc_beta(const S* __restrict__ x, const u32* __restrict__ targets,
                          const u32* __restrict__ input_lengths,
                          const u32* __restrict__ target_lengths, const T* __restrict__ out,
                          const T* __restrict__ grad_out, double* __restrict__ alpha,
@@ -183,7 +189,7 @@ __device__ void ctc_beta(const T* __restrict__ x, const u32* __restrict__ target
     const u32 b = blockIdx.x;
     const u32 s_max = 2 * target_max + 1;
     const u32 frames = input_lengths[b], states = 2 * target_lengths[b] + 1;
-    const T* xb = x + (unsigned long long)b * frames_max * vocab;
+    const S* xb = x + (unsigned long long)b * frames_max * vocab;
     const u32* target = targets + (unsigned long long)b * target_max;
     const T* out_b = out + (unsigned long long)b * width;
     double* alpha_b = alpha + (unsigned long long)b * frames_max * s_max;
@@ -219,7 +225,7 @@ __device__ void ctc_beta(const T* __restrict__ x, const u32* __restrict__ target
         }
         if (t == 0) break;  // every thread alike
         // beta_{t-1}(s) = log Σ_{s' in {s, s+1, s+2 if a skip}} exp(beta_t(s') + em_t(s')).
-        const T* x_t = xb + (unsigned long long)t * vocab;
+        const S* x_t = xb + (unsigned long long)t * vocab;
         u32 lo_prev, hi_prev;
         ctc_window(states, frames, t - 1, lo_prev, hi_prev);
         for (u32 s = threadIdx.x; s < states; s += CTC_BLOCK) {
@@ -254,34 +260,34 @@ __device__ __forceinline__ bool ctc_first_of_label(const u32* __restrict__ targe
 
 // One block per frame row (b, t): grad = scale (softmax(x) - posterior) from logits, -scale
 // posterior from log-probabilities, with posterior(v) = Σ_{s: l'_s = v} gamma_t(s); 0 past the
-// input length and for an infinite loss.
-template <typename T>
-__device__ void ctc_grad_rows(const T* __restrict__ x, const u32* __restrict__ targets,
+// input length and for an infinite loss. Each element is computed in double and rounded once to
+// the input's storage type `S` (a label's dense part is recomputed, not read back rounded).
+template <typename S, typename T>
+__device__ void ctc_grad_rows(const S* __restrict__ x, const u32* __restrict__ targets,
                               const u32* __restrict__ input_lengths,
                               const u32* __restrict__ target_lengths, const T* __restrict__ out,
                               const double* __restrict__ gamma, const double* __restrict__ scale,
-                              T* __restrict__ grad, u32 frames_max, u32 vocab, u32 target_max,
+                              S* __restrict__ grad, u32 frames_max, u32 vocab, u32 target_max,
                               u32 width, u32 blank, u32 from_logits) {
+    S* const as_storage = nullptr;  // selects from_acc's overload
     const unsigned long long r = blockIdx.x;
     const u32 b = (u32)(r / frames_max), t = (u32)(r % frames_max);
     const u32 s_max = 2 * target_max + 1;
-    T* g = grad + r * vocab;
+    S* g = grad + r * vocab;
     const double element_scale = scale[b];
     if (element_scale != element_scale) {  // an element out of range (ctc_beta)
-        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = quiet_nan<T>();
+        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = from_acc(quiet_nan<T>(), as_storage);
         return;  // the whole block: no barrier follows
     }
     if (t >= input_lengths[b] || element_scale == 0.0) {
-        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = T(0);
+        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = from_acc(T(0), as_storage);
         return;  // the whole block: no barrier follows
     }
-    const T* x_t = x + r * vocab;
-    if (from_logits) {
-        const double lse = (double)out[(unsigned long long)b * width + 1 + t];
-        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK)
-            g[v] = T(element_scale * exp((double)x_t[v] - lse));
-    } else {
-        for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) g[v] = T(0);
+    const S* x_t = x + r * vocab;
+    const double lse = from_logits ? (double)out[(unsigned long long)b * width + 1 + t] : 0.0;
+    for (u32 v = threadIdx.x; v < vocab; v += CTC_BLOCK) {
+        const double dense = from_logits ? element_scale * exp((double)to_acc(x_t[v]) - lse) : 0.0;
+        g[v] = from_acc(T(dense), as_storage);
     }
     __syncthreads();  // the dense writes are visible before the sparse ones
     const u32* target = targets + (unsigned long long)b * target_max;
@@ -293,39 +299,45 @@ __device__ void ctc_grad_rows(const T* __restrict__ x, const u32* __restrict__ t
         double posterior = 0.0;
         for (u32 j = s; j < states; j += 2)  // the states of one parity
             if (ctc_label(target, blank, j) == label) posterior += gamma_t[j];
-        g[label] = T((double)g[label] - element_scale * posterior);
+        const double dense =
+            from_logits ? element_scale * exp((double)to_acc(x_t[label]) - lse) : 0.0;
+        g[label] = from_acc(T(dense - element_scale * posterior), as_storage);
     }
 }
 
 // ---- entry points: <kernel>_<dtype> -----------------------------------------------------------
 
-#define CTC_INSTANTIATE(SUFFIX, T)                                                               \
+#define CTC_INSTANTIATE(SUFFIX, S, T)                                                               \
     extern "C" __global__ void __launch_bounds__(CTC_BLOCK) ctc_lse_##SUFFIX(                    \
-        const T* x, const u32* input_lengths, T* out, u32 frames_max, u32 vocab) {               \
-        ctc_lse<T>(x, input_lengths, out, frames_max, vocab);                                    \
+        const S* x, const u32* input_lengths, T* out, u32 frames_max, u32 vocab) {               \
+        ctc_lse<S, T>(x, input_lengths, out, frames_max, vocab);                                    \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(CTC_BLOCK) ctc_alpha_##SUFFIX(                  \
-        const T* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
+        const S* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
         T* out, double* alpha, u32 frames_max, u32 vocab, u32 target_max, u32 width, u32 blank,  \
         u32 from_logits, u32 zero_infinity) {                                                    \
-        ctc_alpha<T>(x, targets, input_lengths, target_lengths, out, alpha, frames_max, vocab,   \
+        ctc_alpha<S, T>(x, targets, input_lengths, target_lengths, out, alpha, frames_max, vocab,   \
                      target_max, width, blank, from_logits, zero_infinity);                      \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(CTC_BLOCK) ctc_beta_##SUFFIX(                   \
-        const T* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
+        const S* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
         const T* out, const T* grad_out, double* alpha, double* beta, double* gamma,             \
         double* scale, u32 frames_max, u32 vocab, u32 target_max, u32 width, u32 blank,          \
         u32 from_logits) {                                                                       \
-        ctc_beta<T>(x, targets, input_lengths, target_lengths, out, grad_out, alpha, beta,       \
+        ctc_beta<S, T>(x, targets, input_lengths, target_lengths, out, grad_out, alpha, beta,       \
                     gamma, scale, frames_max, vocab, target_max, width, blank, from_logits);     \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(CTC_BLOCK) ctc_grad_rows_##SUFFIX(              \
-        const T* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
-        const T* out, const double* gamma, const double* scale, T* grad, u32 frames_max,         \
+        const S* x, const u32* targets, const u32* input_lengths, const u32* target_lengths,     \
+        const T* out, const double* gamma, const double* scale, S* grad, u32 frames_max,         \
         u32 vocab, u32 target_max, u32 width, u32 blank, u32 from_logits) {                      \
-        ctc_grad_rows<T>(x, targets, input_lengths, target_lengths, out, gamma, scale, grad,     \
+        ctc_grad_rows<S, T>(x, targets, input_lengths, target_lengths, out, gamma, scale, grad,     \
                          frames_max, vocab, target_max, width, blank, from_logits);              \
     }
 
-CTC_INSTANTIATE(f32, float)
-CTC_INSTANTIATE(f64, double)
+CTC_INSTANTIATE(f32, float, float)
+CTC_INSTANTIATE(f64, double, double)
+// 16-bit inputs (float16.cu), computed in float: the output in f32, the gradient in the input's
+// storage type.
+CTC_INSTANTIATE(f16, f16_storage, float)
+CTC_INSTANTIATE(bf16, bf16_storage, float)

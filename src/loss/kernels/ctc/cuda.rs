@@ -8,7 +8,9 @@
 //! The alignments reach the device as u32 tensors uploaded from the op's checked host copy (a
 //! host-to-device copy, no synchronisation).
 
-use super::launch::{self, CtcArgs, CtcInputs, CtcWorkspace, CTC_FAMILIES, CTC_SOURCE};
+use super::launch::{
+    self, CtcArgs, CtcInputs, CtcWorkspace, CTC_16BIT_FAMILIES, CTC_FAMILIES, CTC_SOURCE,
+};
 use crate::loss::kernels::cuda::{alloc, contiguous_view, run, Buf, KernelModule};
 use crate::loss::kernels::launch::FloatKind;
 use candle_core::backend::BackendStorage;
@@ -22,7 +24,7 @@ pub(crate) const CTC_MODULE: KernelModule = KernelModule {
     file: "ctc.cu",
     source: CTC_SOURCE,
     families: &CTC_FAMILIES,
-    sixteen_bit_families: &[],
+    sixteen_bit_families: &CTC_16BIT_FAMILIES,
 };
 
 /// Whether the CTC kernels run on `device`: a CUDA device whose CTC module compiled and loaded.
@@ -144,7 +146,9 @@ pub(crate) fn forward(
 ) -> Result<CudaStorage> {
     let device = x.device().clone();
     macro_rules! body {
-        ($slice:expr, $float:expr, $t:ty) => {{
+        // `$x_buf` wraps the input's view (f16/bf16 read as they are); `$t` is the output's
+        // and the arithmetic's type (f32 for 16-bit inputs).
+        ($slice:expr, $x_buf:path, $float:expr, $t:ty) => {{
             let x = contiguous_view($slice, layout, "input")?;
             let mut out = alloc::<$t>(&device, args.batch * args.width())?;
             let mut alpha = alloc::<f64>(&device, args.table_len())?;
@@ -154,14 +158,14 @@ pub(crate) fn forward(
                         let plan = launch::ctc_lse(
                             $float,
                             args,
-                            Buf::Floats(&x),
+                            $x_buf(&x),
                             Buf::Ids(input_lengths),
                             Buf::Out(&mut out),
                         )?;
                         run(&CTC_MODULE, &device, plan)?;
                     }
                     let inputs = CtcInputs {
-                        x: Buf::Floats(&x),
+                        x: $x_buf(&x),
                         targets: Buf::Ids(targets),
                         input_lengths: Buf::Ids(input_lengths),
                         target_lengths: Buf::Ids(target_lengths),
@@ -180,10 +184,12 @@ pub(crate) fn forward(
         }};
     }
     Ok(match &x.slice {
-        CudaStorageSlice::F32(slice) => body!(slice, FloatKind::F32, f32),
-        CudaStorageSlice::F64(slice) => body!(slice, FloatKind::F64, f64),
+        CudaStorageSlice::F32(slice) => body!(slice, Buf::Floats, FloatKind::F32, f32),
+        CudaStorageSlice::F64(slice) => body!(slice, Buf::Floats, FloatKind::F64, f64),
+        CudaStorageSlice::F16(slice) => body!(slice, Buf::F16, FloatKind::F16, f32),
+        CudaStorageSlice::BF16(slice) => body!(slice, Buf::BF16, FloatKind::BF16, f32),
         _ => bail!(
-            "candle-bleu CTC kernels: the input must be f32 or f64, got {:?}",
+            "candle-bleu CTC kernels: the input must be a float (f16, bf16, f32, f64), got {:?}",
             x.dtype()
         ),
     })
@@ -199,12 +205,14 @@ pub(crate) fn backward(
 ) -> Result<CudaStorage> {
     let device: CudaDevice = x.device().clone();
     macro_rules! body {
-        ($slice:expr, $float:expr, $t:ty) => {{
+        // The input and its gradient in the input's storage type `$s` (wrapped by `$x_buf` and
+        // `$grad_buf`), the output and its gradient in `$t` (f32 for 16-bit inputs).
+        ($slice:expr, $x_buf:path, $grad_buf:path, $float:expr, $s:ty, $t:ty) => {{
             let x_view = contiguous_view($slice, x_layout, "input")?;
             let out_view = contiguous_view(out.as_cuda_slice::<$t>()?, out_layout, "output")?;
             let grad_view =
                 contiguous_view(grad_out.as_cuda_slice::<$t>()?, grad_layout, "gradient")?;
-            let mut grad = alloc::<$t>(&device, args.batch * args.frames * args.vocab)?;
+            let mut grad = alloc::<$s>(&device, args.batch * args.frames * args.vocab)?;
             let mut alpha = alloc::<f64>(&device, args.table_len())?;
             let mut beta = alloc::<f64>(&device, args.beta_len())?;
             let mut gamma = alloc::<f64>(&device, args.table_len())?;
@@ -212,7 +220,7 @@ pub(crate) fn backward(
             if args.batch > 0 && args.frames > 0 {
                 with_alignments(alignments, |targets, input_lengths, target_lengths| {
                     let inputs = || CtcInputs {
-                        x: Buf::Floats(&x_view),
+                        x: $x_buf(&x_view),
                         targets: Buf::Ids(targets),
                         input_lengths: Buf::Ids(input_lengths),
                         target_lengths: Buf::Ids(target_lengths),
@@ -237,7 +245,7 @@ pub(crate) fn backward(
                         inputs(),
                         Buf::Floats(&out_view),
                         (Buf::WorkIn(&gamma), Buf::WorkIn(&scale)),
-                        Buf::Out(&mut grad),
+                        $grad_buf(&mut grad),
                     )?;
                     run(&CTC_MODULE, &device, plan)
                 })?;
@@ -246,10 +254,27 @@ pub(crate) fn backward(
         }};
     }
     Ok(match &x.slice {
-        CudaStorageSlice::F32(slice) => body!(slice, FloatKind::F32, f32),
-        CudaStorageSlice::F64(slice) => body!(slice, FloatKind::F64, f64),
+        CudaStorageSlice::F32(slice) => {
+            body!(slice, Buf::Floats, Buf::Out, FloatKind::F32, f32, f32)
+        }
+        CudaStorageSlice::F64(slice) => {
+            body!(slice, Buf::Floats, Buf::Out, FloatKind::F64, f64, f64)
+        }
+        CudaStorageSlice::F16(slice) => {
+            body!(slice, Buf::F16, Buf::F16Out, FloatKind::F16, half::f16, f32)
+        }
+        CudaStorageSlice::BF16(slice) => {
+            body!(
+                slice,
+                Buf::BF16,
+                Buf::BF16Out,
+                FloatKind::BF16,
+                half::bf16,
+                f32
+            )
+        }
         _ => bail!(
-            "candle-bleu CTC kernels: the input must be f32 or f64, got {:?}",
+            "candle-bleu CTC kernels: the input must be a float (f16, bf16, f32, f64), got {:?}",
             x.dtype()
         ),
     })

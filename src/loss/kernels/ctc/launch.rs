@@ -12,11 +12,13 @@
 use crate::loss::kernels::launch::{dim_u32, FloatKind, Launch, LaunchDims, Param};
 use candle_core::{bail, Result};
 
-/// The CUDA source of the CTC family's kernels: `kernels.cu` (whose helpers they use), then
-/// `ctc.cu` (the CTC loss) and `ngrams.cu` (the n-gram programs of the BLEU loss on CTC outputs,
-/// planned in `ngrams_launch.rs`).
+/// The CUDA source of the CTC family's kernels: `kernels.cu` (whose helpers they use) and
+/// `float16.cu` (16-bit storage), then `ctc.cu` (the CTC loss) and `ngrams.cu` (the n-gram
+/// programs of the BLEU loss on CTC outputs, planned in `ngrams_launch.rs`).
 pub(crate) const CTC_SOURCE: &str = concat!(
     include_str!("../row/kernels.cu"),
+    "\n",
+    include_str!("../row/float16.cu"),
     "\n",
     include_str!("ctc.cu"),
     "\n",
@@ -36,6 +38,12 @@ pub(crate) const CTC_FAMILIES: [&str; 6] = [
     "ctc_ngram_fwd",
     "ctc_ngram_bwd",
 ];
+
+/// The CTC loss's kernel families also instantiated for 16-bit inputs (`_f16`, `_bf16`: the input
+/// and its gradient in 16 bits, read and written as they are, the output and the arithmetic in
+/// f32). The n-gram programs take f32 or f64 only.
+pub(crate) const CTC_16BIT_FAMILIES: [&str; 4] =
+    ["ctc_lse", "ctc_alpha", "ctc_beta", "ctc_grad_rows"];
 
 /// The sizes and settings every CTC kernel takes.
 #[derive(Debug, Clone, Copy)]

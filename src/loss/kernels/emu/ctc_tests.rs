@@ -3,13 +3,17 @@
 //! and f64, blanks first and last, repeated labels, empty targets, targets too long for their
 //! frames (with and without `zero_infinity`), more states than threads in a block, `-inf`
 //! log-probabilities, and NaN in every padding frame (never read), in several thread orders,
-//! each launch from the plans of `ctc/launch.rs`. Then broken copies of the kernels, caught.
+//! each launch from the plans of `ctc/launch.rs`; f16 and bf16 inputs read as they are, against
+//! the CPU kernel in f32. Then broken copies of the kernels, caught.
 
 use super::module::{EmuModule, ThreadOrder};
-use super::tests::{compare, compile, module, run, spread, Float, Guarded, SOURCE};
+use super::tests::{
+    bits_16, compare, compile, module, run, spread, widen_16, Element, Float, Guarded, SOURCE,
+};
 use crate::loss::kernels::ctc::launch::{self, CtcArgs, CtcInputs, CtcWorkspace};
 use crate::loss::kernels::ctc::op::{CtcAlignments, CtcOp};
-use candle_core::{Device, Tensor, Var};
+use crate::loss::kernels::launch::FloatKind;
+use candle_core::{DType, Device, Tensor, Var};
 
 /// One batch: its sizes, each element's target and input length, and the settings.
 #[derive(Debug, Clone)]
@@ -183,21 +187,44 @@ fn emulated<T: Float>(
     grad_out: &[T],
     order: ThreadOrder,
 ) -> Result<(Vec<T>, Vec<T>), String> {
-    emulated_on(module, case, &case.device_buffers(), (x, grad_out), order)
+    let nan = T::from_f64(f64::NAN);
+    let input = Input {
+        kind: T::KIND,
+        x,
+        unwritten: nan,
+    };
+    emulated_on(
+        module,
+        case,
+        &case.device_buffers(),
+        (input, grad_out),
+        order,
+    )
 }
 
-/// [`emulated`] over the given device buffers (which may hold what the host never checked).
-fn emulated_on<T: Float>(
+/// The input of a launch in its storage type `S` (16-bit inputs as their bits), its
+/// [`FloatKind`], and the value the gradient buffer starts as (NaN), so that an element no thread
+/// writes shows.
+struct Input<'a, S> {
+    kind: FloatKind,
+    x: &'a [S],
+    unwritten: S,
+}
+
+/// [`emulated`] over the given device buffers (which may hold what the host never checked), for
+/// an input in any storage type `S` and the output in `T` (f32 for 16-bit inputs).
+fn emulated_on<S: Element, T: Float>(
     module: &EmuModule,
     case: &CtcCase,
     buffers: &DeviceBuffers,
-    (x, grad_out): (&[T], &[T]),
+    (input, grad_out): (Input<'_, S>, &[T]),
     order: ThreadOrder,
-) -> Result<(Vec<T>, Vec<T>), String> {
+) -> Result<(Vec<T>, Vec<S>), String> {
     let e = |e: candle_core::Error| e.to_string();
     let args = case.args();
+    let kind = input.kind;
     let (nan, nan64) = (T::from_f64(f64::NAN), f64::NAN);
-    let mut x = Guarded::new("x", x);
+    let mut x = Guarded::new("x", input.x);
     let mut targets = Guarded::new("targets", &buffers.targets);
     let mut input_lengths = Guarded::new("input_lengths", &buffers.input_lengths);
     let mut target_lengths = Guarded::new("target_lengths", &buffers.target_lengths);
@@ -212,17 +239,18 @@ fn emulated_on<T: Float>(
     let mut ptrs = inputs();
     if args.from_logits {
         let plan =
-            launch::ctc_lse(T::KIND, &args, ptrs.x, ptrs.input_lengths, out.ptr()).map_err(e)?;
+            launch::ctc_lse(kind, &args, ptrs.x, ptrs.input_lengths, out.ptr()).map_err(e)?;
         run(module, &plan, order)?;
         ptrs = inputs();
     }
-    let plan = launch::ctc_alpha(T::KIND, &args, ptrs, out.ptr(), alpha.ptr()).map_err(e)?;
+    let plan = launch::ctc_alpha(kind, &args, ptrs, out.ptr(), alpha.ptr()).map_err(e)?;
     run(module, &plan, order)?;
     let mut grad_out = Guarded::new("grad_out", grad_out);
     let mut beta = Guarded::filled("beta", args.beta_len(), nan64);
     let mut gamma = Guarded::filled("gamma", args.table_len(), nan64);
     let mut scale = Guarded::filled("scale", args.batch, nan64);
-    let mut grad = Guarded::filled("grad", args.batch * args.frames * args.vocab, nan);
+    let grad_len = args.batch * args.frames * args.vocab;
+    let mut grad = Guarded::filled("grad", grad_len, input.unwritten);
     let workspace = CtcWorkspace {
         alpha: alpha.ptr(),
         beta: beta.ptr(),
@@ -230,7 +258,7 @@ fn emulated_on<T: Float>(
         scale: scale.ptr(),
     };
     let plan = launch::ctc_beta(
-        T::KIND,
+        kind,
         &args,
         inputs(),
         (out.ptr(), grad_out.ptr()),
@@ -239,7 +267,7 @@ fn emulated_on<T: Float>(
     .map_err(e)?;
     run(module, &plan, order)?;
     let plan = launch::ctc_grad_rows(
-        T::KIND,
+        kind,
         &args,
         inputs(),
         out.ptr(),
@@ -248,7 +276,10 @@ fn emulated_on<T: Float>(
     )
     .map_err(e)?;
     run(module, &plan, order)?;
-    for buffer in [&out, &grad_out, &grad, &x] {
+    for buffer in [&out, &grad_out] {
+        buffer.check_guards()?;
+    }
+    for buffer in [&grad, &x] {
         buffer.check_guards()?;
     }
     for buffer in [&alpha, &beta, &gamma, &scale] {
@@ -338,7 +369,12 @@ fn out_of_range_alignments_give_nan_elements_and_no_stray_reads() {
         let x = case.input(11);
         let (want_out, grad_out, want_grad) = cpu_side::<f64>(&case, &x, 11).unwrap();
         for order in ThreadOrder::SOME {
-            let (out, grad) = emulated_on(module(), &case, &buffers, (&x, &grad_out), order)
+            let input = Input {
+                kind: FloatKind::F64,
+                x: &x,
+                unwritten: f64::NAN,
+            };
+            let (out, grad) = emulated_on(module(), &case, &buffers, (input, &grad_out), order)
                 .unwrap_or_else(|e| panic!("{e}"));
             let what = format!("from_logits {from_logits}, {order:?}");
             compare(
@@ -368,6 +404,78 @@ fn out_of_range_alignments_give_nan_elements_and_no_stray_reads() {
             }
         }
     }
+}
+
+/// f16 and bf16 inputs, read as they are (`ctc.cu`'s `_f16`/`_bf16` kernels): the output (f32)
+/// and the gradient (in the input's dtype) against the CPU kernel in f32 on the same rounded
+/// inputs — the output to f32's tolerance, each gradient element within one unit in the last
+/// place of the 16-bit type (the kernels round once from double, the CPU's f32 is rounded
+/// here), NaN exactly where the CPU has NaN; every case, from logits and log-probabilities.
+#[test]
+fn sixteen_bit_inputs_match_the_cpu_kernel_in_f32() {
+    let mut checked = 0;
+    for (i, case) in cases().iter().enumerate() {
+        for dtype in [DType::F16, DType::BF16] {
+            let seed = 100 + i as u64;
+            // The input rounded to 16 bits (NaN padding frames kept), and its exact f32 values.
+            let x64 = case.input(seed);
+            let rounded = Tensor::from_vec(
+                x64.iter().map(|&v| v as f32).collect::<Vec<f32>>(),
+                x64.len(),
+                &Device::Cpu,
+            )
+            .and_then(|t| t.to_dtype(dtype))
+            .expect("a 16-bit input");
+            let bits = bits_16(&rounded);
+            let widened: Vec<f64> = bits.iter().map(|&b| widen_16(b, dtype) as f64).collect();
+            let (want_out, grad_out, want_grad) =
+                cpu_side::<f32>(case, &widened, seed).unwrap_or_else(|e| panic!("{e}"));
+            let (kind, unwritten, ulp) = match dtype {
+                DType::F16 => (FloatKind::F16, 0x7e00u16, 2f64.powi(-10)),
+                _ => (FloatKind::BF16, 0x7fc0u16, 2f64.powi(-7)),
+            };
+            for order in [ThreadOrder::Forward, ThreadOrder::Reverse] {
+                let input = Input {
+                    kind,
+                    x: &bits,
+                    unwritten,
+                };
+                let (out, grad) = emulated_on(
+                    module(),
+                    case,
+                    &case.device_buffers(),
+                    (input, &grad_out),
+                    order,
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                let what = format!(
+                    "{dtype:?}, T = {}, V = {}, from_logits {}, zero_infinity {}, {order:?}",
+                    case.frames, case.vocab, case.from_logits, case.zero_infinity
+                );
+                compare(&format!("{what}: output"), &out, &want_out)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for (k, (&got, &want)) in grad.iter().zip(&want_grad).enumerate() {
+                    let (got, want) = (widen_16(got, dtype) as f64, want as f64);
+                    if want.is_nan() || got.is_nan() {
+                        assert!(
+                            want.is_nan() && got.is_nan(),
+                            "{what}: gradient {k}: {got} vs {want}"
+                        );
+                        continue;
+                    }
+                    // One unit in the last place at the value's magnitude, and the 16-bit
+                    // type's smallest steps near zero.
+                    let tolerance = ulp * want.abs().max(got.abs()) + 1e-6;
+                    assert!(
+                        (got - want).abs() <= tolerance,
+                        "{what}: gradient {k}: {got} vs {want}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, cases().len() * 2 * 2);
 }
 
 #[test]

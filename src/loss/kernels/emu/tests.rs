@@ -8,7 +8,7 @@
 
 use super::module::{EmuModule, ThreadOrder};
 use crate::loss::kernels::cpu::CrossEntropyTerms;
-use crate::loss::kernels::ctc::launch::{CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
+use crate::loss::kernels::ctc::launch::{CTC_16BIT_FAMILIES, CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
 use crate::loss::kernels::launch::{self as shared_launch, FloatKind, Launch};
 use crate::loss::kernels::layout::Pass;
 use crate::loss::kernels::row::launch::{
@@ -26,6 +26,8 @@ use std::sync::OnceLock;
 /// (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`).
 pub(super) const SOURCE: &str = concat!(
     include_str!("../row/kernels.cu"),
+    "\n",
+    include_str!("../row/float16.cu"),
     "\n",
     include_str!("../ctc/ctc.cu"),
     "\n",
@@ -49,9 +51,14 @@ pub(super) fn compile(source: &str) -> EmuModule {
         .chain(&OPTIONS_FAMILIES)
         .copied()
         .collect();
+    let sixteen_bit: Vec<&str> = OPTIONS_16BIT_FAMILIES
+        .iter()
+        .chain(&CTC_16BIT_FAMILIES)
+        .copied()
+        .collect();
     EmuModule::compile(
         source,
-        (&families, &OPTIONS_16BIT_FAMILIES),
+        (&families, &sixteen_bit),
         &["BLOCK", "CTC_BLOCK", "NGRAM_MAX_COUNTS"],
     )
     .unwrap_or_else(|e| panic!("{e}"))
@@ -966,7 +973,7 @@ impl Element for u16 {
 }
 
 /// The bits of a 16-bit CPU tensor (f16 or bf16), flattened.
-fn bits_16(t: &Tensor) -> Vec<u16> {
+pub(super) fn bits_16(t: &Tensor) -> Vec<u16> {
     let flat = t.flatten_all().expect("a tensor");
     match t.dtype() {
         DType::F16 => flat
@@ -985,7 +992,7 @@ fn bits_16(t: &Tensor) -> Vec<u16> {
 }
 
 /// The f32 value of 16-bit `bits` of `dtype`, as `half` widens it.
-fn widen_16(bits: u16, dtype: DType) -> f32 {
+pub(super) fn widen_16(bits: u16, dtype: DType) -> f32 {
     match dtype {
         DType::F16 => half::f16::from_bits(bits).to_f32(),
         _ => half::bf16::from_bits(bits).to_f32(),

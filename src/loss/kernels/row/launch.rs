@@ -41,6 +41,8 @@ pub(crate) const OPTIONS_16BIT_FAMILIES: [&str; 2] = ["row_options_fwd", "row_op
 pub(crate) const OPTIONS_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     "\n",
+    include_str!("float16.cu"),
+    "\n",
     include_str!("ce_options.cu"),
     "\n",
     include_str!("log_softmax.cu")
