@@ -237,47 +237,42 @@ pub(crate) fn hidden_rows(
             filter_below: cfg.filter_below,
             softcap: inputs.softcap,
         })
-    } else if kind == HiddenRowsKind::RowOpBlocks {
-        layout = kernels_layout;
-        let rows = row_op_rows(inputs, gather, targets, paired, layout)?;
-        HiddenBlocks::Composed(ComposedBlocks::forward(
-            &inputs.hidden,
-            &inputs.weight,
-            inputs.bias.as_ref(),
-            Box::new(rows),
-            block_rows,
-        )?)
     } else {
-        layout = kernels_layout.without_statistics();
-        let rows = ComposedRows {
-            ids: ids
-                .map(|ids| {
-                    ids.unsqueeze(1)?
-                        .broadcast_as((batch, seq, width))?
-                        .reshape((batch * seq, width))
-                })
-                .transpose()?,
-            targets: targets
-                .map(|t| -> Result<(Tensor, Tensor)> {
-                    let (safe, mask) = masked_targets(&t.targets, t.terms.pad_id)?;
-                    let weights = mask.to_dtype(inputs.dtype)?.affine(t.inv_count(), 0.0)?;
-                    Ok((safe.flatten_all()?, weights.flatten_all()?))
-                })
-                .transpose()?,
-            terms: targets.map(|t| t.terms.clone()).unwrap_or_default(),
-            class_weights: targets
-                .and_then(|t| t.terms.class_weights.as_deref())
-                .map(|w| class_weight_tensor(w, inputs.dtype, device))
-                .transpose()?,
-            z_ratio: targets.map_or(1.0, |t| t.z_ratio()),
-            softcap: inputs.softcap,
-            layout,
+        let rows: Box<dyn BlockRows> = if kind == HiddenRowsKind::RowOpBlocks {
+            layout = kernels_layout;
+            Box::new(row_op_rows(inputs, gather, targets, paired, layout)?)
+        } else {
+            layout = kernels_layout.without_statistics();
+            Box::new(ComposedRows {
+                ids: ids
+                    .map(|ids| {
+                        ids.unsqueeze(1)?
+                            .broadcast_as((batch, seq, width))?
+                            .reshape((batch * seq, width))
+                    })
+                    .transpose()?,
+                targets: targets
+                    .map(|t| -> Result<(Tensor, Tensor)> {
+                        let (safe, mask) = masked_targets(&t.targets, t.terms.pad_id)?;
+                        let weights = mask.to_dtype(inputs.dtype)?.affine(t.inv_count(), 0.0)?;
+                        Ok((safe.flatten_all()?, weights.flatten_all()?))
+                    })
+                    .transpose()?,
+                terms: targets.map(|t| t.terms.clone()).unwrap_or_default(),
+                class_weights: targets
+                    .and_then(|t| t.terms.class_weights.as_deref())
+                    .map(|w| class_weight_tensor(w, inputs.dtype, device))
+                    .transpose()?,
+                z_ratio: targets.map_or(1.0, |t| t.z_ratio()),
+                softcap: inputs.softcap,
+                layout,
+            })
         };
         HiddenBlocks::Composed(ComposedBlocks::forward(
             &inputs.hidden,
             &inputs.weight,
             inputs.bias.as_ref(),
-            Box::new(rows),
+            rows,
             block_rows,
         )?)
     };

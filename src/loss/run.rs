@@ -139,6 +139,24 @@ mod tests {
         Tensor::from_vec(data, shape, &Device::Cpu)
     }
 
+    /// `x` as hidden states of `proj` in `blocks`, or as logits.
+    fn hypotheses<'a>(
+        hidden_input: bool,
+        x: &'a Tensor,
+        proj: &'a Linear,
+        blocks: &'a HiddenConfig,
+    ) -> Hypotheses<'a> {
+        if hidden_input {
+            Hypotheses::Hidden {
+                hidden: x,
+                proj,
+                blocks,
+            }
+        } else {
+            Hypotheses::Logits(x)
+        }
+    }
+
     /// The loss, cross-entropy and BLEU loss of elements `start..start + len`, and the gradient
     /// of their inputs (logits, or hidden states), with `reducer`.
     fn shard(
@@ -185,15 +203,7 @@ mod tests {
         } else {
             candle_core::Module::forward(&proj, &hidden)?
         })?;
-        let input = if hidden_input {
-            Hypotheses::Hidden {
-                hidden: x.as_tensor(),
-                proj: &proj,
-                blocks: &blocks,
-            }
-        } else {
-            Hypotheses::Logits(x.as_tensor())
-        };
+        let input = hypotheses(hidden_input, x.as_tensor(), &proj, &blocks);
         let out = training(input, &targets, &cfg, path, reducer)?;
         let grad = out.loss.backward()?;
         let grad = grad.get(x.as_tensor()).expect("a gradient");
@@ -308,15 +318,7 @@ mod tests {
                     let run = |targets: &Tensor, on_device: bool| -> Result<(Vec<Vec<f64>>, u64)> {
                         COUNT_TARGETS_ON_DEVICE.with(|on| on.set(on_device));
                         let x = Var::from_tensor(if hidden_input { &hidden } else { &logits })?;
-                        let input = if hidden_input {
-                            Hypotheses::Hidden {
-                                hidden: x.as_tensor(),
-                                proj: &proj,
-                                blocks: &blocks,
-                            }
-                        } else {
-                            Hypotheses::Logits(x.as_tensor())
-                        };
+                        let input = hypotheses(hidden_input, x.as_tensor(), &proj, &blocks);
                         let before = host_copies();
                         let out = cross_entropy(input, targets, &cfg, path, Reducer::Local);
                         let copies = host_copies() - before;
