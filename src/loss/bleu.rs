@@ -162,5 +162,5 @@ pub fn bleu_loss_from_logits_composed(
 /// ```
 pub fn loss_from_stats(stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
     stats_call(stats, cfg)?;
-    Reducer::Local.bleu_loss(stats, cfg)
+    Reducer::Local.bleu_loss(stats, cfg, Path::for_device(stats.matches.device()))
 }

@@ -120,7 +120,7 @@ pub(crate) fn ctc_bleu_on(
     let side = refs.side(cfg.max_order, None, checked.logits.tensor.dtype())?;
     let width = side.first[0].dim(1)?;
     let expected = ctc_counts_pass(&checked, refs, blank, cfg.max_order, width)?;
-    reducer.bleu(ctc_statistics(expected, &side, cfg)?, cfg)
+    reducer.bleu(ctc_statistics(expected, &side, cfg)?, cfg, path)
 }
 
 /// The expected n-gram statistics of CTC outputs' collapsed sequences, before clipping: what

@@ -6,6 +6,8 @@ use super::kernels::ctc::cuda::ctc_kernels_loaded;
 #[cfg(feature = "cuda-unverified")]
 use super::kernels::ctc::ngrams_launch::NGRAM_MAX_ORDER;
 use super::kernels::row::op::{cuda_kernels_loaded, options_kernels_loaded};
+#[cfg(feature = "cuda-unverified")]
+use super::kernels::score::{cuda::score_kernels_loaded, launch::SCORE_MAX_ORDER};
 use candle_core::Device;
 
 /// Which implementation of the passes over the logits runs.
@@ -45,6 +47,19 @@ impl Path {
         if self == Path::Kernels && ctc_kernels_loaded(device) {
             return true;
         }
+        self.runs_cpu_kernels(device)
+    }
+
+    /// Whether the score (`-log BLEU` of the summed statistics) runs as one op on `device`
+    /// (`kernels::score`): the CPU kernel on the CPU, and with the `cuda-unverified` feature its
+    /// CUDA kernels (`score.cu`; tested on the emulator, not yet on a GPU) for orders up to 8
+    /// where they load. Otherwise composed ops, its reference.
+    pub(crate) fn runs_score_kernel(self, device: &Device, max_order: usize) -> bool {
+        #[cfg(feature = "cuda-unverified")]
+        if self == Path::Kernels && max_order <= SCORE_MAX_ORDER && score_kernels_loaded(device) {
+            return true;
+        }
+        let _ = max_order;
         self.runs_cpu_kernels(device)
     }
 

@@ -28,6 +28,7 @@ use super::config::{
     compute_dtype, constant, sum_dtype, BleuLossConfig, BleuLossOutput, BleuStats,
     CrossEntropyOutput, CrossEntropyReduction, Reduction, TrainingLoss,
 };
+use super::dispatch::Path;
 use super::host;
 use super::pipeline::{TokenLosses, TokenMetrics};
 use super::score::neg_log_bleu;
@@ -164,26 +165,38 @@ impl Reducer<'_> {
     }
 
     /// The BLEU loss from the elements' statistics `stats` (returned with it: this process's or
-    /// this worker's own, `[B, N]` and `[B]`).
-    pub(crate) fn bleu(self, stats: BleuStats, cfg: &BleuLossConfig) -> Result<BleuLossOutput> {
-        let loss = self.bleu_loss(&stats, cfg)?;
+    /// this worker's own, `[B, N]` and `[B]`), scored on `path` (`Path::runs_score_kernel`).
+    pub(crate) fn bleu(
+        self,
+        stats: BleuStats,
+        cfg: &BleuLossConfig,
+        path: Path,
+    ) -> Result<BleuLossOutput> {
+        let loss = self.bleu_loss(&stats, cfg, path)?;
         Ok(BleuLossOutput { loss, stats })
     }
 
     /// The BLEU loss of `stats` (`[B, N]` and `[B]`, float): locally the score of their rows
     /// ([`score_rows`]); in a group the score of the global batch, from one all-reduce of
     /// `2·N + 2` numbers (`Corpus`) or 2 (`SentenceMean`). A scalar in the statistics' compute
-    /// dtype (f32 for f16/bf16).
-    pub(crate) fn bleu_loss(self, stats: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
+    /// dtype (f32 for f16/bf16). The score runs as one op where `path` has its kernel
+    /// (`Path::runs_score_kernel`), else as composed ops.
+    pub(crate) fn bleu_loss(
+        self,
+        stats: &BleuStats,
+        cfg: &BleuLossConfig,
+        path: Path,
+    ) -> Result<Tensor> {
         let out_dtype = compute_dtype(stats.matches.dtype())?;
+        let on_kernel = path.runs_score_kernel(stats.matches.device(), cfg.max_order);
         match self {
             Reducer::Local => {
                 let rows = score_rows(stats, sum_dtype(stats.matches.device()), cfg.reduction)?;
-                neg_log_bleu(&rows, cfg, out_dtype)?.to_dtype(out_dtype)
+                neg_log_bleu(&rows, cfg, out_dtype, on_kernel)?.to_dtype(out_dtype)
             }
             Reducer::Group(reduce) => {
-                let parts = global_sums(&bleu_parts(stats, cfg)?, reduce)?;
-                group_bleu_loss(&parts, cfg, out_dtype)
+                let parts = global_sums(&bleu_parts(stats, cfg, on_kernel)?, reduce)?;
+                group_bleu_loss(&parts, cfg, out_dtype, on_kernel)
             }
         }
     }
@@ -196,14 +209,15 @@ impl Reducer<'_> {
         targets: &CheckedTargets,
         stats: BleuStats,
         cfg: &BleuLossConfig,
-        bleu_weight: f64,
+        (bleu_weight, path): (f64, Path),
     ) -> Result<TrainingLoss> {
         let share = token_sum(&losses, targets)?;
+        let on_kernel = path.runs_score_kernel(stats.matches.device(), cfg.max_order);
         let metrics = losses.metrics.as_ref();
         let (cross_entropy, bleu_loss, (z_loss, token_accuracy)) = match self {
             Reducer::Local => (
                 share,
-                self.bleu_loss(&stats, cfg)?,
+                self.bleu_loss(&stats, cfg, path)?,
                 // Without metrics (none asked for) there is nothing to reduce.
                 metrics
                     .map(|m| local_metrics(m, targets))
@@ -217,11 +231,11 @@ impl Reducer<'_> {
                 let metric_parts = metric_parts(metrics)?;
                 let bleu_start = ce_parts + metric_parts.len();
                 parts.extend(metric_parts);
-                parts.extend(bleu_parts(&stats, cfg)?);
+                parts.extend(bleu_parts(&stats, cfg, on_kernel)?);
                 let g = global_sums(&parts, reduce)?;
                 let cross_entropy = group_cross_entropy(&g[..ce_parts], targets, out_dtype)?;
                 let measured = group_metrics(&g[ce_parts..bleu_start], &g[1], targets, out_dtype)?;
-                let bleu_loss = group_bleu_loss(&g[bleu_start..], cfg, out_dtype)?;
+                let bleu_loss = group_bleu_loss(&g[bleu_start..], cfg, out_dtype, on_kernel)?;
                 (cross_entropy, bleu_loss, measured)
             }
         };
@@ -515,7 +529,8 @@ pub(crate) fn score_rows(
 /// `[matches, totals, hyp_len, ref_len]` (`Corpus`, [`score_rows`]), or the sum of the shard's
 /// sentence losses and its size, `[1]` each (`SentenceMean`: what is summed is the losses, so
 /// they are scored here, before the all-reduce).
-fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
+/// `on_kernel`: whether the score runs as one op.
+fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig, on_kernel: bool) -> Result<Vec<Tensor>> {
     shard_stats(local, cfg)?;
     let dtype = sum_dtype(local.matches.device());
     let rows = score_rows(local, dtype, cfg.reduction)?;
@@ -523,7 +538,7 @@ fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
         Reduction::Corpus => Ok(vec![rows.matches, rows.totals, rows.hyp_len, rows.ref_len]),
         Reduction::SentenceMean => {
             let batch = rows.matches.dim(0)?;
-            let mean = neg_log_bleu(&rows, cfg, dtype)?;
+            let mean = neg_log_bleu(&rows, cfg, dtype, on_kernel)?;
             let count = constant(vec![batch as f64], 1, dtype, rows.matches.device())?;
             Ok(vec![mean.affine(batch as f64, 0.0)?.reshape(1)?, count])
         }
@@ -533,7 +548,12 @@ fn bleu_parts(local: &BleuStats, cfg: &BleuLossConfig) -> Result<Vec<Tensor>> {
 /// The group's BLEU loss from the globally summed [`bleu_parts`], in `out_dtype`: the score of
 /// the global corpus sums (statistics of the sum dtype, scored with its guards), or the global
 /// sum of sentence losses over the global count of sentences.
-fn group_bleu_loss(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> Result<Tensor> {
+fn group_bleu_loss(
+    parts: &[Tensor],
+    cfg: &BleuLossConfig,
+    out_dtype: DType,
+    on_kernel: bool,
+) -> Result<Tensor> {
     let loss = match (cfg.reduction, parts) {
         (Reduction::Corpus, [matches, totals, hyp_len, ref_len]) => {
             let sums = BleuStats {
@@ -542,7 +562,7 @@ fn group_bleu_loss(parts: &[Tensor], cfg: &BleuLossConfig, out_dtype: DType) -> 
                 hyp_len: hyp_len.clone(),
                 ref_len: ref_len.clone(),
             };
-            neg_log_bleu(&sums, cfg, sums.matches.dtype())?
+            neg_log_bleu(&sums, cfg, sums.matches.dtype(), on_kernel)?
         }
         (Reduction::SentenceMean, [sum, count]) => sum.div(count)?.squeeze(0)?,
         _ => bail!("internal: {} BLEU parts", parts.len()),

@@ -37,7 +37,7 @@ pub(crate) fn bleu(
     let input = bleu_call(input, hyp_lengths, refs, cfg, path)?;
     let side = refs.side(cfg.max_order, cfg.length.eos_id(), input.dtype())?;
     let (inputs, _) = hypothesis_pass(&input, &side, cfg, None)?;
-    reducer.bleu(statistics(inputs, &side, hyp_lengths, cfg)?, cfg)
+    reducer.bleu(statistics(inputs, &side, hyp_lengths, cfg)?, cfg, path)
 }
 
 /// The cross-entropy of `input` against `targets`, reduced as `cfg.reduction` says.
@@ -75,7 +75,7 @@ pub(crate) fn training(
         bail!("internal: the pass computed no cross-entropy")
     };
     let stats = statistics(inputs, &side, hyp_lengths, bleu)?;
-    reducer.training(token_losses, &tokens, stats, bleu, bleu_weight)
+    reducer.training(token_losses, &tokens, stats, bleu, (bleu_weight, path))
 }
 
 /// This batch's (or shard's) cross-entropy **sum** over its non-pad targets and their count —

@@ -326,7 +326,8 @@ impl<'a, R: AllReduce + ?Sized> DataParallel<'a, R> {
     /// Returns a scalar in the statistics' dtype (f32 for f16/bf16), the same on every worker.
     /// One all-reduce of `2·N + 2` numbers (corpus) or 2 (`SentenceMean`).
     pub fn bleu_loss_from_stats(&self, local: &BleuStats, cfg: &BleuLossConfig) -> Result<Tensor> {
-        self.group().bleu_loss(local, cfg)
+        self.group()
+            .bleu_loss(local, cfg, Path::for_device(local.matches.device()))
     }
 
     /// The mean cross-entropy of the global batch from this worker's shard:

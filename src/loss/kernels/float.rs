@@ -64,6 +64,8 @@ pub(crate) trait KernelFloat: WithDType {
     fn is_finite(self) -> bool;
     /// The hyperbolic tangent (soft-capping).
     fn tanh(self) -> Self;
+    /// The natural logarithm, the library's (the score's log-precisions).
+    fn ln(self) -> Self;
 }
 
 impl KernelFloat for f32 {
@@ -123,6 +125,9 @@ impl KernelFloat for f32 {
         let t = if a < 0.25 { series } else { far };
         t.copysign(self)
     }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
 }
 
 impl KernelFloat for f64 {
@@ -138,6 +143,9 @@ impl KernelFloat for f64 {
     }
     fn tanh(self) -> Self {
         f64::tanh(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
     }
 }
 

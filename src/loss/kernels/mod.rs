@@ -12,7 +12,9 @@
 //! - [`hidden`]: the hidden-state op (`hidden::op::HiddenRowsOp`) with its CPU and composed
 //!   blocks, which run the bottom's row kernels on tiles of logits;
 //! - [`ctc`]: the CTC loss's op (`ctc::op::CtcOp`) with its CUDA side (`ctc.cu`) and composed
-//!   twin, and the n-gram programs of the BLEU loss on CTC outputs (`ctc::ngrams`) with theirs.
+//!   twin, and the n-gram programs of the BLEU loss on CTC outputs (`ctc::ngrams`) with theirs;
+//! - [`score`]: `-log BLEU` of finished statistics rows as one op (`score::op::ScoreOp`), with its
+//!   CUDA side (`score.cu`).
 //!
 //! A family imports only the shared bottom, never another family. This file only declares the
 //! modules.
@@ -33,3 +35,4 @@ pub(crate) mod softcap;
 pub(crate) mod ctc;
 pub(crate) mod hidden;
 pub(crate) mod row;
+pub(crate) mod score;

@@ -8,7 +8,8 @@
 
 use super::module::{EmuModule, ThreadOrder};
 use super::tests::{
-    bits_16, compare, compile, module, run, spread, widen_16, Element, Float, Guarded, SOURCE,
+    assert_broken_copies_caught, bits_16, compare, module, run, spread, widen_16, Element, Float,
+    Guarded,
 };
 use crate::loss::kernels::ctc::launch::{self, CtcArgs, CtcInputs, CtcWorkspace};
 use crate::loss::kernels::ctc::op::{CtcAlignments, CtcOp};
@@ -507,19 +508,5 @@ fn broken_copies_of_the_ctc_kernels_are_caught() {
     let small = cases();
     let cases = [small[0].clone(), small[2].clone(), small[4].clone()];
     let orders = [ThreadOrder::Forward, ThreadOrder::Random(5)];
-    for (name, from, to) in mutants {
-        assert_eq!(
-            SOURCE.matches(from).count(),
-            1,
-            "{name}: the text to replace"
-        );
-        let module = compile(&SOURCE.replace(from, to));
-        match check_all(&module, &cases, &orders) {
-            Ok(()) => panic!("the emulator tests passed a broken CTC kernel: {name}"),
-            Err(failure) => println!(
-                "caught {name}: {}",
-                failure.lines().next().unwrap_or_default()
-            ),
-        }
-    }
+    assert_broken_copies_caught("CTC", &mutants, |module| check_all(module, &cases, &orders));
 }

@@ -5,7 +5,7 @@
 //! each launch from the plans of `row/launch.rs`. Then broken copies of the kernels, caught.
 
 use super::module::{EmuModule, ThreadOrder};
-use super::tests::{compare, compile, module, run, spread, Float, Guarded, SOURCE};
+use super::tests::{assert_broken_copies_caught, compare, module, run, spread, Float, Guarded};
 use crate::loss::kernels::row::launch;
 use crate::loss::kernels::row::log_softmax::log_softmax;
 use candle_core::{Device, Tensor, Var};
@@ -126,19 +126,5 @@ fn broken_copies_of_the_log_softmax_kernels_are_caught() {
         ),
     ];
     let orders = [ThreadOrder::Forward, ThreadOrder::Random(3)];
-    for (name, from, to) in mutants {
-        assert_eq!(
-            SOURCE.matches(from).count(),
-            1,
-            "{name}: the text to replace"
-        );
-        let module = compile(&SOURCE.replace(from, to));
-        match check_all(&module, &orders) {
-            Ok(()) => panic!("the emulator tests passed a broken log_softmax kernel: {name}"),
-            Err(failure) => println!(
-                "caught {name}: {}",
-                failure.lines().next().unwrap_or_default()
-            ),
-        }
-    }
+    assert_broken_copies_caught("log_softmax", &mutants, |module| check_all(module, &orders));
 }

@@ -13,4 +13,6 @@ pub(crate) mod module;
 #[cfg(test)]
 mod ngram_tests;
 #[cfg(test)]
+mod score_tests;
+#[cfg(test)]
 mod tests;

@@ -9,7 +9,7 @@
 //! frame counts and non-finite logits, and broken copies of the kernels, caught.
 
 use super::module::{EmuModule, ThreadOrder};
-use super::tests::{compile, module, run, spread, Float, Guarded, SOURCE};
+use super::tests::{assert_broken_copies_caught, module, run, spread, Float, Guarded};
 use crate::loss::kernels::ctc::ngrams::{CtcNgramOp, CtcNgramPlan};
 use crate::loss::kernels::ctc::ngrams_launch::{self, NgramArgs, NgramInputs, NGRAM_MAX_ORDER};
 use candle_core::{Device, Tensor, Var};
@@ -402,19 +402,7 @@ fn broken_copies_of_the_ngram_kernels_are_caught() {
         small[10].clone(),
     ];
     let orders = [ThreadOrder::Forward, ThreadOrder::Random(5)];
-    for (name, from, to) in mutants {
-        assert_eq!(
-            SOURCE.matches(from).count(),
-            1,
-            "{name}: the text to replace"
-        );
-        let module = compile(&SOURCE.replace(from, to));
-        match check_all(&module, &cases, &orders) {
-            Ok(()) => panic!("the emulator tests passed a broken n-gram kernel: {name}"),
-            Err(failure) => println!(
-                "caught {name}: {}",
-                failure.lines().next().unwrap_or_default()
-            ),
-        }
-    }
+    assert_broken_copies_caught("n-gram", &mutants, |module| {
+        check_all(module, &cases, &orders)
+    });
 }

@@ -16,14 +16,16 @@ use crate::loss::kernels::row::launch::{
     OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
 };
 use crate::loss::kernels::row::op::{GatherIds, RowOp};
+use crate::loss::kernels::score::launch::{SCORE_FAMILIES, SCORE_SOURCE};
 use crate::loss::kernels::softcap;
 use candle_core::{DType, Device, Tensor, Var, WithDType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// Every CUDA source of the crate as one module: the row kernels, then the CTC kernels and the
-/// options kernels, which NVRTC compiles as two modules, each after `kernels.cu`
-/// (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`).
+/// Every CUDA source of the crate as one module: the row kernels, then the CTC kernels, the
+/// options kernels and the score kernels, which NVRTC compiles as modules of their own, each
+/// after `kernels.cu` (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`,
+/// `score::launch::SCORE_SOURCE`).
 pub(super) const SOURCE: &str = concat!(
     include_str!("../row/kernels.cu"),
     "\n",
@@ -35,7 +37,9 @@ pub(super) const SOURCE: &str = concat!(
     "\n",
     include_str!("../row/ce_options.cu"),
     "\n",
-    include_str!("../row/log_softmax.cu")
+    include_str!("../row/log_softmax.cu"),
+    "\n",
+    include_str!("../score/score.cu")
 );
 
 /// The source compiled once for the emulator, for every test of this process.
@@ -49,6 +53,7 @@ pub(super) fn compile(source: &str) -> EmuModule {
         .iter()
         .chain(&CTC_FAMILIES)
         .chain(&OPTIONS_FAMILIES)
+        .chain(&SCORE_FAMILIES)
         .copied()
         .collect();
     let sixteen_bit: Vec<&str> = OPTIONS_16BIT_FAMILIES
@@ -59,9 +64,34 @@ pub(super) fn compile(source: &str) -> EmuModule {
     EmuModule::compile(
         source,
         (&families, &sixteen_bit),
-        &["BLOCK", "CTC_BLOCK", "NGRAM_MAX_COUNTS"],
+        &["BLOCK", "CTC_BLOCK", "NGRAM_MAX_COUNTS", "SCORE_MAX_ORDER"],
     )
     .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Each broken copy of [`SOURCE`] (`(name, from, to)`: `from`, which must occur exactly once,
+/// replaced by `to`) compiled and given to `check`, which must fail on every one; `what` names
+/// the kernels in the panic. Prints the first line of each failure.
+pub(super) fn assert_broken_copies_caught(
+    what: &str,
+    mutants: &[(&str, &str, &str)],
+    check: impl Fn(&EmuModule) -> Result<(), String>,
+) {
+    for &(name, from, to) in mutants {
+        assert_eq!(
+            SOURCE.matches(from).count(),
+            1,
+            "{name}: the text to replace"
+        );
+        let module = compile(&SOURCE.replace(from, to));
+        match check(&module) {
+            Ok(()) => panic!("the emulator tests passed a broken {what} kernel: {name}"),
+            Err(failure) => println!(
+                "caught {name}: {}",
+                failure.lines().next().unwrap_or_default()
+            ),
+        }
+    }
 }
 
 /// Elements before and after each host buffer, holding a canary that a stray write changes.
@@ -787,8 +817,10 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
     assert_eq!(module.define("CTC_BLOCK"), Some(CTC_BLOCK as i64));
     // The emulator's one module holds the text of each module NVRTC compiles, unchanged.
     let options = OPTIONS_SOURCE.split_at(CTC_SOURCE.find("\n#line 2 \"ctc.cu\"").unwrap());
+    let score = SCORE_SOURCE.split_at(SCORE_SOURCE.find("\n#line 2 \"score.cu\"").unwrap());
     assert!(SOURCE.starts_with(CTC_SOURCE) && SOURCE.starts_with(options.0));
-    assert!(SOURCE.ends_with(options.1));
+    assert!(SOURCE.starts_with(score.0) && SOURCE.ends_with(score.1));
+    assert!(SOURCE[..SOURCE.len() - score.1.len()].ends_with(options.1));
     // One plan of every kernel, in each float type, over dangling buffers (none runs).
     let p = std::ptr::null_mut::<c_void>();
     for case in [
