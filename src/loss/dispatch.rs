@@ -5,6 +5,8 @@
 use super::kernels::ctc::cuda::ctc_kernels_loaded;
 #[cfg(feature = "cuda-unverified")]
 use super::kernels::ctc::ngrams_launch::NGRAM_MAX_ORDER;
+#[cfg(feature = "cuda-unverified")]
+use super::kernels::matches::cuda::matches_kernels_loaded;
 use super::kernels::row::op::{cuda_kernels_loaded, options_kernels_loaded};
 #[cfg(feature = "cuda-unverified")]
 use super::kernels::score::{cuda::score_kernels_loaded, launch::SCORE_MAX_ORDER};
@@ -45,6 +47,18 @@ impl Path {
     pub(crate) fn runs_ctc_kernels(self, device: &Device) -> bool {
         #[cfg(feature = "cuda-unverified")]
         if self == Path::Kernels && ctc_kernels_loaded(device) {
+            return true;
+        }
+        self.runs_cpu_kernels(device)
+    }
+
+    /// Whether the expected form's clipped matches run as one op on `device`
+    /// (`kernels::matches`): its CPU kernel on the CPU, and with the `cuda-unverified` feature its
+    /// CUDA kernels (`matches.cu`; tested on the emulator, not yet on a GPU) where they load.
+    /// Otherwise composed ops, its reference.
+    pub(crate) fn runs_matches_kernel(self, device: &Device) -> bool {
+        #[cfg(feature = "cuda-unverified")]
+        if self == Path::Kernels && matches_kernels_loaded(device) {
             return true;
         }
         self.runs_cpu_kernels(device)

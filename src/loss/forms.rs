@@ -5,9 +5,11 @@
 //! reference n-gram at `j` (the transpose of the derivation's `M[j, i]`).
 
 use super::config::Form;
+use super::kernels::matches::args::MatchArgs;
+use super::kernels::matches::op::ExpectedMatchesOp;
 use super::length::HypothesisWeights;
 use super::products::{extend_ngram_match, prod_last_dim};
-use super::references::ReferenceSide;
+use super::references::{ReferenceSide, ReferenceTokens};
 use candle_core::{Result, Tensor};
 
 /// The inputs every form needs.
@@ -20,12 +22,29 @@ pub(crate) struct FormInputs<'a> {
     pub refs: &'a ReferenceSide,
 }
 
-/// `m_n` for `n = 1..=max_order`, each float `[B]`.
+/// `m_n` for `n = 1..=max_order`, each float `[B]`. With `on_kernel` (the dispatch's
+/// `Path::runs_matches_kernel`) the expected form of id references runs as one op
+/// ([`ExpectedMatchesOp`]); everything else as composed ops.
 pub(crate) fn clipped_matches(
     form: Form,
     inputs: &FormInputs<'_>,
     max_order: usize,
+    on_kernel: bool,
 ) -> Result<Vec<Tensor>> {
+    // The op reads id references' packed counts, at the token matches' width.
+    if let (true, Form::Expected, ReferenceTokens::Ids(_), Some(counts)) =
+        (on_kernel, form, &inputs.refs.tokens, &inputs.refs.counts)
+    {
+        if counts.dim(3)? == inputs.token_match.dim(2)?
+            && counts.dim(1)? == max_order
+            && counts.dtype() == inputs.token_match.dtype()
+        {
+            let matches = expected_matches_op(inputs, counts, max_order)?;
+            return (0..max_order)
+                .map(|n| matches.narrow(1, n, 1)?.squeeze(1))
+                .collect();
+        }
+    }
     let batch = inputs.token_match.dim(0)?;
     let zeros = Tensor::zeros(
         batch,
@@ -83,6 +102,27 @@ fn expected(
     clip_expected_counts(&expected_count, first, clip)
 }
 
+/// The expected form of every order at once, `[B, N]`, by [`ExpectedMatchesOp`] over the id
+/// references' packed counts `[2, N, B, W]`.
+fn expected_matches_op(
+    inputs: &FormInputs<'_>,
+    counts: &Tensor,
+    max_order: usize,
+) -> Result<Tensor> {
+    let (batch, seq, width) = inputs.token_match.dims3()?;
+    let args = MatchArgs {
+        batch,
+        seq,
+        width,
+        orders: max_order,
+        shifted: inputs.hyp.match_shifted,
+    };
+    inputs.token_match.contiguous()?.apply_op2(
+        &inputs.hyp.match_source.contiguous()?,
+        ExpectedMatchesOp::new(args, counts.clone())?,
+    )
+}
+
 /// `m_n = Σ_j min(κ_j, ν_j E_j)` from the expected count `E_j` (`[B, W]`) of each reference
 /// n-gram: every distinct n-gram's count, clipped once. Shared by the expected form and the
 /// BLEU loss on CTC outputs.
@@ -136,4 +176,105 @@ fn paired(
         .broadcast_mul(&hyp_count.unsqueeze(2)?)?
         .broadcast_mul(&first.unsqueeze(1)?)?;
     clipped.minimum(&unclipped)?.sum((1, 2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::config::LengthModel;
+    use crate::loss::length::hypothesis_weights;
+    use crate::loss::references::References;
+    use candle_core::{DType, Device, Var};
+
+    /// The expected form by its op against its composed ops: `m_n` and the gradients of `X` and
+    /// of the match weights' source `U`, every length model's shift, orders 1–5 (some longer
+    /// than the hypothesis or the references), token matches with exact zeros and ones (ties of
+    /// the clip) and random ones, f64 to 1e-12.
+    #[test]
+    fn the_matches_op_matches_the_composed_expected_form() -> Result<()> {
+        let dev = Device::Cpu;
+        // Two elements; element 1 has a repeated bigram and padding.
+        let ids = Tensor::new(&[[3u32, 4, 3, 4, 5], [6, 6, 2, 0, 0]], &dev)?;
+        let refs = References::from_ids(&ids, 0)?;
+        for (seq, max_order) in [(4, 4), (6, 5), (2, 3), (1, 2)] {
+            for model in [
+                LengthModel::Given,
+                LengthModel::NotEos { eos_id: 1 },
+                LengthModel::SoftEos { eos_id: 1 },
+            ] {
+                for exact in [true, false] {
+                    let side = refs.side(max_order, None, DType::F64)?;
+                    let width = side.first[0].dim(1)?;
+                    let values: Vec<f64> = (0..2 * seq * width)
+                        .map(|k| {
+                            let r = ((k as u64 * 2654435761) % 1000) as f64 / 1000.0;
+                            if exact {
+                                (r > 0.5) as u8 as f64
+                            } else {
+                                r
+                            }
+                        })
+                        .collect();
+                    let x = Var::from_vec(values, (2, seq, width), &dev)?;
+                    let eos = Var::from_vec(
+                        (0..2 * seq).map(|k| 0.05 + 0.1 * (k % 3) as f64).collect(),
+                        (2, seq),
+                        &dev,
+                    )?;
+                    let run = |on_kernel: bool| -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+                        let weights = hypothesis_weights(
+                            model,
+                            Some(eos.as_tensor()),
+                            None,
+                            2,
+                            seq,
+                            max_order,
+                            DType::F64,
+                            &dev,
+                        )?;
+                        let inputs = FormInputs {
+                            token_match: x.as_tensor(),
+                            hyp_self_match: None,
+                            hyp: &weights,
+                            refs: &side,
+                        };
+                        let m = Tensor::stack(
+                            &clipped_matches(Form::Expected, &inputs, max_order, on_kernel)?,
+                            1,
+                        )?;
+                        let scale = Tensor::new(&[1.0f64, -0.7, 0.4, 1.3, 0.9][..max_order], &dev)?;
+                        let grads = m.broadcast_mul(&scale)?.sum_all()?.backward()?;
+                        let flat = |t: Option<&Tensor>, n: usize| -> Result<Vec<f64>> {
+                            Ok(match t {
+                                Some(t) => t.flatten_all()?.to_vec1()?,
+                                None => vec![0.0; n],
+                            })
+                        };
+                        Ok((
+                            m.flatten_all()?.to_vec1()?,
+                            flat(grads.get(x.as_tensor()), x.elem_count())?,
+                            flat(grads.get(eos.as_tensor()), eos.elem_count())?,
+                        ))
+                    };
+                    let (want, want_x, want_eos) = run(false)?;
+                    let (got, got_x, got_eos) = run(true)?;
+                    let what = format!("S = {seq}, N = {max_order}, {model:?}, exact {exact}");
+                    for (name, g, w) in [
+                        ("m", &got, &want),
+                        ("dX", &got_x, &want_x),
+                        ("dEOS", &got_eos, &want_eos),
+                    ] {
+                        assert_eq!(g.len(), w.len(), "{what}: {name}");
+                        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                                "{what}: {name}[{i}]: op {a}, composed {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }

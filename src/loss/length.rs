@@ -23,6 +23,10 @@ pub(crate) struct HypothesisWeights {
     pub matches: Vec<Option<Tensor>>,
     /// `g` per order: float `[B, S - n + 1]`, `None` when `n > S`; `Σ_i g_i` is the total `t_n`.
     pub totals: Vec<Option<Tensor>>,
+    /// `U`: float `[B, S]`, the one tensor every order's `u` narrows: `u_n[i] = U[i + n - 1]`
+    /// when `match_shifted` (`Given`, `NotEos`), else `U[i]` (`SoftEos`).
+    pub match_source: Tensor,
+    pub match_shifted: bool,
 }
 
 /// `1[i < len_b]` as a float `[B, S]` mask, built on the device from u32 `[B]` lengths (all
@@ -87,9 +91,11 @@ pub(crate) fn hypothesis_weights(
                 })
                 .collect::<Result<_>>()?;
             Ok(HypothesisWeights {
-                length: mask,
+                length: mask.clone(),
                 matches: per_order.clone(),
                 totals: per_order,
+                match_source: mask,
+                match_shifted: true,
             })
         }
         LengthModel::NotEos { .. } => {
@@ -122,6 +128,8 @@ pub(crate) fn hypothesis_weights(
                 length,
                 matches,
                 totals,
+                match_source: mask,
+                match_shifted: true,
             })
         }
         LengthModel::SoftEos { .. } => {
@@ -150,6 +158,8 @@ pub(crate) fn hypothesis_weights(
                 length: survive,
                 matches,
                 totals,
+                match_source: survive_before,
+                match_shifted: false,
             })
         }
     }

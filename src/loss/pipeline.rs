@@ -400,6 +400,7 @@ pub(crate) fn statistics(
     side: &ReferenceSide,
     hyp_lengths: Option<&Tensor>,
     cfg: &BleuLossConfig,
+    on_kernel: bool,
 ) -> Result<BleuStats> {
     let (batch, seq, _) = inputs.token_match.dims3()?;
     let (dtype, device) = (
@@ -422,7 +423,7 @@ pub(crate) fn statistics(
         hyp: &weights,
         refs: side,
     };
-    let matches = forms::clipped_matches(cfg.form, &form_inputs, cfg.max_order)?;
+    let matches = forms::clipped_matches(cfg.form, &form_inputs, cfg.max_order, on_kernel)?;
     let zeros = Tensor::zeros(batch, dtype, &device)?;
     let totals: Vec<Tensor> = weights
         .totals

@@ -368,6 +368,9 @@ pub(crate) struct ReferenceSide {
     pub first: Vec<Tensor>,
     /// `κ` per order: float `[B, W]`, clip counts at first occurrences, 0 elsewhere.
     pub clip: Vec<Tensor>,
+    /// For id references: `ν` and `κ` of every order packed as the matches op reads them,
+    /// float `[2, N, B, W]` (built once on the host with the per-order ones).
+    pub counts: Option<Tensor>,
     /// float `[B, R]`: the reference lengths of each element, the candidates for the effective
     /// reference length; `R` is the most references of an element, shorter rows are padded.
     pub ref_lengths: Tensor,
@@ -451,6 +454,8 @@ fn ids_side(
         }
     }
     let to_tensor = |values: Vec<f64>| constant(values, (batch, width), dtype, device);
+    let packed: Vec<f64> = first.iter().chain(&clip).flatten().copied().collect();
+    let counts = constant(packed, (2, max_order, batch, width), dtype, device)?;
     let lengths: Vec<Vec<usize>> = truncated
         .iter()
         .map(|element| element.iter().map(|r| r.len()).collect())
@@ -467,6 +472,7 @@ fn ids_side(
         tokens: ReferenceTokens::Ids(Tensor::from_vec(ids, (batch, width), device)?),
         first: first.into_iter().map(to_tensor).collect::<Result<_>>()?,
         clip: clip.into_iter().map(to_tensor).collect::<Result<_>>()?,
+        counts: Some(counts),
         ref_lengths,
         ref_mask,
     })
@@ -536,6 +542,7 @@ fn matrix_side(matrices: &Tensor, lengths: &[usize], max_order: usize) -> Result
         tokens: ReferenceTokens::Matrices(matrices.clone()),
         first,
         clip,
+        counts: None,
         ref_lengths,
         ref_mask,
     })

@@ -37,7 +37,12 @@ pub(crate) fn bleu(
     let input = bleu_call(input, hyp_lengths, refs, cfg, path)?;
     let side = refs.side(cfg.max_order, cfg.length.eos_id(), input.dtype())?;
     let (inputs, _) = hypothesis_pass(&input, &side, cfg, None)?;
-    reducer.bleu(statistics(inputs, &side, hyp_lengths, cfg)?, cfg, path)
+    let on_kernel = path.runs_matches_kernel(inputs.token_match.device());
+    reducer.bleu(
+        statistics(inputs, &side, hyp_lengths, cfg, on_kernel)?,
+        cfg,
+        path,
+    )
 }
 
 /// The cross-entropy of `input` against `targets`, reduced as `cfg.reduction` says.
@@ -74,7 +79,8 @@ pub(crate) fn training(
     let Some(token_losses) = token_losses else {
         bail!("internal: the pass computed no cross-entropy")
     };
-    let stats = statistics(inputs, &side, hyp_lengths, bleu)?;
+    let on_kernel = path.runs_matches_kernel(inputs.token_match.device());
+    let stats = statistics(inputs, &side, hyp_lengths, bleu, on_kernel)?;
     reducer.training(token_losses, &tokens, stats, bleu, (bleu_weight, path))
 }
 

@@ -34,5 +34,6 @@ pub(crate) mod softcap;
 
 pub(crate) mod ctc;
 pub(crate) mod hidden;
+pub(crate) mod matches;
 pub(crate) mod row;
 pub(crate) mod score;

@@ -9,6 +9,8 @@
 mod ctc_tests;
 #[cfg(test)]
 mod log_softmax_tests;
+#[cfg(test)]
+mod matches_tests;
 pub(crate) mod module;
 #[cfg(test)]
 mod ngram_tests;

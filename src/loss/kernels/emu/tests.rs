@@ -11,6 +11,7 @@ use crate::loss::kernels::cpu::CrossEntropyTerms;
 use crate::loss::kernels::ctc::launch::{CTC_16BIT_FAMILIES, CTC_BLOCK, CTC_FAMILIES, CTC_SOURCE};
 use crate::loss::kernels::launch::{self as shared_launch, FloatKind, Launch};
 use crate::loss::kernels::layout::Pass;
+use crate::loss::kernels::matches::launch::{MATCHES_FAMILIES, MATCHES_SOURCE};
 use crate::loss::kernels::row::launch::{
     self, row_args, BackwardBuffers, BackwardInput, RowArgsIn, RowPassFwdBuffers, KERNEL_FAMILIES,
     OPTIONS_16BIT_FAMILIES, OPTIONS_FAMILIES, OPTIONS_SOURCE,
@@ -23,9 +24,9 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 /// Every CUDA source of the crate as one module: the row kernels, then the CTC kernels, the
-/// options kernels and the score kernels, which NVRTC compiles as modules of their own, each
-/// after `kernels.cu` (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`,
-/// `score::launch::SCORE_SOURCE`).
+/// options kernels, the score kernels and the matches kernels, which NVRTC compiles as modules of
+/// their own, each after `kernels.cu` (`ctc_launch::CTC_SOURCE`, `launch::OPTIONS_SOURCE`,
+/// `score::launch::SCORE_SOURCE`, `matches::launch::MATCHES_SOURCE`).
 pub(super) const SOURCE: &str = concat!(
     include_str!("../row/kernels.cu"),
     "\n",
@@ -39,7 +40,9 @@ pub(super) const SOURCE: &str = concat!(
     "\n",
     include_str!("../row/log_softmax.cu"),
     "\n",
-    include_str!("../score/score.cu")
+    include_str!("../score/score.cu"),
+    "\n",
+    include_str!("../matches/matches.cu")
 );
 
 /// The source compiled once for the emulator, for every test of this process.
@@ -54,6 +57,7 @@ pub(super) fn compile(source: &str) -> EmuModule {
         .chain(&CTC_FAMILIES)
         .chain(&OPTIONS_FAMILIES)
         .chain(&SCORE_FAMILIES)
+        .chain(&MATCHES_FAMILIES)
         .copied()
         .collect();
     let sixteen_bit: Vec<&str> = OPTIONS_16BIT_FAMILIES
@@ -819,8 +823,12 @@ fn the_source_block_size_and_parameter_kinds_match_the_plans() {
     let options = OPTIONS_SOURCE.split_at(CTC_SOURCE.find("\n#line 2 \"ctc.cu\"").unwrap());
     let score = SCORE_SOURCE.split_at(SCORE_SOURCE.find("\n#line 2 \"score.cu\"").unwrap());
     assert!(SOURCE.starts_with(CTC_SOURCE) && SOURCE.starts_with(options.0));
-    assert!(SOURCE.starts_with(score.0) && SOURCE.ends_with(score.1));
-    assert!(SOURCE[..SOURCE.len() - score.1.len()].ends_with(options.1));
+    let matches = MATCHES_SOURCE.split_at(MATCHES_SOURCE.find("\n#line 2 \"matches.cu\"").unwrap());
+    assert!(SOURCE.starts_with(score.0) && SOURCE.starts_with(matches.0));
+    assert!(SOURCE.ends_with(matches.1));
+    let before_matches = &SOURCE[..SOURCE.len() - matches.1.len()];
+    assert!(before_matches.ends_with(score.1));
+    assert!(before_matches[..before_matches.len() - score.1.len()].ends_with(options.1));
     // One plan of every kernel, in each float type, over dangling buffers (none runs).
     let p = std::ptr::null_mut::<c_void>();
     for case in [
