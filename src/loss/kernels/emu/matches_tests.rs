@@ -5,7 +5,9 @@
 //! orders, each launch from the plans of `matches/launch.rs`. Then broken copies, caught.
 
 use super::module::{EmuModule, ThreadOrder};
-use super::tests::{assert_broken_copies_caught, module, run, spread, Float, Guarded};
+use super::tests::{
+    assert_broken_copies_caught, close_scaled, module, run, spread, Float, Guarded,
+};
 use crate::loss::kernels::float::KernelFloat;
 use crate::loss::kernels::matches::args::MatchArgs;
 use crate::loss::kernels::matches::launch::{self, MatchInputs};
@@ -194,13 +196,6 @@ fn emulated<T: Float>(
     Ok((out.payload().to_vec(), grad.payload().to_vec()))
 }
 
-fn close(got: f64, want: f64, rtol: f64, scale: f64) -> bool {
-    if got.is_nan() || want.is_nan() {
-        return got.is_nan() && want.is_nan();
-    }
-    (got - want).abs() <= rtol * (scale + want.abs())
-}
-
 fn check<T: Float + KernelFloat>(
     module: &EmuModule,
     case: &MatchCase,
@@ -223,12 +218,12 @@ fn check<T: Float + KernelFloat>(
         let (got, grad) = emulated(module, case, (&x, &u, &packed), &upstream, order)?;
         // m sums its columns in another order (a block sum): scaled by the row's size.
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            if !close(g.to_f64(), w.to_f64(), rtol, case.width as f64) {
+            if !close_scaled(g.to_f64(), w.to_f64(), rtol, case.width as f64) {
                 return Err(format!("{what}: m[{i}] on the emulator {g:?}, CPU {w:?}"));
             }
         }
         for (i, (g, w)) in grad.iter().zip(&want_grad).enumerate() {
-            if !close(g.to_f64(), w.to_f64(), rtol, 1.0) {
+            if !close_scaled(g.to_f64(), w.to_f64(), rtol, 1.0) {
                 return Err(format!(
                     "{what}: gradient[{i}] on the emulator {g:?}, CPU {w:?}"
                 ));

@@ -7,7 +7,9 @@
 //! caught.
 
 use super::module::{EmuModule, ThreadOrder};
-use super::tests::{assert_broken_copies_caught, module, run, spread, Float, Guarded};
+use super::tests::{
+    assert_broken_copies_caught, close_scaled, module, run, spread, Float, Guarded,
+};
 use crate::loss::kernels::float::KernelFloat;
 use crate::loss::kernels::score::args::ScoreArgs;
 use crate::loss::kernels::score::launch::{self, SCORE_MAX_ORDER};
@@ -96,15 +98,6 @@ fn emulated<T: Float>(
     Ok((out.payload()[0], grad.payload().to_vec()))
 }
 
-/// Within `rtol` of the CPU's value (scaled by the magnitude of the sum for the loss, whose
-/// terms the block sums in another order); NaN matches NaN only.
-fn close(got: f64, want: f64, rtol: f64, scale: f64) -> bool {
-    if got.is_nan() || want.is_nan() {
-        return got.is_nan() && want.is_nan();
-    }
-    (got - want).abs() <= rtol * (scale + want.abs())
-}
-
 fn check<T: Float + KernelFloat>(
     module: &EmuModule,
     args: &ScoreArgs,
@@ -131,11 +124,11 @@ fn check<T: Float + KernelFloat>(
         );
         let (loss, grad) = emulated(module, args, (&rows, grad_out), order)?;
         // The rows' terms are summed in another order: scaled by the largest term's size.
-        if !close(loss.to_f64(), want, rtol, 100.0) {
+        if !close_scaled(loss.to_f64(), want, rtol, 100.0) {
             return Err(format!("{what}: loss on the emulator {loss:?}, CPU {want}"));
         }
         for (i, (g, w)) in grad.iter().zip(&want_grad).enumerate() {
-            if !close(g.to_f64(), w.to_f64(), rtol, 0.0) {
+            if !close_scaled(g.to_f64(), w.to_f64(), rtol, 0.0) {
                 return Err(format!(
                     "{what}: gradient[{i}] on the emulator {g:?}, CPU {w:?}"
                 ));

@@ -98,6 +98,15 @@ pub(super) fn assert_broken_copies_caught(
     }
 }
 
+/// Whether `got` is within `rtol · (scale + |want|)` of `want`: `scale` the size of a sum whose
+/// terms the kernel adds in another order than the CPU. NaN matches NaN only.
+pub(super) fn close_scaled(got: f64, want: f64, rtol: f64, scale: f64) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    (got - want).abs() <= rtol * (scale + want.abs())
+}
+
 /// Elements before and after each host buffer, holding a canary that a stray write changes.
 const GUARD: usize = 64;
 

@@ -9,8 +9,8 @@
 //! of `B · ((N + 1) · S · W + W)`.
 
 use super::args::MatchArgs;
-use crate::loss::kernels::launch::{dim_u32, FloatKind, Launch, LaunchDims, Param, BLOCK};
-use candle_core::{bail, Result};
+use crate::loss::kernels::launch::{dim_u32, rows_dims, FloatKind, Launch, Param};
+use candle_core::Result;
 
 /// The CUDA source of the matches kernels: `kernels.cu` (whose block sum they use), then
 /// `matches.cu`.
@@ -45,18 +45,6 @@ impl MatchArgs {
     }
 }
 
-fn element_blocks(batch: usize) -> Result<LaunchDims> {
-    let grid = match u32::try_from(batch) {
-        Ok(grid) if grid <= i32::MAX as u32 => grid,
-        _ => bail!("candle-bleu matches kernels: {batch} elements exceed a grid of 2^31 - 1"),
-    };
-    Ok(LaunchDims {
-        grid: (grid, 1, 1),
-        block: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    })
-}
-
 /// The buffers both kernels read: `X`, `U` and the reference counts.
 pub(crate) struct MatchInputs<B> {
     pub token_match: B,
@@ -82,7 +70,7 @@ pub(crate) fn matches_fwd<B>(
     Ok(Launch {
         family: "matches_fwd",
         float,
-        dims: element_blocks(args.batch)?,
+        dims: rows_dims(args.batch)?,
         params,
     })
 }
@@ -106,7 +94,7 @@ pub(crate) fn matches_bwd<B>(
     Ok(Launch {
         family: "matches_bwd",
         float,
-        dims: element_blocks(args.batch)?,
+        dims: rows_dims(args.batch)?,
         params,
     })
 }
