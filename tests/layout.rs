@@ -361,6 +361,7 @@ const LOSS_LAYERS: [&[&str]; 9] = [
     // (`row/`, `hidden/`, `ctc/`), which import the bottom and never each other.
     &[
         "kernels/float.rs",
+        "kernels/backward.rs",
         "kernels/layout.rs",
         "kernels/gemm.rs",
         "kernels/cpu.rs",

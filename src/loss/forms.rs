@@ -22,15 +22,17 @@ pub(crate) struct FormInputs<'a> {
     pub refs: &'a ReferenceSide,
 }
 
-/// `m_n` for `n = 1..=max_order`, each float `[B]`. With `on_kernel` (the dispatch's
+/// `m_n` for `n = 1..=max_order`, float `[B, N]`. With `on_kernel` (the dispatch's
 /// `Path::runs_matches_kernel`) the expected form of id references runs as one op
-/// ([`ExpectedMatchesOp`]); everything else as composed ops.
+/// ([`ExpectedMatchesOp`]), whose `[B, N]` is the result itself (no order taken apart and stacked
+/// again: each `narrow` costs a padding copy in the backward); everything else as composed ops,
+/// stacked.
 pub(crate) fn clipped_matches(
     form: Form,
     inputs: &FormInputs<'_>,
     max_order: usize,
     on_kernel: bool,
-) -> Result<Vec<Tensor>> {
+) -> Result<Tensor> {
     // The op reads id references' packed counts, at the token matches' width.
     if let (true, Form::Expected, ReferenceTokens::Ids(_), Some(counts)) =
         (on_kernel, form, &inputs.refs.tokens, &inputs.refs.counts)
@@ -39,10 +41,7 @@ pub(crate) fn clipped_matches(
             && counts.dim(1)? == max_order
             && counts.dtype() == inputs.token_match.dtype()
         {
-            let matches = expected_matches_op(inputs, counts, max_order)?;
-            return (0..max_order)
-                .map(|n| matches.narrow(1, n, 1)?.squeeze(1))
-                .collect();
+            return expected_matches_op(inputs, counts, max_order);
         }
     }
     let batch = inputs.token_match.dim(0)?;
@@ -85,7 +84,7 @@ pub(crate) fn clipped_matches(
         };
         matches.push(order_matches);
     }
-    Ok(matches)
+    Tensor::stack(&matches, 1)
 }
 
 /// `m_n = Σ_j min(κ_j, ν_j Σ_i M[i, j] u_i)`: the expected count of each distinct reference
@@ -238,10 +237,7 @@ mod tests {
                             hyp: &weights,
                             refs: &side,
                         };
-                        let m = Tensor::stack(
-                            &clipped_matches(Form::Expected, &inputs, max_order, on_kernel)?,
-                            1,
-                        )?;
+                        let m = clipped_matches(Form::Expected, &inputs, max_order, on_kernel)?;
                         let scale = Tensor::new(&[1.0f64, -0.7, 0.4, 1.3, 0.9][..max_order], &dev)?;
                         let grads = m.broadcast_mul(&scale)?.sum_all()?.backward()?;
                         let flat = |t: Option<&Tensor>, n: usize| -> Result<Vec<f64>> {

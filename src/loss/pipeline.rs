@@ -433,7 +433,7 @@ pub(crate) fn statistics(
     let hyp_len = weights.length.sum(1)?;
     let ref_len = length::closest_reference_lengths(&hyp_len, &side.ref_lengths, &side.ref_mask)?;
     Ok(BleuStats {
-        matches: Tensor::stack(&matches, 1)?,
+        matches,
         totals: Tensor::stack(&totals, 1)?,
         hyp_len,
         ref_len,

@@ -31,7 +31,7 @@ use super::config::{
 use super::dispatch::Path;
 use super::host;
 use super::pipeline::{TokenLosses, TokenMetrics};
-use super::score::neg_log_bleu;
+use super::score::{neg_log_bleu, neg_log_bleu_packed, packed_rows};
 use candle_core::{bail, DType, Result, Tensor};
 
 /// Where a loss's sums are taken.
@@ -190,6 +190,16 @@ impl Reducer<'_> {
         let out_dtype = compute_dtype(stats.matches.dtype())?;
         let on_kernel = path.runs_score_kernel(stats.matches.device(), cfg.max_order);
         match self {
+            Reducer::Local if on_kernel => {
+                // Packed first, then cast and summed once (not field by field): each op here is
+                // a launch on CUDA, each way.
+                let packed = packed_rows(stats)?.to_dtype(sum_dtype(stats.matches.device()))?;
+                let rows = match cfg.reduction {
+                    Reduction::Corpus => packed.sum_keepdim(0)?,
+                    Reduction::SentenceMean => packed,
+                };
+                neg_log_bleu_packed(&rows, cfg, out_dtype)?.to_dtype(out_dtype)
+            }
             Reducer::Local => {
                 let rows = score_rows(stats, sum_dtype(stats.matches.device()), cfg.reduction)?;
                 neg_log_bleu(&rows, cfg, out_dtype, on_kernel)?.to_dtype(out_dtype)

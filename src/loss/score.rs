@@ -114,18 +114,33 @@ pub(crate) fn neg_log_bleu(
     if !on_kernel {
         return neg_log_bleu_composed(rows, cfg, guard_dtype);
     }
-    let packed = Tensor::cat(
+    neg_log_bleu_packed(&packed_rows(rows)?, cfg, guard_dtype)
+}
+
+/// The statistics as the score op's rows `[K, 2N + 2]` = `[m | t | C | L]`, one `cat`, in their
+/// own dtype.
+pub(crate) fn packed_rows(stats: &BleuStats) -> Result<Tensor> {
+    Tensor::cat(
         &[
-            &rows.matches,
-            &rows.totals,
-            &rows.hyp_len.unsqueeze(1)?,
-            &rows.ref_len.unsqueeze(1)?,
+            &stats.matches,
+            &stats.totals,
+            &stats.hyp_len.unsqueeze(1)?,
+            &stats.ref_len.unsqueeze(1)?,
         ],
         1,
-    )?;
+    )
+}
+
+/// [`neg_log_bleu`] on its kernel, from rows already packed ([`packed_rows`]), `[K, 2N + 2]` in
+/// the dtype the score is taken in.
+pub(crate) fn neg_log_bleu_packed(
+    packed: &Tensor,
+    cfg: &BleuLossConfig,
+    guard_dtype: DType,
+) -> Result<Tensor> {
     packed.apply_op1(ScoreOp::new(score_args(
         cfg,
-        guard_tiny(guard_dtype, rows.matches.dtype()),
+        guard_tiny(guard_dtype, packed.dtype()),
     ))?)
 }
 

@@ -1,7 +1,8 @@
 //! The loss's kernels by family, each family a folder with its op, its CPU and CUDA sides and its
 //! composed twin side by side, over a shared bottom:
 //!
-//! - the shared bottom: the float types and the CPU ops' dtype dispatch ([`float`]), the row
+//! - the shared bottom: the float types and the CPU ops' dtype dispatch ([`float`]), whether a
+//!   custom op's backward records its backward op ([`backward`]), the row
 //!   ops' per-row output layout ([`layout::RowLayout`]), the CPU slice kernels every family
 //!   computes with ([`cpu`]: softmax statistics, the row pass over slices, its backward) and the
 //!   same row math as composed candle ops ([`composed`]), the CPU matrix products ([`gemm`]), logit soft-capping ([`softcap`]), the launch plans' shared types
@@ -19,6 +20,7 @@
 //! A family imports only the shared bottom, never another family. This file only declares the
 //! modules.
 
+pub(crate) mod backward;
 pub(crate) mod composed;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

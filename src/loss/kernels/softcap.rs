@@ -5,6 +5,7 @@
 //! ([`SoftcapBackward`]) one pass over the output and its gradient. Its composed reference
 //! (and what other devices run) is `composed::softcap`.
 
+use crate::loss::kernels::backward::apply_backward_op2;
 use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
@@ -108,11 +109,13 @@ impl CustomOp1 for SoftcapOp {
 
     fn bwd(&self, _logits: &Tensor, capped: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let op = SoftcapBackward { cap: self.cap };
-        Ok(Some(
-            capped
-                .contiguous()?
-                .apply_op2_no_bwd(&grad.contiguous()?, &op)?,
-        ))
+        let grad = grad.contiguous()?;
+        Ok(Some(apply_backward_op2(
+            &grad,
+            &capped.contiguous()?,
+            &grad,
+            op,
+        )?))
     }
 }
 

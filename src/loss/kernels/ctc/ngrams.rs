@@ -36,6 +36,7 @@
 //! The backward recomputes the programs storing their states, sweeps them in reverse
 //! (the adjoint of each recursion above), and applies the softmax's Jacobian.
 
+use crate::loss::kernels::backward::apply_backward_op2;
 use crate::loss::kernels::cpu::{self, wide_vectors, LANES};
 use crate::loss::kernels::float::{
     contiguous_slice, dispatch_float, unsupported_dtype, KernelFloat,
@@ -1405,8 +1406,9 @@ impl CustomOp1 for CtcNgramOp {
     }
 
     fn bwd(&self, logits: &Tensor, _out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
+        let grad_out = grad_out.contiguous()?;
         let grad =
-            logits.apply_op2_no_bwd(&grad_out.contiguous()?, &CtcNgramBackward(self.clone()))?;
+            apply_backward_op2(&grad_out, logits, &grad_out, CtcNgramBackward(self.clone()))?;
         Ok(Some(grad))
     }
 }

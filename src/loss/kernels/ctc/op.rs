@@ -19,6 +19,7 @@
 //! ([`CtcAlignments`]); it checks only the values it reads (NaN and `+inf`, and from logits any
 //! infinity).
 
+use crate::loss::kernels::backward::apply_backward_op3;
 use crate::loss::kernels::cpu::{row_log_sum_exp, scaled_softmax_into, vocab_sized_buffer};
 use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::backend::BackendStorage;
@@ -459,10 +460,13 @@ impl CustomOp1 for CtcOp {
     }
 
     fn bwd(&self, x: &Tensor, out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
-        let grad = x.apply_op3_no_bwd(
+        let grad_out = grad_out.contiguous()?;
+        let grad = apply_backward_op3(
+            &grad_out,
+            x,
             &out.contiguous()?,
-            &grad_out.contiguous()?,
-            &CtcOpBackward(self.clone()),
+            &grad_out,
+            CtcOpBackward(self.clone()),
         )?;
         Ok(Some(grad))
     }

@@ -11,6 +11,7 @@
 //! (`ν_j E_j = κ_j`) gives the expected count half the gradient, as candle's `minimum` does.
 
 use super::args::MatchArgs;
+use crate::loss::kernels::backward::apply_backward_op3;
 use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
@@ -309,8 +310,8 @@ impl CustomOp2 for ExpectedMatchesOp {
         _out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad =
-            x.apply_op3_no_bwd(u, &grad_out.contiguous()?, &MatchesBackward(self.clone()))?;
+        let grad_out = grad_out.contiguous()?;
+        let grad = apply_backward_op3(&grad_out, x, u, &grad_out, MatchesBackward(self.clone()))?;
         let w = self.args.width;
         Ok((
             Some(grad.narrow(2, 0, w)?),

@@ -18,6 +18,7 @@ use super::cuda;
 #[cfg(any(feature = "cuda", all(test, feature = "cuda-emu")))]
 use super::launch;
 use crate::loss::host::CpuView;
+use crate::loss::kernels::backward::apply_backward_op3;
 use crate::loss::kernels::cpu::{self, CrossEntropyTerms, Gathered, TargetRows};
 use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use crate::loss::kernels::layout::{Pass, RowLayout};
@@ -402,10 +403,13 @@ impl CustomOp1 for RowOp {
     }
 
     fn bwd(&self, logits: &Tensor, out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
-        let grad = logits.apply_op3_no_bwd(
+        let grad_out = grad_out.contiguous()?;
+        let grad = apply_backward_op3(
+            &grad_out,
+            logits,
             &out.contiguous()?,
-            &grad_out.contiguous()?,
-            &RowOpBackward(self.clone()),
+            &grad_out,
+            RowOpBackward(self.clone()),
         )?;
         Ok(Some(grad))
     }

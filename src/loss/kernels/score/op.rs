@@ -23,6 +23,7 @@
 //! launches for the whole score (`score.cu`).
 
 use super::args::ScoreArgs;
+use crate::loss::kernels::backward::apply_backward_op2;
 use crate::loss::kernels::float::{contiguous_slice, dispatch_float, KernelFloat};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor,
@@ -240,7 +241,8 @@ impl CustomOp1 for ScoreOp {
     }
 
     fn bwd(&self, rows: &Tensor, _out: &Tensor, grad_out: &Tensor) -> Result<Option<Tensor>> {
-        let grad = rows.apply_op2_no_bwd(&grad_out.contiguous()?, &ScoreBackward(self.clone()))?;
+        let grad_out = grad_out.contiguous()?;
+        let grad = apply_backward_op2(&grad_out, rows, &grad_out, ScoreBackward(self.clone()))?;
         Ok(Some(grad))
     }
 }
