@@ -200,7 +200,9 @@ pub fn summary(records: &[NatRecord]) -> Value {
             };
             json!({"condition": condition, "objective": objective, "variant": variant, "seeds": rs.len(),
                 "test_bleu": stat(|r| r.test_bleu), "test_chrf": stat(|r| r.test_chrf),
-                "test_length_ratio": stat(|r| r.test_length_ratio), "repetition_share": stat(|r| r.repetition_share),
+                "test_length_ratio": stat(|r| r.test_length_ratio),
+                "test_bleu_without_bp": stat(|r| r.test_bleu_without_bp),
+                "repetition_share": stat(|r| r.repetition_share),
                 "length_accuracy": stat(|r| r.length_accuracy.unwrap_or(f64::NAN)),
                 "ms_per_step": stat(|r| r.ms_per_step)})
         })
@@ -222,17 +224,17 @@ pub fn find<'a>(
 
 /// `mean ± sd` of `metric` in a summary row (the mean alone for one seed, `—` for none).
 pub fn mean_sd_text(row: Option<&Value>, metric: &str, digits: usize) -> String {
-    match row {
-        Some(r) if r["seeds"].as_u64().unwrap_or(0) > 1 => format!(
-            "{:.digits$} ± {:.digits$}",
-            r[metric]["mean"].as_f64().unwrap_or(f64::NAN),
-            r[metric]["sd"].as_f64().unwrap_or(f64::NAN)
-        ),
-        Some(r) => format!(
-            "{:.digits$}",
-            r[metric]["mean"].as_f64().unwrap_or(f64::NAN)
-        ),
-        None => "—".into(),
+    // A metric the row lacks (or a NaN, which JSON stores as null) reads "—", never "NaN".
+    let mean = row.and_then(|r| r[metric]["mean"].as_f64());
+    match (row, mean) {
+        (Some(r), Some(mean)) if r["seeds"].as_u64().unwrap_or(0) > 1 => {
+            match r[metric]["sd"].as_f64() {
+                Some(sd) => format!("{mean:.digits$} ± {sd:.digits$}"),
+                None => format!("{mean:.digits$}"),
+            }
+        }
+        (Some(_), Some(mean)) => format!("{mean:.digits$}"),
+        _ => "—".into(),
     }
 }
 
@@ -285,4 +287,47 @@ pub fn render_condition(
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every column a table prints has its mean in the summary (the BLEU / BP column once read
+    /// `NaN ± NaN` because the summary left it out), and a metric missing reads `—`.
+    #[test]
+    fn the_summary_holds_every_tables_metric_and_a_missing_one_reads_a_dash() {
+        let record = |seed, test_bleu, test_bleu_without_bp| NatRecord {
+            objective: "ctc".into(),
+            condition: "distilled".into(),
+            variant: "greedy".into(),
+            length_beam: None,
+            dedup: false,
+            seed,
+            config: "ctc".into(),
+            dev_bleu: 30.0,
+            best_step: 100,
+            steps: 1000,
+            test_bleu,
+            test_chrf: 50.0,
+            test_chrf_pp: 48.0,
+            test_bleu_without_bp,
+            test_length_ratio: 0.9,
+            repetition_share: 0.01,
+            length_accuracy: None,
+            test_hyp: "h".into(),
+            test_ref: "r".into(),
+            bleu_signature: "b".into(),
+            chrf_signature: "c".into(),
+            ms_per_step: 500.0,
+            train_seconds: 1.0,
+            eval_seconds: 1.0,
+        };
+        let summary = summary(&[record(1, 30.0, 40.0), record(2, 32.0, 42.0)]);
+        let row = find(&summary, "distilled", "ctc", "greedy");
+        assert_eq!(mean_sd_text(row, "test_bleu_without_bp", 2), "41.00 ± 1.41");
+        assert_eq!(mean_sd_text(row, "length_accuracy", 2), "—");
+        assert_eq!(mean_sd_text(row, "no_such_metric", 2), "—");
+        assert_eq!(mean_sd_text(None, "test_bleu", 2), "—");
+    }
 }
