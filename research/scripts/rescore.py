@@ -80,7 +80,7 @@ def rescore(results_path):
     except ImportError:
         print("(scipy missing: seed-level tests skipped)")
         return worst
-    print("\nper objective: mean ± sd over seeds; seed-level paired t-test vs ce, Holm over objectives")
+    print("\nper objective: mean ± sd over seeds; seed-level paired t-test vs the control (ce, or ctc for the CTC NAT), Holm over objectives")
     for group, by_objective in scores.items():
         if group:
             print(f"-- {group}")
