@@ -244,6 +244,11 @@ fn a_step_has_a_fixed_number_of_ops_at_or_under_todays() -> Result<()> {
 /// launch each way with `cuda-unverified`) or on its composed reference (the programs frame by
 /// frame as candle ops).
 fn ctc_bleu_nodes(frames: usize, composed: bool) -> Result<usize> {
+    Ok(ctc_bleu_graph(frames, composed)?.0.sorted_nodes().len())
+}
+
+/// The loss of [`ctc_bleu_nodes`] and its logits.
+fn ctc_bleu_graph(frames: usize, composed: bool) -> Result<(Tensor, Var)> {
     use candle_bleu::loss::{ctc_bleu_loss_from_logits, ctc_bleu_loss_from_logits_composed};
     let dev = Device::Cpu;
     let (batch, vocab, blank) = (4, 30, 0u32);
@@ -264,7 +269,30 @@ fn ctc_bleu_nodes(frames: usize, composed: bool) -> Result<usize> {
         blank,
         &BleuLossConfig::default(),
     )?;
-    Ok(out.loss.sorted_nodes().len())
+    Ok((out.loss, logits))
+}
+
+/// The BLEU loss on CTC outputs, a whole step on its kernel: forward and backward launches (the
+/// backward an upper bound, [`backward_launches`]), the same whatever `T'`.
+#[test]
+fn the_bleu_loss_on_ctc_outputs_steps_in_a_fixed_number_of_launches() -> Result<()> {
+    std::env::set_var("CANDLE_GRAD_DO_NOT_DETACH", "1");
+    let mut steps = Vec::new();
+    for frames in [8, 32] {
+        let (loss, logits) = ctc_bleu_graph(frames, false)?;
+        let forward = launching_nodes(&loss);
+        let (backward, ..) = backward_launches(&loss, &logits)?;
+        println!("BLEU on CTC outputs, T' = {frames}: forward {forward} launches, backward at most {backward}");
+        steps.push((forward, backward));
+    }
+    assert_eq!(steps[0], steps[1], "the launches grow with the frames");
+    // Today's counts (2026-11-29, every order clipped at once: 20 + 40 before), the ceilings.
+    let (forward, backward) = steps[0];
+    assert!(
+        forward <= 10 && backward <= 15,
+        "{forward} + {backward} launches, more than today's 10 + 15"
+    );
+    Ok(())
 }
 
 #[test]

@@ -11,7 +11,7 @@ use super::kernels::ctc::ngrams::{CtcNgramOp, CtcNgramPlan};
 use super::kernels::ctc::ngrams_composed::ctc_ngram_expectations_composed;
 use super::length;
 use super::references::{ReferenceSide, References};
-use candle_core::{bail, Result};
+use candle_core::{bail, Result, Tensor};
 
 /// The expected counts, totals and length of every element's collapsed sequence, up to order
 /// `max_order`, against the id references `refs` laid end to end in rows of `width` positions
@@ -69,18 +69,40 @@ pub(crate) fn ctc_statistics(
     side: &ReferenceSide,
     cfg: &BleuLossConfig,
 ) -> Result<BleuStats> {
-    let matches = (0..cfg.max_order)
-        .map(|n| {
-            let counts = expected.counts.narrow(1, n, 1)?.squeeze(1)?;
-            clip_expected_counts(&counts, &side.first[n], &side.clip[n])
-        })
-        .collect::<Result<Vec<_>>>()?;
     let ref_len =
         length::closest_reference_lengths(&expected.hyp_len, &side.ref_lengths, &side.ref_mask)?;
     Ok(BleuStats {
-        matches: candle_core::Tensor::stack(&matches, 1)?,
+        matches: clipped_expected_matches(&expected.counts, side, cfg.max_order)?,
         totals: expected.totals,
         hyp_len: expected.hyp_len,
         ref_len,
     })
+}
+
+/// `m_n` of every order, `[B, N]`, from the expected counts `E` (`[B, N, W]`): for id references
+/// all orders at once from their packed `ν` and `κ` (`ReferenceSide::counts`, `[2, N, B, W]`):
+/// three ops each way, where clipping order by order takes three per order, a `stack`, and in the
+/// backward a padding copy per order's `narrow`. The same elementwise ops and sums either way.
+fn clipped_expected_matches(
+    expected_counts: &Tensor,
+    side: &ReferenceSide,
+    max_order: usize,
+) -> Result<Tensor> {
+    if let Some(counts) = &side.counts {
+        if counts.dims()[1..] == [max_order, expected_counts.dim(0)?, expected_counts.dim(2)?]
+            && counts.dtype() == expected_counts.dtype()
+        {
+            // [2, N, B, W] -> ν and κ as [B, N, W] views.
+            let first = counts.get(0)?.transpose(0, 1)?;
+            let clip = counts.get(1)?.transpose(0, 1)?;
+            return clip.minimum(&first.mul(expected_counts)?)?.sum(2);
+        }
+    }
+    let matches = (0..max_order)
+        .map(|n| {
+            let counts = expected_counts.narrow(1, n, 1)?.squeeze(1)?;
+            clip_expected_counts(&counts, &side.first[n], &side.clip[n])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::stack(&matches, 1)
 }
